@@ -1,0 +1,205 @@
+/*
+ * cohort.h - the public C API of cohort, an adaptive collective-communication
+ * runtime for data-parallel training.
+ *
+ * Conventions (the same everywhere in this header):
+ *   - Every function returns 0 (COH_OK) or a negative coh_status code; outputs
+ *     go through pointer arguments. coh_strerror() names a code, and
+ *     coh_last_error() gives the detail of the last failure on this thread.
+ *   - Long-lived handles: coh_ctx_t (one per process, owns the reactor threads
+ *     and connections) and coh_comm_t (a communicator; the world communicator
+ *     is owned by its context). Short-lived requests: coh_request_t, one per
+ *     collective, owned by the caller until coh_request_free().
+ *   - Collectives are non-blocking. Buffers are read and written in place by
+ *     the reactor threads (no copy on submission): the caller must not touch
+ *     them until the request completes. Every rank of a communicator must
+ *     submit the same collectives in the same order with matching arguments;
+ *     a mismatch is detected and fails the request on every rank.
+ *   - Requests complete with a status of their own (coh_request_status) and an
+ *     error string (coh_request_error). An asynchronous failure (peer lost,
+ *     timeout, argument mismatch) lands on the request, never in a crash.
+ *   - Thread safety: any thread may submit, wait or test. Submissions from
+ *     several threads to one communicator are ordered by their submission;
+ *     keep them consistent across ranks.
+ */
+#ifndef COHORT_H
+#define COHORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(COH_BUILDING_LIB)
+#define COH_API __attribute__((visibility("default")))
+#else
+#define COH_API
+#endif
+
+#define COH_VERSION_MAJOR 0
+#define COH_VERSION_MINOR 1
+#define COH_VERSION_PATCH 0
+
+/* X-macro: code, value, message. Generates the enum and coh_strerror(). */
+#define COH_STATUS_MAP(X)                                                                          \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(ESYS, -3, "system call failed")                                                              \
+    X(ETIMEDOUT, -4, "timed out")                                                                  \
+    X(EPEER, -5, "a peer was lost")                                                                \
+    X(EMISMATCH, -6, "ranks disagree on the arguments of a collective")                            \
+    X(EPROTO, -7, "protocol error")                                                                \
+    X(ESTATE, -8, "object is in the wrong state")                                                  \
+    X(EUNSUPPORTED, -9, "not supported")                                                           \
+    X(ECANCELED, -10, "operation canceled")                                                        \
+    X(EAGAIN, -11, "not complete yet")                                                             \
+    X(EAUTH, -12, "authentication failed (wrong job token)")                                       \
+    X(EBOOTSTRAP, -13, "bootstrap failed")                                                         \
+    X(EINTERNAL, -14, "internal error")
+
+typedef enum coh_status {
+#define COH__STATUS_ENUM(name, value, msg) COH_##name = (value),
+    COH_STATUS_MAP(COH__STATUS_ENUM)
+#undef COH__STATUS_ENUM
+} coh_status;
+
+/* "EINVAL" style name and a one-line message for a status code. */
+COH_API const char *coh_status_name(int status);
+COH_API const char *coh_strerror(int status);
+/* Detail of the last failure returned on the calling thread ("" if none). */
+COH_API const char *coh_last_error(void);
+
+typedef enum coh_dtype {
+    COH_F32 = 0,
+    COH_F64 = 1,
+    COH_F16 = 2,  /* IEEE binary16, reduced in f32 */
+    COH_BF16 = 3, /* bfloat16, reduced in f32 */
+    COH_I32 = 4,  /* sum and prod wrap around on overflow */
+    COH_I64 = 5,
+    COH_U8 = 6,
+    COH_DTYPE_COUNT
+} coh_dtype;
+
+typedef enum coh_redop {
+    COH_SUM = 0,
+    COH_AVG = 1, /* sum divided by the number of ranks; integer types truncate toward zero */
+    COH_MIN = 2,
+    COH_MAX = 3,
+    COH_PROD = 4,
+    COH_REDOP_COUNT
+} coh_redop;
+
+COH_API size_t coh_dtype_size(coh_dtype dtype); /* 0 for an unknown dtype */
+COH_API const char *coh_dtype_name(coh_dtype dtype);
+COH_API const char *coh_redop_name(coh_redop op);
+
+typedef struct coh_ctx coh_ctx_t;
+typedef struct coh_comm coh_comm_t;
+typedef struct coh_request coh_request_t;
+
+/*
+ * Configuration. coh_config_init() fills the documented defaults and then
+ * applies the environment (the variable named beside each field); fields set
+ * by the caller afterwards win. Strings are copied by coh_init().
+ */
+typedef struct coh_config {
+    int rank;                 /* COHORT_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID */
+    int world_size;           /* COHORT_WORLD_SIZE | WORLD_SIZE | OMPI_..._SIZE | SLURM_NTASKS */
+    const char *store;        /* COHORT_STORE "host:port"; else MASTER_ADDR:MASTER_PORT+1 */
+    const char *token;        /* COHORT_TOKEN: job token every connection must present */
+    const char *nics;         /* COHORT_NICS: comma list of interfaces or addresses; "lo" */
+    int timeout_ms;           /* COHORT_TIMEOUT_MS: op fails after this long without progress
+                                 (default 10000) */
+    int connect_timeout_ms;   /* COHORT_CONNECT_TIMEOUT_MS: bootstrap deadline (default 60000) */
+    size_t chunk_bytes;       /* COHORT_CHUNK_BYTES: pipeline chunk of ring plans (1 MiB) */
+    size_t small_bytes;       /* COHORT_SMALL_BYTES: at or below, latency-optimal
+                                 algorithms are used (65536) */
+    size_t rail_min_bytes;    /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
+    int spin_us;              /* COHORT_SPIN_US: coh_wait spins this long before sleeping (50) */
+    int store_fd;             /* COHORT_STORE_FD: listening socket inherited from cohortrun
+                                 for rank 0's store (-1 = bind it) */
+    size_t sockbuf_bytes;     /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
+                                 (0 = kernel autotuning, the default) */
+} coh_config_t;
+
+/* Defaults + environment. Returns COH_EINVAL when an environment value does not parse. */
+COH_API int coh_config_init(coh_config_t *cfg);
+
+/*
+ * Create a context: start one reactor thread per NIC plus a control reactor,
+ * bootstrap through the store, connect to every peer on every rail, and
+ * build the world communicator. Blocks until all ranks have joined or
+ * connect_timeout_ms passes. cfg may be NULL (defaults + environment).
+ */
+COH_API int coh_init(const coh_config_t *cfg, coh_ctx_t **ctx);
+/* Fail every pending request with COH_ECANCELED, close every connection,
+ * join every thread and free the context. A second call on the same pointer
+ * returns COH_ESTATE. */
+COH_API int coh_finalize(coh_ctx_t *ctx);
+
+COH_API int coh_ctx_world(coh_ctx_t *ctx, coh_comm_t **world);
+COH_API int coh_ctx_nrails(coh_ctx_t *ctx, int *nrails);
+/* The context's "describe yourself" line: rails, addresses, transports,
+ * whether a GPU was found. Valid until coh_finalize. */
+COH_API const char *coh_ctx_describe(coh_ctx_t *ctx);
+
+/*
+ * A file descriptor that becomes readable when any request of this context
+ * completes, for foreign event loops (epoll, asyncio, libuv). It stays
+ * readable until coh_ctx_event_clear(); then test your requests. Owned by
+ * the context: do not close it.
+ */
+COH_API int coh_ctx_event_fd(coh_ctx_t *ctx, int *fd);
+COH_API int coh_ctx_event_clear(coh_ctx_t *ctx);
+
+COH_API int coh_comm_rank(const coh_comm_t *comm, int *rank);
+COH_API int coh_comm_size(const coh_comm_t *comm, int *size);
+
+/*
+ * Collectives. sendbuf == recvbuf (or sendbuf == NULL) means in place.
+ * A count of 0 is valid and completes after matching the other ranks.
+ */
+/* recvbuf[i] = op over ranks of sendbuf[i], i < count. */
+COH_API int coh_allreduce(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                          coh_dtype dtype, coh_redop op, coh_request_t **req);
+/* buf on every rank = buf on root. */
+COH_API int coh_broadcast(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype, int root,
+                          coh_request_t **req);
+/* recvbuf[r*count + i] = sendbuf of rank r [i]; recvbuf holds size*count elements.
+ * In place when sendbuf == recvbuf + rank*count or sendbuf == NULL. */
+COH_API int coh_allgather(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                          coh_dtype dtype, coh_request_t **req);
+/* recvbuf[i] = op over ranks of sendbuf[rank*recvcount + i]; sendbuf holds
+ * size*recvcount elements. sendbuf == NULL: recvbuf holds the full input and
+ * the result is left in recvbuf[rank*recvcount ...]. */
+COH_API int coh_reduce_scatter(coh_comm_t *comm, const void *sendbuf, void *recvbuf,
+                               size_t recvcount, coh_dtype dtype, coh_redop op,
+                               coh_request_t **req);
+COH_API int coh_barrier(coh_comm_t *comm, coh_request_t **req);
+
+/* Wait until the request completes or timeout_ms passes (-1 = forever).
+ * Returns the request's status, or COH_EAGAIN on timeout. */
+COH_API int coh_wait(coh_request_t *req, int timeout_ms);
+/* *done = 1 when complete. Returns 0, or COH_EINVAL for a NULL request. */
+COH_API int coh_test(coh_request_t *req, int *done);
+/* Status of a completed request; COH_EAGAIN while it runs. */
+COH_API int coh_request_status(const coh_request_t *req);
+/* Why it failed ("" when it succeeded or still runs). Valid until freed. */
+COH_API const char *coh_request_error(const coh_request_t *req);
+/* Wall time from submission to completion, in microseconds (0 while running). */
+COH_API int coh_request_time_us(const coh_request_t *req, double *us);
+/* Release the caller's reference. Freeing a running request is allowed: the
+ * runtime keeps its own reference and the buffers stay in use until it ends. */
+COH_API void coh_request_free(coh_request_t *req);
+
+/* Convenience: submit, wait, free. Returns the collective's status. */
+COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf,
+                               size_t count, coh_dtype dtype, coh_redop op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COHORT_H */
