@@ -106,23 +106,24 @@ typedef struct coh_request coh_request_t;
  * by the caller afterwards win. Strings are copied by coh_init().
  */
 typedef struct coh_config {
-    int rank;                 /* COHORT_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID */
-    int world_size;           /* COHORT_WORLD_SIZE | WORLD_SIZE | OMPI_..._SIZE | SLURM_NTASKS */
-    const char *store;        /* COHORT_STORE "host:port"; else MASTER_ADDR:MASTER_PORT+1 */
-    const char *token;        /* COHORT_TOKEN: job token every connection must present */
-    const char *nics;         /* COHORT_NICS: comma list of interfaces or addresses; "lo" */
-    int timeout_ms;           /* COHORT_TIMEOUT_MS: op fails after this long without progress
-                                 (default 10000) */
-    int connect_timeout_ms;   /* COHORT_CONNECT_TIMEOUT_MS: bootstrap deadline (default 60000) */
-    size_t chunk_bytes;       /* COHORT_CHUNK_BYTES: pipeline chunk of ring plans (1 MiB) */
-    size_t small_bytes;       /* COHORT_SMALL_BYTES: at or below, latency-optimal
-                                 algorithms are used (65536) */
-    size_t rail_min_bytes;    /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
-    int spin_us;              /* COHORT_SPIN_US: coh_wait spins this long before sleeping (50) */
-    int store_fd;             /* COHORT_STORE_FD: listening socket inherited from cohortrun
-                                 for rank 0's store (-1 = bind it) */
-    size_t sockbuf_bytes;     /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
-                                 (0 = kernel autotuning, the default) */
+    int rank;               /* COHORT_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID */
+    int world_size;         /* COHORT_WORLD_SIZE | WORLD_SIZE | OMPI_..._SIZE | SLURM_NTASKS */
+    const char *store;      /* COHORT_STORE "host:port"; else MASTER_ADDR:MASTER_PORT+1 */
+    const char *token;      /* COHORT_TOKEN: job token every connection must present */
+    const char *nics;       /* COHORT_NICS: comma list of interfaces or addresses; "lo" */
+    int timeout_ms;         /* COHORT_TIMEOUT_MS: op fails after this long without progress
+                               (default 10000) */
+    int connect_timeout_ms; /* COHORT_CONNECT_TIMEOUT_MS: bootstrap deadline (default 60000) */
+    size_t chunk_bytes;     /* COHORT_CHUNK_BYTES: pipeline chunk of ring plans (1 MiB) */
+    size_t small_bytes;     /* COHORT_SMALL_BYTES: at or below, latency-optimal
+                               algorithms are used (65536) */
+    size_t rail_min_bytes;  /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
+    int spin_us;            /* COHORT_SPIN_US: coh_wait spins this long before sleeping (50) */
+    int store_fd;           /* COHORT_STORE_FD: listening socket inherited from cohortrun
+                               for rank 0's store (-1 = bind it) */
+    size_t sockbuf_bytes;   /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
+                               (0 = kernel autotuning, the default) */
+    char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
 /* Defaults + environment. Returns COH_EINVAL when an environment value does not parse. */
@@ -195,9 +196,34 @@ COH_API int coh_request_time_us(const coh_request_t *req, double *us);
  * runtime keeps its own reference and the buffers stay in use until it ends. */
 COH_API void coh_request_free(coh_request_t *req);
 
+/* Counters of a context, summed over its rails. */
+typedef struct coh_stats {
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    uint64_t requests_completed;
+    uint64_t requests_failed;
+    uint64_t connections_rejected; /* wrong job token, bad handshake */
+    uint64_t frames_invalid;       /* connections closed for a malformed frame */
+} coh_stats_t;
+COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
+
+/*
+ * Logging. The library never prints: it hands messages to this handler,
+ * which may be called from any cohort thread (keep it short and
+ * thread-safe). Messages above max_level are not formatted. NULL removes it.
+ */
+typedef enum coh_log_level {
+    COH_LOG_ERROR = 0,
+    COH_LOG_WARN = 1,
+    COH_LOG_INFO = 2,
+    COH_LOG_DEBUG = 3
+} coh_log_level;
+typedef void (*coh_log_fn)(int level, const char *msg, void *arg);
+COH_API void coh_set_log_handler(coh_log_fn fn, void *arg, int max_level);
+
 /* Convenience: submit, wait, free. Returns the collective's status. */
-COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf,
-                               size_t count, coh_dtype dtype, coh_redop op);
+COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                               coh_dtype dtype, coh_redop op);
 
 #ifdef __cplusplus
 }

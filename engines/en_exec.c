@@ -1,0 +1,596 @@
+/*
+ * The plan executor: runs one rail's slice of a collective as a state
+ * machine. A step starts when its dependencies are done; sends go to the
+ * transport, receives are "posted" (their frames may then be delivered),
+ * local steps run at once. Completions (a write callback, a payload fully
+ * delivered) finish steps and release their dependents.
+ *
+ * An op ends exactly once: DONE when every step is done, or FAILED and then
+ * ended when no write still reads its buffers (a receive still streaming
+ * into them is switched to discard at failure). Only then is the request
+ * told, so the caller never sees completion while cohort touches its memory.
+ *
+ * Threading: loop thread of the op's rail, except en_op_new / en_op_free.
+ */
+#include <mimalloc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engines/engine.h"
+#include "gpu/gpu.h"
+
+/* ---- construction ---- */
+
+int en_op_new(en_rail_t *rail, coh_request_t *req, uint32_t comm, uint64_t seq, uint64_t sig,
+              const char *desc, coh_dtype dtype, coh_redop redop, void *sendbuf, void *recvbuf,
+              sc_plan_t *plan, en_op_t **out)
+{
+    en_op_t *op = mi_zalloc(sizeof(*op));
+    if (!op) return COH_ENOMEM;
+    op->rail = rail;
+    op->req = req;
+    op->comm = comm;
+    op->seq = seq;
+    op->sig = sig;
+    snprintf(op->desc, sizeof(op->desc), "%s", desc);
+    op->dtype = dtype;
+    op->redop = redop;
+    op->esize = (uint32_t)coh_dtype_size(dtype);
+    op->plan = *plan;
+    sc_plan_init(plan); /* the op owns the steps now */
+    op->buf[SC_BUF_SEND] = sendbuf ? sendbuf : recvbuf;
+    op->buf[SC_BUF_RECV] = recvbuf;
+    uint32_t n = op->plan.nsteps;
+    op->deps_left = mi_malloc(sizeof(uint32_t) * (n ? n : 1));
+    op->sstate = mi_zalloc(n ? n : 1);
+    op->ready = mi_malloc(sizeof(uint32_t) * (n ? n : 1));
+    op->wreqs = mi_zalloc(sizeof(en_wreq_t) * (op->plan.nsend ? op->plan.nsend : 1));
+    uint32_t cap = 4;
+    while (cap < 2 * op->plan.nrecv) cap <<= 1;
+    op->rtab = mi_zalloc(sizeof(uint32_t) * cap);
+    op->rtab_mask = cap - 1;
+    if (op->plan.scratch_count) {
+        op->buf[SC_BUF_SCRATCH] = mi_malloc_aligned(op->plan.scratch_count * op->esize, 64);
+        if (!op->buf[SC_BUF_SCRATCH]) goto nomem;
+    }
+    if (!op->deps_left || !op->sstate || !op->ready || !op->wreqs || !op->rtab) goto nomem;
+    for (uint32_t i = 0; i < n; i++) {
+        const sc_step_t *s = &op->plan.steps[i];
+        op->deps_left[i] = s->ndeps;
+        if (s->kind != SC_RECV && s->kind != SC_RECV_REDUCE) continue;
+        uint32_t h = ((uint32_t)s->peer * 0x9E3779B1u ^ s->tag * 0x85EBCA77u) & op->rtab_mask;
+        while (op->rtab[h]) h = (h + 1) & op->rtab_mask;
+        op->rtab[h] = i + 1;
+    }
+    op->left = n;
+    *out = op;
+    return 0;
+nomem:
+    en_op_free(op);
+    return rx_fail(COH_ENOMEM, "out of memory building an op of %u steps", n);
+}
+
+void en_op_free(en_op_t *op)
+{
+    if (!op) return;
+    sc_plan_free(&op->plan);
+    mi_free(op->deps_left);
+    mi_free(op->sstate);
+    mi_free(op->ready);
+    mi_free(op->wreqs);
+    mi_free(op->rtab);
+    mi_free(op->buf[SC_BUF_SCRATCH]);
+    mi_free(op);
+}
+
+static int64_t rtab_find(const en_op_t *op, int peer, uint32_t tag)
+{
+    uint32_t h = ((uint32_t)peer * 0x9E3779B1u ^ tag * 0x85EBCA77u) & op->rtab_mask;
+    while (op->rtab[h]) {
+        uint32_t i = op->rtab[h] - 1;
+        const sc_step_t *s = &op->plan.steps[i];
+        if (s->peer == peer && s->tag == tag) return i;
+        h = (h + 1) & op->rtab_mask;
+    }
+    return -1;
+}
+
+/* ---- the rail's record of ended ops ---- */
+
+static struct en_fin *fin_find(en_rail_t *rail, uint32_t comm, uint64_t seq)
+{
+    for (uint32_t i = 0; i < EN_FIN_MAX; i++)
+        if (rail->fin[i].used && rail->fin[i].seq == seq && rail->fin[i].comm == comm)
+            return &rail->fin[i];
+    return NULL;
+}
+
+static void fin_record(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
+{
+    struct en_fin *f = fin_find(rail, comm, seq);
+    if (!f) {
+        f = &rail->fin[rail->fin_next];
+        rail->fin_next = (rail->fin_next + 1) % EN_FIN_MAX;
+    }
+    f->used = true;
+    f->comm = comm;
+    f->seq = seq;
+    f->status = status;
+    snprintf(f->why, sizeof(f->why), "%s", why ? why : "");
+}
+
+static en_op_t *op_find(en_rail_t *rail, uint32_t comm, uint64_t seq)
+{
+    for (en_op_t *op = rail->ops_head; op; op = op->next)
+        if (op->seq == seq && op->comm == comm) return op;
+    return NULL;
+}
+
+/* ---- ending ---- */
+
+static void op_unlink(en_op_t *op)
+{
+    en_rail_t *rail = op->rail;
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        rail->ops_head = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else
+        rail->ops_tail = op->prev;
+    op->prev = op->next = NULL;
+}
+
+static void op_finish(en_op_t *op)
+{
+    en_rail_t *rail = op->rail;
+    op_unlink(op);
+    if (op->state == EN_OP_RUNNING) {
+        op->state = EN_OP_DONE;
+        fin_record(rail, op->comm, op->seq, 0, NULL);
+    }
+    coh_request_t *req = op->req;
+    int status = op->state == EN_OP_DONE ? 0 : op->status;
+    char why[RX_ERR_LEN];
+    snprintf(why, sizeof(why), "%s", op->why);
+    en_op_free(op);
+    rx_request_slice_done(req, status, why);
+}
+
+/* End the op if nothing of it is in flight. Only at the outermost level:
+ * a nested caller still holds the op. */
+static void op_settle(en_op_t *op)
+{
+    if (op->progressing) return;
+    if ((op->state == EN_OP_RUNNING && op->left == 0) ||
+        (op->state == EN_OP_FAILED && op->writes_out == 0))
+        op_finish(op);
+}
+
+static void ctl_done(en_wreq_t *w, int status)
+{
+    (void)status;
+    en_rail_t *rail = w->conn->rail;
+    if (w->hdr[4] == EN_FRAME_BYE) atomic_fetch_sub(&rail->bye_pending, 1);
+    mi_free(w);
+}
+
+/* Queue a control frame (ABORT, BYE) on c. */
+int en_exec_send_ctl(en_conn_t *c, int type, uint32_t comm, uint64_t seq, int status,
+                     const char *text)
+{
+    en_wreq_t *w = mi_zalloc(sizeof(*w));
+    if (!w) return COH_ENOMEM;
+    size_t len = 0;
+    if (type == EN_FRAME_ABORT) {
+        size_t tl = text ? strlen(text) : 0;
+        if (tl > EN_MAX_ABORT - 4) tl = EN_MAX_ABORT - 4;
+        en_put32(w->ctl, (uint32_t)status);
+        memcpy(w->ctl + 4, text, tl);
+        len = 4 + tl;
+    }
+    en_hdr_t h = {.type = (uint8_t)type, .comm = comm, .seq = seq, .len = len};
+    en_hdr_encode(&h, w->hdr);
+    w->payload = w->ctl;
+    w->len = len;
+    w->done = ctl_done;
+    int e = c->rail->ops->tr_send(c, w);
+    if (e) mi_free(w);
+    return e;
+}
+
+/* Fail the op: keep the first reason, drop whatever still arrives for it,
+ * and (for failures found here) tell every peer so no rank waits for us. */
+static void op_fail(en_op_t *op, int status, bool tell_peers, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void op_fail(en_op_t *op, int status, bool tell_peers, const char *fmt, ...)
+{
+    if (op->state != EN_OP_RUNNING) return;
+    en_rail_t *rail = op->rail;
+    /* Hold the op: resuming a paused conn below can run other callbacks that
+     * would otherwise end (and free) it under us. The caller settles it. */
+    bool held = op->progressing;
+    op->progressing = true;
+    op->state = EN_OP_FAILED;
+    op->status = status;
+    op->t_fail_ns = rx_now_ns();
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(op->why, sizeof(op->why), fmt, ap);
+    va_end(ap);
+    fin_record(rail, op->comm, op->seq, status, op->why);
+    rx_log(COH_LOG_WARN, "rank %d rail %d: %s #%llu failed: %s", rail->rank, rail->index, op->desc,
+           (unsigned long long)op->seq, op->why);
+    for (int p = 0; p < rail->world; p++) {
+        en_conn_t *c = rail->peers[p];
+        if (!c) continue;
+        if (c->sink.owner == op) {
+            c->sink.mode = EN_SINK_DISCARD;
+            c->sink.owner = NULL;
+        }
+        if (tell_peers) {
+            char text[EN_MAX_ABORT];
+            snprintf(text, sizeof(text), "rank %d: %s", rail->rank, op->why);
+            en_exec_send_ctl(c, EN_FRAME_ABORT, op->comm, op->seq, status, text);
+        }
+        /* A conn paused on this op's frame can now drop it. */
+        if (c->rstate == EN_RD_BLOCKED && c->hdr.seq == op->seq && c->hdr.comm == op->comm)
+            rail->ops->tr_resume(c);
+    }
+    op->progressing = held;
+}
+
+/* ---- running steps ---- */
+
+static void step_done(en_op_t *op, uint32_t i)
+{
+    op->sstate[i] = EN_STEP_DONE;
+    op->left--;
+    op->t_progress_ns = rx_now_ns();
+    const sc_plan_t *p = &op->plan;
+    for (uint32_t d = p->rdep_off[i]; d < p->rdep_off[i + 1]; d++) {
+        uint32_t j = p->rdeps[d];
+        if (--op->deps_left[j] == 0) op->ready[op->nready++] = j;
+    }
+}
+
+static void send_done(en_wreq_t *w, int status)
+{
+    en_op_t *op = w->op;
+    op->writes_out--;
+    if (op->state != EN_OP_RUNNING) op->sstate[w->step] = EN_STEP_DONE; /* drained */
+    if (status < 0)
+        op_fail(op, status, true, "sending to rank %d failed: %s", w->conn->peer,
+                coh_strerror(status));
+    else if (op->state == EN_OP_RUNNING)
+        step_done(op, w->step);
+    en_exec_kick(op);
+}
+
+static uint8_t *at(const en_op_t *op, int buf, uint64_t off)
+{
+    return op->buf[buf] + off * op->esize;
+}
+
+static void start_step(en_op_t *op, uint32_t i)
+{
+    en_rail_t *rail = op->rail;
+    const sc_step_t *s = &op->plan.steps[i];
+    op->sstate[i] = EN_STEP_RUN;
+    switch (s->kind) {
+    case SC_SEND: {
+        en_conn_t *c = rail->peers[s->peer];
+        if (!c) {
+            op_fail(op, COH_EPEER, true, "no connection to rank %d", s->peer);
+            return;
+        }
+        en_wreq_t *w = &op->wreqs[op->nwreqs++];
+        w->op = op;
+        w->step = i;
+        w->payload = at(op, s->src, s->src_off);
+        w->len = s->count * op->esize;
+        w->done = send_done;
+        en_hdr_t h = {.type = EN_FRAME_DATA,
+                      .comm = op->comm,
+                      .tag = s->tag,
+                      .seq = op->seq,
+                      .sig = op->sig,
+                      .len = w->len};
+        en_hdr_encode(&h, w->hdr);
+        int e = rail->ops->tr_send(c, w);
+        if (e) {
+            op_fail(op, e, true, "cannot send to rank %d: %s", s->peer, coh_strerror(e));
+            return;
+        }
+        op->writes_out++;
+        return;
+    }
+    case SC_RECV:
+    case SC_RECV_REDUCE: {
+        /* Posted: the peer's frame may be delivered now. */
+        en_conn_t *c = rail->peers[s->peer];
+        if (!c) {
+            op_fail(op, COH_EPEER, true, "no connection to rank %d", s->peer);
+            return;
+        }
+        if (c->rstate == EN_RD_BLOCKED) rail->ops->tr_resume(c);
+        return;
+    }
+    case SC_COPY: {
+        uint8_t *d = at(op, s->dst, s->dst_off);
+        const uint8_t *src = at(op, s->src, s->src_off);
+        if (d != src) memmove(d, src, s->count * op->esize);
+        break;
+    }
+    case SC_REDUCE: {
+        uint8_t *d = at(op, s->dst, s->dst_off);
+        gpu_cpu_reduce(op->dtype, op->redop, d, d, at(op, s->src, s->src_off), s->count);
+        break;
+    }
+    case SC_DIV: gpu_cpu_div(op->dtype, at(op, s->dst, s->dst_off), s->count, s->factor); break;
+    case SC_SCALE: gpu_cpu_scale(op->dtype, at(op, s->dst, s->dst_off), s->count, s->factor); break;
+    default: op_fail(op, COH_EINTERNAL, true, "unknown step kind %d", s->kind); return;
+    }
+    step_done(op, i);
+}
+
+void en_exec_kick(en_op_t *op)
+{
+    if (op->progressing) return;
+    op->progressing = true;
+    while (op->nready && op->state == EN_OP_RUNNING) start_step(op, op->ready[--op->nready]);
+    op->progressing = false;
+    op_settle(op);
+}
+
+/* ---- entry points ---- */
+
+static void op_start(rx_task_t *t, rx_reactor_t *rx)
+{
+    en_op_t *op = (en_op_t *)t;
+    en_rail_t *rail = rx->owner;
+    op->prev = rail->ops_tail;
+    if (rail->ops_tail)
+        rail->ops_tail->next = op;
+    else
+        rail->ops_head = op;
+    rail->ops_tail = op;
+    op->state = EN_OP_RUNNING;
+    op->t_progress_ns = rx_now_ns();
+    en_rail_arm_timer(rail);
+    struct en_fin *f = fin_find(rail, op->comm, op->seq);
+    if (f && f->status < 0) {
+        /* A peer aborted it, or another rail's slice failed, before it got here. */
+        op_fail(op, f->status, false, "%s", f->why);
+    } else {
+        for (uint32_t i = 0; i < op->plan.nsteps && op->state == EN_OP_RUNNING; i++) {
+            int p = op->plan.steps[i].peer;
+            if (p >= 0 && rail->lost[p])
+                op_fail(op, COH_EPEER, true, "rank %d is gone (rail %d)", p, rail->index);
+        }
+        for (uint32_t i = op->plan.nsteps; i-- > 0;)
+            if (op->deps_left[i] == 0) op->ready[op->nready++] = i;
+    }
+    en_exec_kick(op);
+    /* Connections paused on a frame of this op can deliver it now. */
+    for (int p = 0; p < rail->world; p++) {
+        en_conn_t *c = rail->peers[p];
+        if (c && c->rstate == EN_RD_BLOCKED && c->hdr.seq == op->seq && c->hdr.comm == op->comm)
+            rail->ops->tr_resume(c);
+    }
+}
+
+void en_rail_submit(en_rail_t *rail, en_op_t *op)
+{
+    op->task.run = op_start;
+    rx_reactor_post(&rail->rx, &op->task);
+}
+
+int en_exec_match(en_rail_t *rail, en_conn_t *c)
+{
+    const en_hdr_t *h = &c->hdr;
+    en_sink_t *s = &c->sink;
+    memset(s, 0, sizeof(*s));
+    s->len = h->len;
+    switch (h->type) {
+    case EN_FRAME_BYE:
+        c->peer_bye = true;
+        s->mode = EN_SINK_NONE;
+        return EN_MATCH_OK;
+    case EN_FRAME_ABORT:
+        s->mode = EN_SINK_CTRL;
+        s->dst = c->ctl;
+        return EN_MATCH_OK;
+    case EN_FRAME_DATA: break;
+    default: return COH_EPROTO;
+    }
+    en_op_t *op = op_find(rail, h->comm, h->seq);
+    if (!op) {
+        struct en_fin *f = fin_find(rail, h->comm, h->seq);
+        if (!f) return EN_MATCH_BLOCK; /* not submitted here yet */
+        if (f->status == 0)
+            rx_log(COH_LOG_WARN, "rank %d rail %d: rank %d sent data for finished op #%llu",
+                   rail->rank, rail->index, c->peer, (unsigned long long)h->seq);
+        s->mode = EN_SINK_DISCARD;
+        return EN_MATCH_OK;
+    }
+    if (op->state != EN_OP_RUNNING) {
+        s->mode = EN_SINK_DISCARD;
+        return EN_MATCH_OK;
+    }
+    if (h->sig != op->sig) {
+        op_fail(op, COH_EMISMATCH, true,
+                "rank %d called a different collective as #%llu than this rank's %s "
+                "(count, dtype, op, root or COHORT_CHUNK_BYTES/COHORT_SMALL_BYTES differ)",
+                c->peer, (unsigned long long)op->seq, op->desc);
+        s->mode = EN_SINK_DISCARD;
+        en_exec_kick(op);
+        return EN_MATCH_OK;
+    }
+    int64_t i = rtab_find(op, c->peer, h->tag);
+    const sc_step_t *st = i >= 0 ? &op->plan.steps[i] : NULL;
+    if (!st || h->len != st->count * op->esize || op->sstate[i] == EN_STEP_DONE) {
+        op_fail(op, COH_EPROTO, true,
+                "rank %d sent an unexpected frame (tag %u, %llu bytes) for %s", c->peer, h->tag,
+                (unsigned long long)h->len, op->desc);
+        s->mode = EN_SINK_DISCARD;
+        en_exec_kick(op);
+        return EN_MATCH_OK;
+    }
+    if (op->sstate[i] == EN_STEP_WAIT) return EN_MATCH_BLOCK; /* its dependencies are not done */
+    s->owner = op;
+    s->step = (uint32_t)i;
+    s->esize = op->esize;
+    s->dtype = op->dtype;
+    s->op = op->redop;
+    s->dst = at(op, st->dst, st->dst_off);
+    if (st->kind == SC_RECV) {
+        s->mode = EN_SINK_COPY;
+    } else {
+        s->mode = EN_SINK_REDUCE;
+        s->src = at(op, st->src, st->src_off);
+    }
+    return EN_MATCH_OK;
+}
+
+void en_sink_consume(en_sink_t *s, const uint8_t *bytes, size_t n)
+{
+    switch (s->mode) {
+    case EN_SINK_COPY:
+    case EN_SINK_CTRL: memcpy(s->dst + s->done, bytes, n); break;
+    case EN_SINK_REDUCE:
+        gpu_cpu_reduce(s->dtype, s->op, s->dst + s->done, s->src + s->done, bytes, n / s->esize);
+        break;
+    default: break;
+    }
+    s->done += n;
+    if (s->owner) {
+        s->owner->t_progress_ns = rx_now_ns();
+        s->owner->bytes_in += n;
+    }
+}
+
+static void handle_abort(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, size_t len)
+{
+    int status = (int32_t)en_get32(c->ctl);
+    if (status >= 0 || status < COH_EINTERNAL) status = COH_EPROTO;
+    char text[EN_MAX_ABORT];
+    size_t tl = len - 4 < sizeof(text) - 1 ? len - 4 : sizeof(text) - 1;
+    memcpy(text, c->ctl + 4, tl);
+    text[tl] = 0;
+    for (size_t k = 0; k < tl; k++)
+        if (text[k] < 32 || text[k] > 126) text[k] = '?';
+    en_op_t *op = op_find(rail, h->comm, h->seq);
+    if (op) {
+        op_fail(op, status, false, "aborted by %s", text);
+        en_exec_kick(op);
+    } else if (!fin_find(rail, h->comm, h->seq)) {
+        char why[160];
+        snprintf(why, sizeof(why), "aborted by %s", text);
+        fin_record(rail, h->comm, h->seq, status, why);
+    }
+}
+
+void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
+{
+    en_sink_t s = c->sink;
+    en_hdr_t h = c->hdr;
+    memset(&c->sink, 0, sizeof(c->sink));
+    if (s.mode == EN_SINK_CTRL) {
+        handle_abort(rail, c, &h, (size_t)s.len);
+        return;
+    }
+    if (!s.owner) return;
+    en_op_t *op = s.owner;
+    step_done(op, s.step);
+    en_exec_kick(op);
+}
+
+/* ---- failures from outside the op ---- */
+
+void en_exec_fail_op(en_op_t *op, int status, bool tell_peers, const char *why)
+{
+    op_fail(op, status, tell_peers, "%s", why);
+    en_exec_kick(op);
+}
+
+/* The loops below rescan from the head after each failure: failing one op
+ * can deliver frames that end others, so a saved "next" could dangle. Each
+ * pass turns one RUNNING op FAILED, so they terminate. */
+static bool needs_peer(const en_op_t *op, int peer)
+{
+    for (uint32_t i = 0; i < op->plan.nsteps; i++)
+        if (op->plan.steps[i].peer == peer && op->sstate[i] != EN_STEP_DONE) return true;
+    return false;
+}
+
+void en_exec_fail_peer(en_rail_t *rail, int peer, int status, const char *why)
+{
+    /* Only ops that still need this peer fail: one that finished its part
+     * with it goes on (a peer that finalizes right after its last op is not
+     * an error for the others). */
+    for (;;) {
+        en_op_t *op = rail->ops_head;
+        while (op && !(op->state == EN_OP_RUNNING && needs_peer(op, peer))) op = op->next;
+        if (!op) return;
+        en_exec_fail_op(op, status, true, why);
+    }
+}
+
+void en_exec_fail_all(en_rail_t *rail, int status, bool tell_peers, const char *why)
+{
+    for (;;) {
+        en_op_t *op = rail->ops_head;
+        while (op && op->state != EN_OP_RUNNING) op = op->next;
+        if (!op) return;
+        en_exec_fail_op(op, status, tell_peers, why);
+    }
+}
+
+void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
+{
+    en_op_t *op = op_find(rail, comm, seq);
+    if (op)
+        en_exec_fail_op(op, status, false, why);
+    else if (!fin_find(rail, comm, seq))
+        fin_record(rail, comm, seq, status, why);
+}
+
+/* Periodic check: ops without progress for timeout_ms fail; a failed op
+ * whose writes do not drain (the peer stopped reading) closes those
+ * connections so the writes are cancelled and the op can end. */
+void en_exec_check_timeouts(en_rail_t *rail)
+{
+    uint64_t now = rx_now_ns(), limit = (uint64_t)rail->timeout_ms * 1000000ull;
+    for (;;) {
+        en_op_t *op = rail->ops_head;
+        while (op && !(op->state == EN_OP_RUNNING && now - op->t_progress_ns > limit))
+            op = op->next;
+        if (!op) break;
+        char waiting[128] = "";
+        size_t wl = 0;
+        for (uint32_t i = 0; i < op->plan.nsteps && wl < sizeof(waiting) - 12; i++) {
+            const sc_step_t *s = &op->plan.steps[i];
+            if (op->sstate[i] == EN_STEP_RUN && s->peer >= 0)
+                wl += (size_t)snprintf(waiting + wl, sizeof(waiting) - wl, " %d", s->peer);
+        }
+        char why[RX_ERR_LEN];
+        snprintf(why, sizeof(why), "no progress for %d ms (waiting on rank(s)%s)", rail->timeout_ms,
+                 wl ? waiting : " none");
+        en_exec_fail_op(op, COH_ETIMEDOUT, true, why);
+    }
+    /* Closing a conn cancels its writes, whose callbacks come later: no op
+     * ends inside this loop. */
+    for (en_op_t *op = rail->ops_head; op; op = op->next) {
+        if (op->state != EN_OP_FAILED || !op->writes_out ||
+            now - op->t_fail_ns <= limit / 2 + 1000000000ull)
+            continue;
+        for (uint32_t w = 0; w < op->nwreqs; w++) {
+            en_wreq_t *wr = &op->wreqs[w];
+            if (op->sstate[wr->step] == EN_STEP_RUN && wr->conn && wr->conn->state == EN_CONN_READY)
+                rail->ops->tr_close(wr->conn, COH_ETIMEDOUT, "send stuck after its op failed");
+        }
+    }
+}

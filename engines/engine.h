@@ -1,0 +1,263 @@
+/*
+ * engine.h - data movement.
+ *
+ * engines/ owns the transports (one ops table each: tcp now; bounded-loss
+ * udp and verbs later), the per-rail state (connections to every peer, the
+ * ops in flight) and the plan executor that runs a rank's part of a
+ * collective (sched/sc_plan.h) as a state machine driven by completions.
+ *
+ * Threading: everything in this header runs on the rail's loop thread
+ * unless a function says otherwise. A rail is an rx_reactor_t plus the
+ * state below; other threads reach it through en_rail_submit /
+ * en_rail_cancel, which post tasks.
+ */
+#ifndef COH_ENGINE_H
+#define COH_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "cohort.h"
+#include "engines/en_frame.h"
+#include "reactor/reactor.h"
+#include "sched/sc_plan.h"
+
+typedef struct en_rail en_rail_t;
+typedef struct en_conn en_conn_t;
+typedef struct en_op en_op_t;
+typedef struct en_wreq en_wreq_t;
+
+/* ---- where received payload goes ---- */
+
+typedef enum en_sink_mode {
+    EN_SINK_NONE = 0,
+    EN_SINK_COPY,    /* dst[done..] = bytes */
+    EN_SINK_REDUCE,  /* dst[i] = src[i] op bytes[i], element by element */
+    EN_SINK_DISCARD, /* bytes of a failed op: read and drop */
+    EN_SINK_CTRL,    /* a control frame's payload into conn->ctl */
+} en_sink_mode;
+
+typedef struct en_sink {
+    int mode;
+    uint8_t *dst;
+    const uint8_t *src;
+    uint64_t len, done;
+    coh_dtype dtype;
+    coh_redop op;
+    uint32_t esize;
+    en_op_t *owner; /* NULL for DISCARD and CTRL */
+    uint32_t step;
+} en_sink_t;
+
+/* Consume n bytes of payload into the sink (whole elements for REDUCE). */
+void en_sink_consume(en_sink_t *s, const uint8_t *bytes, size_t n);
+
+/* ---- connections ---- */
+
+typedef enum en_conn_state {
+    EN_CONN_CONNECTING = 0,
+    EN_CONN_HANDSHAKE,
+    EN_CONN_READY,
+    EN_CONN_CLOSING,
+    EN_CONN_CLOSED,
+} en_conn_state;
+
+typedef enum en_read_state {
+    EN_RD_HDR = 0, /* waiting for a frame header */
+    EN_RD_PAYLOAD, /* header matched; payload streams into sink */
+    EN_RD_BLOCKED, /* header read, its receive is not posted yet: reading paused */
+} en_read_state;
+
+struct en_conn {
+    en_rail_t *rail;
+    en_conn_t *all_prev, *all_next; /* every conn of the rail, identified or not */
+    int peer;                       /* communicator rank; -1 until the handshake names it */
+    int state;
+    int rstate;
+    bool outgoing;
+    bool peer_bye; /* the peer announced it is finalizing */
+    en_hdr_t hdr;  /* the frame being read */
+    en_sink_t sink;
+    uint8_t ctl[EN_MAX_ABORT];
+    uint64_t bytes_in, bytes_out;
+    uint32_t writes_out;
+};
+
+/* A queued frame. The payload stays owned by the op until done() runs. */
+struct en_wreq {
+    en_conn_t *conn;
+    en_op_t *op; /* NULL for control frames */
+    uint32_t step;
+    uint8_t hdr[EN_HDR_SIZE];
+    const uint8_t *payload;
+    uint64_t len;
+    void (*done)(en_wreq_t *w, int status);
+    union {
+        uv_write_t tcp;
+    } tr;
+    uint8_t ctl[EN_MAX_ABORT]; /* control frames carry their payload here */
+};
+
+/*
+ * A transport. Every member runs on the rail's loop thread and never blocks.
+ * Missing members are filled with en_unsupported_* stubs by en_ops_complete()
+ * so callers never test for NULL.
+ */
+typedef struct en_transport_ops {
+    const char *name;
+    /* Bind and listen on addr (port 0: pick one); write the bound address. */
+    int (*tr_listen)(en_rail_t *rail, const struct sockaddr *addr, struct sockaddr_storage *bound);
+    /* Start connecting to peer's addr from the rail's address; the result
+     * arrives as en_rail_conn_ready() or en_rail_conn_lost(). */
+    int (*tr_connect)(en_rail_t *rail, int peer, const struct sockaddr *addr);
+    /* Queue a frame (header + payload). The transport calls w->done exactly
+     * once, with 0 or a negative status, also when the conn closes. */
+    int (*tr_send)(en_conn_t *c, en_wreq_t *w);
+    /* Reading was paused on an unmatched header: match again and go on. */
+    void (*tr_resume)(en_conn_t *c);
+    /* Close one connection (pending sends end with COH_ECANCELED). */
+    void (*tr_close)(en_conn_t *c, int status, const char *why);
+    /* Close the listener and every connection: the rail is stopping. */
+    void (*tr_shutdown)(en_rail_t *rail);
+} en_transport_ops_t;
+
+extern const en_transport_ops_t en_tcp_ops;
+void en_ops_complete(en_transport_ops_t *ops);
+
+/* ---- ops: one rail's slice of a request ---- */
+
+typedef enum en_op_state { EN_OP_QUEUED = 0, EN_OP_RUNNING, EN_OP_FAILED, EN_OP_DONE } en_op_state;
+typedef enum en_step_state { EN_STEP_WAIT = 0, EN_STEP_RUN, EN_STEP_DONE } en_step_state;
+
+struct en_op {
+    rx_task_t task; /* the submission task; first member */
+    en_op_t *prev, *next;
+    en_rail_t *rail;
+    coh_request_t *req;
+    uint32_t comm;
+    uint64_t seq;
+    uint64_t sig;
+    char desc[96]; /* "allreduce(count=..., f32, sum)" for error messages */
+    coh_dtype dtype;
+    coh_redop redop;
+    uint32_t esize;
+    uint8_t *buf[SC_BUF_COUNT];
+    sc_plan_t plan;
+    uint32_t *deps_left;
+    uint8_t *sstate;
+    uint32_t *rtab; /* open addressing on (peer, tag): step index + 1 */
+    uint32_t rtab_mask;
+    uint32_t left; /* steps not done */
+    uint32_t writes_out;
+    uint32_t *ready; /* worklist of steps whose dependencies are met */
+    uint32_t nready;
+    en_wreq_t *wreqs;
+    uint32_t nwreqs;
+    bool progressing;
+    int state;
+    int status;
+    char why[RX_ERR_LEN];
+    uint64_t t_progress_ns;
+    uint64_t t_fail_ns;
+    uint64_t bytes_in;
+};
+
+/* Build an op for a rail (any thread). Takes ownership of plan. buf[] are
+ * the caller's send and recv buffers; scratch is allocated here. */
+int en_op_new(en_rail_t *rail, coh_request_t *req, uint32_t comm, uint64_t seq, uint64_t sig,
+              const char *desc, coh_dtype dtype, coh_redop redop, void *sendbuf, void *recvbuf,
+              sc_plan_t *plan, en_op_t **out);
+void en_op_free(en_op_t *op);
+
+/* ---- rails ---- */
+
+#define EN_FIN_MAX 1024
+
+struct en_rail {
+    rx_reactor_t rx;
+    struct coh_ctx *ctx;
+    int index;
+    int rank, world, nrails;
+    const char *token;
+    int timeout_ms;
+    size_t sockbuf_bytes;
+    const en_transport_ops_t *ops;
+    struct sockaddr_storage local; /* the configured interface, port 0 */
+    struct sockaddr_storage bound; /* where this rail listens */
+    void *listener;                /* transport private */
+    en_conn_t **peers;             /* [world]; NULL until connected */
+    en_conn_t *all;                /* every open conn, for shutdown */
+    _Atomic int bye_pending;       /* BYE frames not yet written */
+    uint8_t *lost;                 /* [world]: the peer's connection is gone */
+    int nready;
+    en_op_t *ops_head, *ops_tail;
+    /* Recently ended ops (comm, seq) and how: frames of a failed op are
+     * dropped, an ABORT for an op not yet submitted fails it on arrival. */
+    struct en_fin {
+        uint32_t comm;
+        uint64_t seq;
+        int status;
+        bool used;
+        char why[160];
+    } fin[EN_FIN_MAX];
+    uint32_t fin_next;
+    uv_timer_t timer;
+    bool timer_on;
+    /* Bootstrap: the initialising thread waits here for every peer. */
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    int conn_status;
+    char conn_why[RX_ERR_LEN];
+    _Atomic uint64_t stat_bytes_out, stat_bytes_in;
+    _Atomic uint64_t stat_rejected;   /* connections dropped at the handshake */
+    _Atomic uint64_t stat_bad_frames; /* connections closed for a malformed frame */
+};
+
+/* Any thread. Start the rail's reactor, listen on local. */
+int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int world, int nrails,
+                  const struct sockaddr *local, const char *token, int timeout_ms,
+                  size_t sockbuf_bytes);
+/* Any thread. Connect to peer at addr (only to peers of lower rank: the
+ * higher rank dials). */
+int en_rail_connect(en_rail_t *rail, int peer, const struct sockaddr *addr);
+/* Any thread. Wait until every peer is connected or the deadline passes. */
+int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns);
+/* Any thread. Hand an op to the rail; it starts on the loop. */
+void en_rail_submit(en_rail_t *rail, en_op_t *op);
+/* Any thread. Fail (comm, seq) on this rail if it still runs: another rail's
+ * slice of the same request failed. No ABORT is sent for it. */
+void en_rail_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
+/* Any thread. Say BYE, fail what runs with COH_ECANCELED, close, join. */
+int en_rail_stop(en_rail_t *rail);
+
+/* Upcalls from transports (loop thread). */
+void en_rail_conn_ready(en_rail_t *rail, en_conn_t *c);
+void en_rail_conn_lost(en_rail_t *rail, en_conn_t *c, int status, const char *why);
+/* Handshake check for an accepted connection: 0, or a status with why. */
+int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, char *why,
+                        size_t whylen);
+void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h);
+
+/* Executor upcalls (loop thread). */
+typedef enum en_match { EN_MATCH_OK = 0, EN_MATCH_BLOCK = 1 } en_match;
+/* A frame header arrived on c: point c->sink at its destination. Returns
+ * EN_MATCH_OK, EN_MATCH_BLOCK (nothing posted yet: pause reading), or a
+ * negative status (protocol error: close the connection). */
+int en_exec_match(en_rail_t *rail, en_conn_t *c);
+/* The sink of c is full: finish the receive or handle the control frame. */
+void en_exec_recv_done(en_rail_t *rail, en_conn_t *c);
+/* Run the op's ready steps and end it if it is finished (outermost caller). */
+void en_exec_kick(en_op_t *op);
+int en_exec_send_ctl(en_conn_t *c, int type, uint32_t comm, uint64_t seq, int status,
+                     const char *text);
+void en_exec_fail_op(en_op_t *op, int status, bool tell_peers, const char *why);
+/* Fail the ops that still need peer (its connection is gone). */
+void en_exec_fail_peer(en_rail_t *rail, int peer, int status, const char *why);
+void en_exec_fail_all(en_rail_t *rail, int status, bool tell_peers, const char *why);
+void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
+void en_exec_check_timeouts(en_rail_t *rail);
+void en_rail_arm_timer(en_rail_t *rail);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+ * Configuration: documented defaults, then the environment. The launchers
+ * cohort understands are recognised by their variables: cohortrun
+ * (COHORT_*), torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open
+ * MPI's mpirun (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID, SLURM_NTASKS).
+ */
+#include "reactor/reactor.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Parse an integer or a size with an optional K/M/G suffix (powers of 2). */
+static int parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !*s) return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-') return -1;
+    uint64_t mul = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        mul = 1ull << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1ull << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1ull << 30;
+        end++;
+        break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    if (v > UINT64_MAX / mul) return -1;
+    *out = v * mul;
+    return 0;
+}
+
+static int env_int(const char *name, int *out, int lo, int hi)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) return 0;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return rx_fail(COH_EINVAL, "%s=\"%s\": expected an integer in [%d, %d]", name, s, lo, hi);
+    *out = (int)v;
+    return 1;
+}
+
+static int env_size(const char *name, size_t *out, uint64_t lo)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) return 0;
+    uint64_t v;
+    if (parse_size(s, &v) != 0 || v < lo)
+        return rx_fail(COH_EINVAL, "%s=\"%s\": expected a size >= %llu (suffixes K, M, G)", name, s,
+                       (unsigned long long)lo);
+    *out = (size_t)v;
+    return 1;
+}
+
+static const char *env_str(const char *name)
+{
+    const char *s = getenv(name);
+    return s && *s ? s : NULL;
+}
+
+COH_API int coh_config_init(coh_config_t *cfg)
+{
+    if (!cfg) return rx_fail(COH_EINVAL, "coh_config_init: cfg is NULL");
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->rank = 0;
+    cfg->world_size = 1;
+    cfg->nics = "lo";
+    cfg->token = "";
+    cfg->timeout_ms = 10000;
+    cfg->connect_timeout_ms = 60000;
+    cfg->chunk_bytes = 1 << 20;
+    cfg->small_bytes = 64 << 10;
+    cfg->rail_min_bytes = 1 << 20;
+    cfg->spin_us = 50;
+    cfg->store_fd = -1;
+    cfg->sockbuf_bytes = 0;
+
+    /* Rank and world size: the first launcher whose variables are set. */
+    static const char *const launchers[][2] = {{"COHORT_RANK", "COHORT_WORLD_SIZE"},
+                                               {"RANK", "WORLD_SIZE"},
+                                               {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                               {"PMI_RANK", "PMI_SIZE"},
+                                               {"SLURM_PROCID", "SLURM_NTASKS"}};
+    for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]); i++) {
+        if (!env_str(launchers[i][0]) || !env_str(launchers[i][1])) continue;
+        int r, w;
+        if (env_int(launchers[i][1], &w, 1, 1 << 20) < 0) return COH_EINVAL;
+        if (env_int(launchers[i][0], &r, 0, w - 1) < 0) return COH_EINVAL;
+        cfg->rank = r;
+        cfg->world_size = w;
+        break;
+    }
+
+    const char *store = env_str("COHORT_STORE");
+    if (store) {
+        cfg->store = store;
+    } else if (env_str("MASTER_ADDR") && env_str("MASTER_PORT")) {
+        /* torchrun's agent already serves its own store on MASTER_PORT. */
+        int port;
+        if (env_int("MASTER_PORT", &port, 1, 65534) < 0) return COH_EINVAL;
+        int off = 1;
+        if (env_int("COHORT_STORE_PORT_OFFSET", &off, 0, 1000) < 0) return COH_EINVAL;
+        if (port + off > 65535)
+            return rx_fail(COH_EINVAL, "MASTER_PORT + COHORT_STORE_PORT_OFFSET > 65535");
+        const char *addr = env_str("MASTER_ADDR");
+        snprintf(cfg->_storage, sizeof(cfg->_storage), strchr(addr, ':') ? "[%s]:%d" : "%s:%d",
+                 addr, port + off);
+        cfg->store = cfg->_storage;
+    }
+    if (env_str("COHORT_TOKEN")) cfg->token = env_str("COHORT_TOKEN");
+    if (env_str("COHORT_NICS")) cfg->nics = env_str("COHORT_NICS");
+    if (env_int("COHORT_TIMEOUT_MS", &cfg->timeout_ms, 1, INT_MAX) < 0) return COH_EINVAL;
+    if (env_int("COHORT_CONNECT_TIMEOUT_MS", &cfg->connect_timeout_ms, 1, INT_MAX) < 0)
+        return COH_EINVAL;
+    if (env_size("COHORT_CHUNK_BYTES", &cfg->chunk_bytes, 1) < 0) return COH_EINVAL;
+    if (env_size("COHORT_SMALL_BYTES", &cfg->small_bytes, 0) < 0) return COH_EINVAL;
+    if (env_size("COHORT_RAIL_MIN_BYTES", &cfg->rail_min_bytes, 0) < 0) return COH_EINVAL;
+    if (env_int("COHORT_SPIN_US", &cfg->spin_us, 0, 1000000) < 0) return COH_EINVAL;
+    if (env_int("COHORT_STORE_FD", &cfg->store_fd, -1, INT_MAX) < 0) return COH_EINVAL;
+    if (env_size("COHORT_SOCKBUF_BYTES", &cfg->sockbuf_bytes, 0) < 0) return COH_EINVAL;
+    return 0;
+}
+
+int rx_config_validate(const coh_config_t *cfg)
+{
+    if (cfg->world_size < 1) return rx_fail(COH_EINVAL, "world_size %d < 1", cfg->world_size);
+    if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
+        return rx_fail(COH_EINVAL, "rank %d is outside [0, %d)", cfg->rank, cfg->world_size);
+    if (cfg->world_size > 1 && (!cfg->store || !*cfg->store))
+        return rx_fail(COH_EINVAL,
+                       "world_size %d needs a store address: set COHORT_STORE=host:port "
+                       "(or MASTER_ADDR and MASTER_PORT)",
+                       cfg->world_size);
+    if (!cfg->nics || !*cfg->nics) return rx_fail(COH_EINVAL, "no NIC configured (COHORT_NICS)");
+    if (cfg->timeout_ms < 1) return rx_fail(COH_EINVAL, "timeout_ms must be >= 1");
+    if (cfg->connect_timeout_ms < 1) return rx_fail(COH_EINVAL, "connect_timeout_ms must be >= 1");
+    if (cfg->chunk_bytes < 1) return rx_fail(COH_EINVAL, "chunk_bytes must be >= 1");
+    if (cfg->spin_us < 0) return rx_fail(COH_EINVAL, "spin_us must be >= 0");
+    if (cfg->token && strlen(cfg->token) > 64)
+        return rx_fail(COH_EINVAL, "the job token is longer than 64 bytes");
+    return 0;
+}
+
+/* Exposed for the launcher and the benchmark's size flags. */
+int rx_parse_size(const char *s, uint64_t *out)
+{
+    return parse_size(s, out);
+}

@@ -1,0 +1,389 @@
+/*
+ * The context: configuration, bootstrap, reactors, the world communicator.
+ *
+ * Bootstrap (world > 1): rank 0 serves the store on its control reactor;
+ * every rank starts its rails (one listener per NIC), publishes
+ * "addr/<rail>/<rank>", dials every lower rank on every rail, waits until
+ * all peers are connected, then meets the others at a store barrier so that
+ * rank 0 keeps the store up until everybody has read what it needs.
+ */
+#include <errno.h>
+#include <mimalloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "gpu/gpu.h"
+#include "reactor/rx_ctx.h"
+
+/* ---- registry of live contexts: finalize twice is an error, not a crash ---- */
+
+#define MAX_CTX 64
+static uv_mutex_t reg_mu;
+static uv_once_t reg_once = UV_ONCE_INIT;
+static struct coh_ctx *registry[MAX_CTX];
+
+static void reg_init(void)
+{
+    uv_mutex_init(&reg_mu);
+}
+
+static int reg_add(struct coh_ctx *ctx)
+{
+    uv_once(&reg_once, reg_init);
+    uv_mutex_lock(&reg_mu);
+    int st = rx_fail(COH_ENOMEM, "more than %d live contexts", MAX_CTX);
+    for (int i = 0; i < MAX_CTX; i++)
+        if (!registry[i]) {
+            registry[i] = ctx;
+            st = 0;
+            break;
+        }
+    uv_mutex_unlock(&reg_mu);
+    return st;
+}
+
+/* Remove ctx; returns false when it was not registered. */
+static bool reg_take(struct coh_ctx *ctx)
+{
+    uv_once(&reg_once, reg_init);
+    uv_mutex_lock(&reg_mu);
+    bool found = false;
+    for (int i = 0; i < MAX_CTX && ctx; i++)
+        if (registry[i] == ctx) {
+            registry[i] = NULL;
+            found = true;
+            break;
+        }
+    uv_mutex_unlock(&reg_mu);
+    return found;
+}
+
+bool rx_ctx_alive(struct coh_ctx *ctx)
+{
+    uv_once(&reg_once, reg_init);
+    uv_mutex_lock(&reg_mu);
+    bool found = false;
+    for (int i = 0; i < MAX_CTX && ctx; i++) found |= registry[i] == ctx;
+    uv_mutex_unlock(&reg_mu);
+    return found;
+}
+
+/* ---- set-up helpers ---- */
+
+static char *dupstr(const char *s)
+{
+    return s ? mi_strdup(s) : NULL;
+}
+
+static int parse_nics(struct coh_ctx *ctx)
+{
+    char *list = mi_strdup(ctx->nics_s);
+    if (!list) return COH_ENOMEM;
+    int n = 0, st = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        if (!*tok) continue;
+        if (n == RX_MAX_RAILS) {
+            st = rx_fail(COH_EINVAL, "COHORT_NICS lists more than %d rails", RX_MAX_RAILS);
+            break;
+        }
+        st = rx_resolve_nic(tok, &ctx->rail_addr[n]);
+        if (st < 0) break;
+        n++;
+    }
+    mi_free(list);
+    if (st == 0 && n == 0) st = rx_fail(COH_EINVAL, "COHORT_NICS names no interface");
+    ctx->nrails = n;
+    return st;
+}
+
+static int store_start_fn(rx_reactor_t *rx, void *arg)
+{
+    struct coh_ctx *ctx = arg;
+    struct sockaddr_storage a;
+    int st = 0;
+    if (ctx->cfg.store_fd < 0) st = rx_resolve_hostport(ctx->store_s, &a);
+    if (st < 0) return st;
+    return rx_store_server_start(rx, (struct sockaddr *)&a, ctx->cfg.store_fd, ctx->token_s,
+                                 ctx->world, &ctx->store);
+}
+
+static int store_close_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)rx;
+    struct coh_ctx *ctx = arg;
+    if (ctx->store) rx_store_server_close(ctx->store);
+    ctx->store = NULL;
+    return 0;
+}
+
+static void ctrl_on_stop(rx_reactor_t *rx)
+{
+    struct coh_ctx *ctx = rx->owner;
+    store_close_fn(rx, ctx);
+}
+
+/* Exchange addresses through the store, dial lower ranks, wait for all. */
+static int connect_mesh(struct coh_ctx *ctx, uint64_t deadline)
+{
+    rx_store_client_t sc;
+    struct sockaddr_storage store_addr;
+    RX_CHECK(rx_resolve_hostport(ctx->store_s, &store_addr));
+    RX_CHECK(rx_store_connect(&sc, (struct sockaddr *)&store_addr, ctx->token_s, ctx->rank,
+                              ctx->world, deadline));
+    char key[64], val[128];
+    int st = 0;
+    snprintf(key, sizeof(key), "nrails/%d", ctx->rank);
+    snprintf(val, sizeof(val), "%d", ctx->nrails);
+    RX_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
+    for (int r = 0; r < ctx->nrails; r++) {
+        rx_format_addr((struct sockaddr *)&ctx->rails[r].bound, val, sizeof(val));
+        snprintf(key, sizeof(key), "addr/%d/%d", r, ctx->rank);
+        RX_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
+    }
+    for (int peer = 0; peer < ctx->rank; peer++) {
+        int left_ms = (int)((deadline - rx_now_ns()) / 1000000ull);
+        size_t vl;
+        snprintf(key, sizeof(key), "nrails/%d", peer);
+        memset(val, 0, sizeof(val));
+        RX_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
+                      out);
+        if (atoi(val) != ctx->nrails) {
+            st = rx_fail(COH_EBOOTSTRAP,
+                         "rank %d has %s rails, this rank (%d) has %d: COHORT_NICS must list "
+                         "the same number of rails on every rank",
+                         peer, val, ctx->rank, ctx->nrails);
+            goto out;
+        }
+        for (int r = 0; r < ctx->nrails; r++) {
+            snprintf(key, sizeof(key), "addr/%d/%d", r, peer);
+            memset(val, 0, sizeof(val));
+            RX_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
+                          out);
+            struct sockaddr_storage a;
+            RX_CHECK_GOTO(rx_resolve_hostport(val, &a), st, out);
+            RX_CHECK_GOTO(en_rail_connect(&ctx->rails[r], peer, (struct sockaddr *)&a), st, out);
+        }
+    }
+    for (int r = 0; r < ctx->nrails; r++)
+        RX_CHECK_GOTO(en_rail_wait_connected(&ctx->rails[r], deadline), st, out);
+    /* Barrier: rank 0 holds the store until every rank is through. */
+    int64_t joined = 0;
+    RX_CHECK_GOTO(rx_store_add(&sc, "joined", 1, &joined, deadline), st, out);
+    if (joined == ctx->world) RX_CHECK_GOTO(rx_store_set(&sc, "go", "1", 1, deadline), st, out);
+    int left_ms = (int)((deadline - rx_now_ns()) / 1000000ull);
+    RX_CHECK_GOTO(rx_store_get(&sc, "go", val, sizeof(val), NULL, left_ms, deadline), st, out);
+out:
+    rx_store_close(&sc);
+    return st;
+}
+
+static void describe(struct coh_ctx *ctx)
+{
+    size_t n = 0, cap = sizeof(ctx->describe);
+    n += (size_t)snprintf(ctx->describe + n, cap - n,
+                          "cohort %d.%d.%d rank %d/%d, %d rail(s):", COH_VERSION_MAJOR,
+                          COH_VERSION_MINOR, COH_VERSION_PATCH, ctx->rank, ctx->world, ctx->nrails);
+    for (int r = 0; r < ctx->nrails && n < cap; r++) {
+        char a[96];
+        rx_format_addr((struct sockaddr *)&ctx->rails[r].bound, a, sizeof(a));
+        n += (size_t)snprintf(ctx->describe + n, cap - n, " %s/%s", ctx->rails[r].ops->name, a);
+    }
+    if (n < cap) {
+        int gpus = gpu_device_count();
+        snprintf(ctx->describe + n, cap - n, "; %s",
+                 gpus > 0 ? "GPU present (CUDA kernels not "
+                            "used yet): CPU reduction"
+                          : "no GPU: CPU reduction kernels");
+    }
+}
+
+static void ctx_free(struct coh_ctx *ctx)
+{
+    if (ctx->event_fd >= 0) close(ctx->event_fd);
+    uv_cond_destroy(&ctx->wait_cv);
+    uv_mutex_destroy(&ctx->wait_mu);
+    mi_free(ctx->rails);
+    mi_free(ctx->store_s);
+    mi_free(ctx->token_s);
+    mi_free(ctx->nics_s);
+    mi_free(ctx);
+}
+
+static void stop_all(struct coh_ctx *ctx)
+{
+    for (int r = 0; r < ctx->nrails; r++) en_rail_stop(&ctx->rails[r]);
+    if (ctx->ctrl_started) rx_reactor_stop(&ctx->ctrl);
+    ctx->ctrl_started = false;
+}
+
+COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
+{
+    if (!out) return rx_fail(COH_EINVAL, "coh_init: ctx pointer is NULL");
+    *out = NULL;
+    coh_config_t envcfg;
+    if (!cfg_in) {
+        RX_CHECK(coh_config_init(&envcfg));
+        cfg_in = &envcfg;
+    }
+    RX_CHECK(rx_config_validate(cfg_in));
+    struct coh_ctx *ctx = mi_zalloc(sizeof(*ctx));
+    if (!ctx) return rx_fail(COH_ENOMEM, "coh_init: out of memory");
+    ctx->cfg = *cfg_in;
+    ctx->event_fd = -1;
+    uv_mutex_init(&ctx->wait_mu);
+    uv_cond_init(&ctx->wait_cv);
+    ctx->store_s = dupstr(cfg_in->store);
+    ctx->token_s = dupstr(cfg_in->token ? cfg_in->token : "");
+    ctx->nics_s = dupstr(cfg_in->nics);
+    ctx->cfg.store = ctx->store_s;
+    ctx->cfg.token = ctx->token_s;
+    ctx->cfg.nics = ctx->nics_s;
+    ctx->rank = cfg_in->rank;
+    ctx->world = cfg_in->world_size;
+    int st = 0;
+    uint64_t deadline = rx_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
+    if (!ctx->token_s || !ctx->nics_s || (cfg_in->store && !ctx->store_s)) {
+        st = rx_fail(COH_ENOMEM, "coh_init: out of memory");
+        goto fail;
+    }
+    ctx->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ctx->event_fd < 0) {
+        st = rx_fail(COH_ESYS, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    RX_CHECK_GOTO(parse_nics(ctx), st, fail);
+    ctx->rails = mi_zalloc(sizeof(en_rail_t) * (size_t)ctx->nrails);
+    if (!ctx->rails) {
+        st = rx_fail(COH_ENOMEM, "coh_init: out of memory");
+        goto fail;
+    }
+    if (ctx->world > 1 && ctx->rank == 0) {
+        RX_CHECK_GOTO(rx_reactor_start(&ctx->ctrl, "cohort-ctrl", ctrl_on_stop, ctx), st, fail);
+        ctx->ctrl_started = true;
+        RX_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, store_start_fn, ctx), st, fail);
+    }
+    for (int r = 0; r < ctx->nrails; r++) {
+        st = en_rail_start(&ctx->rails[r], ctx, r, ctx->rank, ctx->world, ctx->nrails,
+                           (struct sockaddr *)&ctx->rail_addr[r], ctx->token_s, ctx->cfg.timeout_ms,
+                           ctx->cfg.sockbuf_bytes);
+        if (st < 0) {
+            char why[512];
+            snprintf(why, sizeof(why), "%s", coh_last_error());
+            ctx->nrails = r; /* stop only those that started */
+            rx_fail(st, "%s", why);
+            goto fail;
+        }
+    }
+    if (ctx->world > 1) RX_CHECK_GOTO(connect_mesh(ctx, deadline), st, fail);
+    ctx->world_comm.ctx = ctx;
+    ctx->world_comm.id = 0;
+    ctx->world_comm.rank = ctx->rank;
+    ctx->world_comm.size = ctx->world;
+    describe(ctx);
+    RX_CHECK_GOTO(reg_add(ctx), st, fail);
+    atomic_store(&ctx->state, RX_CTX_RUNNING);
+    *out = ctx;
+    return 0;
+fail : {
+    char why[512];
+    snprintf(why, sizeof(why), "%s", coh_last_error());
+    stop_all(ctx);
+    ctx_free(ctx);
+    return rx_fail(st, "coh_init (rank %d of %d): %s", cfg_in->rank, cfg_in->world_size, why);
+}
+}
+
+COH_API int coh_finalize(coh_ctx_t *ctx)
+{
+    if (!ctx) return rx_fail(COH_EINVAL, "coh_finalize: ctx is NULL");
+    if (!reg_take(ctx))
+        return rx_fail(COH_ESTATE, "coh_finalize: not a live context (finalized twice?)");
+    atomic_store(&ctx->state, RX_CTX_FINALIZING);
+    /* Rails first: their running ops end (cancelled) and complete their
+     * requests; then the store that may still serve late peers. */
+    stop_all(ctx);
+    ctx_free(ctx);
+    return 0;
+}
+
+static int ctx_ok(coh_ctx_t *ctx, const char *fn)
+{
+    if (!ctx) return rx_fail(COH_EINVAL, "%s: ctx is NULL", fn);
+    if (atomic_load(&ctx->state) != RX_CTX_RUNNING)
+        return rx_fail(COH_ESTATE, "%s: the context is finalizing", fn);
+    return 0;
+}
+
+COH_API int coh_ctx_world(coh_ctx_t *ctx, coh_comm_t **world)
+{
+    RX_CHECK(ctx_ok(ctx, "coh_ctx_world"));
+    if (!world) return rx_fail(COH_EINVAL, "coh_ctx_world: world is NULL");
+    *world = &ctx->world_comm;
+    return 0;
+}
+
+COH_API int coh_ctx_nrails(coh_ctx_t *ctx, int *nrails)
+{
+    RX_CHECK(ctx_ok(ctx, "coh_ctx_nrails"));
+    if (!nrails) return rx_fail(COH_EINVAL, "coh_ctx_nrails: nrails is NULL");
+    *nrails = ctx->nrails;
+    return 0;
+}
+
+COH_API const char *coh_ctx_describe(coh_ctx_t *ctx)
+{
+    return ctx ? ctx->describe : "";
+}
+
+COH_API int coh_ctx_event_fd(coh_ctx_t *ctx, int *fd)
+{
+    RX_CHECK(ctx_ok(ctx, "coh_ctx_event_fd"));
+    if (!fd) return rx_fail(COH_EINVAL, "coh_ctx_event_fd: fd is NULL");
+    *fd = ctx->event_fd;
+    return 0;
+}
+
+COH_API int coh_ctx_event_clear(coh_ctx_t *ctx)
+{
+    RX_CHECK(ctx_ok(ctx, "coh_ctx_event_clear"));
+    uint64_t v;
+    while (read(ctx->event_fd, &v, sizeof(v)) > 0) {
+    }
+    return 0;
+}
+
+COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
+{
+    RX_CHECK(ctx_ok(ctx, "coh_ctx_stats"));
+    if (!s) return rx_fail(COH_EINVAL, "coh_ctx_stats: stats is NULL");
+    memset(s, 0, sizeof(*s));
+    for (int r = 0; r < ctx->nrails; r++) {
+        s->bytes_sent += atomic_load(&ctx->rails[r].stat_bytes_out);
+        s->bytes_received += atomic_load(&ctx->rails[r].stat_bytes_in);
+        s->connections_rejected += atomic_load(&ctx->rails[r].stat_rejected);
+        s->frames_invalid += atomic_load(&ctx->rails[r].stat_bad_frames);
+    }
+    if (ctx->store) s->connections_rejected += rx_store_server_rejected(ctx->store);
+    s->requests_completed = atomic_load(&ctx->n_completed);
+    s->requests_failed = atomic_load(&ctx->n_failed);
+    return 0;
+}
+
+COH_API int coh_comm_rank(const coh_comm_t *comm, int *rank)
+{
+    if (!comm || !rank) return rx_fail(COH_EINVAL, "coh_comm_rank: NULL argument");
+    *rank = comm->rank;
+    return 0;
+}
+
+COH_API int coh_comm_size(const coh_comm_t *comm, int *size)
+{
+    if (!comm || !size) return rx_fail(COH_EINVAL, "coh_comm_size: NULL argument");
+    *size = comm->size;
+    return 0;
+}

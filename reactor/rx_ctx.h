@@ -1,0 +1,42 @@
+/* rx_ctx.h - the context and communicator objects (internal). */
+#ifndef COH_RX_CTX_H
+#define COH_RX_CTX_H
+
+#include "engines/engine.h"
+#include "reactor/reactor.h"
+#include "reactor/rx_store.h"
+
+typedef enum rx_ctx_state { RX_CTX_RUNNING = 1, RX_CTX_FINALIZING = 2 } rx_ctx_state;
+
+struct coh_comm {
+    struct coh_ctx *ctx;
+    uint32_t id;
+    int rank, size;
+    const int *ranks; /* world rank of each member; NULL for the world */
+    _Atomic uint64_t next_seq;
+};
+
+struct coh_ctx {
+    coh_config_t cfg; /* strings below are this context's copies */
+    char *store_s, *token_s, *nics_s;
+    int rank, world, nrails;
+    en_rail_t *rails;
+    struct sockaddr_storage rail_addr[RX_MAX_RAILS];
+    rx_reactor_t ctrl; /* control reactor: the store (rank 0) */
+    bool ctrl_started;
+    rx_store_server_t *store;
+    coh_comm_t world_comm;
+    _Atomic int state;
+    int event_fd;
+    uv_mutex_t wait_mu;
+    uv_cond_t wait_cv;
+    _Atomic uint64_t n_completed, n_failed;
+    char describe[1024];
+};
+
+/* Notify waiters and the event fd that a request of ctx completed. */
+void rx_ctx_notify(struct coh_ctx *ctx, int failed);
+/* Is ctx a live context? (registry check for use-after-finalize) */
+bool rx_ctx_alive(struct coh_ctx *ctx);
+
+#endif

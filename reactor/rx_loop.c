@@ -1,0 +1,179 @@
+/*
+ * Reactor threads: a libuv loop per thread, fed by an intrusive MPSC queue
+ * (Vyukov's algorithm) and one uv_async_t that coalesces wake-ups; the loop
+ * drains everything queued on each wake.
+ */
+#include "reactor/reactor.h"
+
+#include <mimalloc.h>
+#include <string.h>
+
+void rx_mpsc_init(rx_mpsc_t *q)
+{
+    atomic_store_explicit(&q->stub.next, NULL, memory_order_relaxed);
+    atomic_store_explicit(&q->head, &q->stub, memory_order_relaxed);
+    q->tail = &q->stub;
+}
+
+void rx_mpsc_push(rx_mpsc_t *q, rx_task_t *t)
+{
+    atomic_store_explicit(&t->next, NULL, memory_order_relaxed);
+    rx_task_t *prev = atomic_exchange_explicit(&q->head, t, memory_order_acq_rel);
+    /* Between the exchange and this store the queue is briefly cut; the
+     * consumer sees that as "empty for now" and the wake-up that follows
+     * this push brings it back. */
+    atomic_store_explicit(&prev->next, t, memory_order_release);
+}
+
+rx_task_t *rx_mpsc_pop(rx_mpsc_t *q)
+{
+    rx_task_t *tail = q->tail;
+    rx_task_t *next = atomic_load_explicit(&tail->next, memory_order_acquire);
+    if (tail == &q->stub) {
+        if (!next) return NULL;
+        q->tail = next;
+        tail = next;
+        next = atomic_load_explicit(&tail->next, memory_order_acquire);
+    }
+    if (next) {
+        q->tail = next;
+        return tail;
+    }
+    if (tail != atomic_load_explicit(&q->head, memory_order_acquire)) return NULL;
+    rx_mpsc_push(q, &q->stub);
+    next = atomic_load_explicit(&tail->next, memory_order_acquire);
+    if (next) {
+        q->tail = next;
+        return tail;
+    }
+    return NULL;
+}
+
+/* Threading: loop thread. */
+static void wake_cb(uv_async_t *h)
+{
+    rx_reactor_t *rx = h->data;
+    rx_task_t *t;
+    while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
+}
+
+static void thread_main(void *arg)
+{
+    rx_reactor_t *rx = arg;
+    uv_sem_post(&rx->started);
+    uv_run(&rx->loop, UV_RUN_DEFAULT);
+}
+
+int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
+                     void *owner)
+{
+    memset(rx, 0, sizeof(*rx));
+    snprintf(rx->name, sizeof(rx->name), "%s", name);
+    rx->on_stop = on_stop;
+    rx->owner = owner;
+    rx_mpsc_init(&rx->queue);
+    int e = uv_loop_init(&rx->loop);
+    if (e) return rx_fail(rx_uv_status(e), "%s: uv_loop_init: %s", name, uv_strerror(e));
+    rx->loop.data = rx;
+    e = uv_async_init(&rx->loop, &rx->wake, wake_cb);
+    if (e) {
+        uv_loop_close(&rx->loop);
+        return rx_fail(rx_uv_status(e), "%s: uv_async_init: %s", name, uv_strerror(e));
+    }
+    rx->wake.data = rx;
+    if (uv_sem_init(&rx->started, 0) != 0) {
+        uv_close((uv_handle_t *)&rx->wake, NULL);
+        uv_run(&rx->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&rx->loop);
+        return rx_fail(COH_ESYS, "%s: uv_sem_init failed", name);
+    }
+    /* Loops need little stack; a smaller one keeps many rails cheap. */
+    uv_thread_options_t opts = {.flags = UV_THREAD_HAS_STACK_SIZE, .stack_size = 1 << 20};
+    atomic_store(&rx->state, RX_RUNNING);
+    e = uv_thread_create_ex(&rx->thread, &opts, thread_main, rx);
+    if (e) {
+        atomic_store(&rx->state, RX_INIT);
+        uv_sem_destroy(&rx->started);
+        uv_close((uv_handle_t *)&rx->wake, NULL);
+        uv_run(&rx->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&rx->loop);
+        return rx_fail(rx_uv_status(e), "%s: thread: %s", name, uv_strerror(e));
+    }
+    uv_sem_wait(&rx->started);
+    return 0;
+}
+
+void rx_reactor_post(rx_reactor_t *rx, rx_task_t *task)
+{
+    rx_mpsc_push(&rx->queue, task);
+    uv_async_send(&rx->wake);
+}
+
+bool rx_on_loop(const rx_reactor_t *rx)
+{
+    uv_thread_t self = uv_thread_self();
+    return atomic_load(&rx->state) == RX_RUNNING && uv_thread_equal(&self, &rx->thread);
+}
+
+typedef struct call_task {
+    rx_task_t task;
+    int (*fn)(rx_reactor_t *, void *);
+    void *arg;
+    int result;
+    uv_sem_t done;
+} call_task_t;
+
+static void call_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    call_task_t *c = (call_task_t *)t;
+    c->result = c->fn(rx, c->arg);
+    uv_sem_post(&c->done);
+}
+
+int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *arg)
+{
+    if (atomic_load(&rx->state) != RX_RUNNING)
+        return rx_fail(COH_ESTATE, "reactor %s is not running", rx->name);
+    call_task_t c = {.task.run = call_run, .fn = fn, .arg = arg};
+    if (uv_sem_init(&c.done, 0) != 0) return rx_fail(COH_ESYS, "uv_sem_init failed");
+    rx_reactor_post(rx, &c.task);
+    uv_sem_wait(&c.done);
+    uv_sem_destroy(&c.done);
+    return c.result;
+}
+
+static void stop_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    (void)t;
+    atomic_store(&rx->state, RX_STOPPING);
+    if (rx->on_stop) rx->on_stop(rx);
+    /* Once the owner's handles and this one are closed, uv_run returns. */
+    uv_close((uv_handle_t *)&rx->wake, NULL);
+}
+
+static void close_leftover(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+int rx_reactor_stop(rx_reactor_t *rx)
+{
+    int st = atomic_load(&rx->state);
+    if (st == RX_INIT || st == RX_STOPPED) return 0;
+    rx_task_t t = {.run = stop_run};
+    rx_reactor_post(rx, &t);
+    uv_thread_join(&rx->thread);
+    atomic_store(&rx->state, RX_STOPPED);
+    int status = 0;
+    if (uv_loop_close(&rx->loop) == UV_EBUSY) {
+        /* An owner left a handle open: a bug, but close it rather than leak
+         * the loop, and say so. */
+        uv_walk(&rx->loop, close_leftover, NULL);
+        uv_run(&rx->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&rx->loop);
+        status = rx_fail(COH_EINTERNAL, "reactor %s: handles left open at stop", rx->name);
+    }
+    uv_sem_destroy(&rx->started);
+    return status;
+}

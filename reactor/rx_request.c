@@ -1,0 +1,146 @@
+/*
+ * Requests: created by the submitting thread, completed by whichever rail
+ * thread ends the last slice, read by any thread. The state flips to DONE
+ * (release) only after status, error text and times are written, so a
+ * reader that sees DONE (acquire) sees them too.
+ */
+#include <errno.h>
+#include <mimalloc.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "reactor/rx_ctx.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
+{
+    coh_request_t *r = mi_zalloc(sizeof(*r));
+    if (!r) return NULL;
+    r->ctx = ctx;
+    r->nslices = nslices;
+    atomic_init(&r->refs, 2); /* the caller's and the runtime's */
+    atomic_init(&r->slices, nslices);
+    atomic_init(&r->state, RX_REQ_RUNNING);
+    r->t_submit_ns = rx_now_ns();
+    return r;
+}
+
+void rx_request_unref(coh_request_t *req)
+{
+    if (atomic_fetch_sub_explicit(&req->refs, 1, memory_order_acq_rel) == 1) mi_free(req);
+}
+
+static void complete(coh_request_t *req)
+{
+    struct coh_ctx *ctx = req->ctx;
+    req->t_done_ns = rx_now_ns();
+    int failed = atomic_load(&req->status) < 0;
+    atomic_store_explicit(&req->state, RX_REQ_DONE, memory_order_release);
+    rx_ctx_notify(ctx, failed);
+    rx_request_unref(req);
+}
+
+void rx_request_slice_done(coh_request_t *req, int status, const char *why)
+{
+    if (status < 0) {
+        int expected = 0;
+        if (atomic_compare_exchange_strong(&req->err_set, &expected, 1)) {
+            snprintf(req->err, sizeof(req->err), "%s", why && *why ? why : coh_strerror(status));
+            atomic_store(&req->status, status);
+            /* The other slices cannot succeed: end them now, not at their timeout. */
+            if (req->nslices > 1)
+                for (int s = 0; s < req->nslices; s++)
+                    en_rail_cancel(&req->ctx->rails[req->slice_rail[s]], req->comm, req->seq,
+                                   status, req->err);
+        }
+    }
+    if (atomic_fetch_sub_explicit(&req->slices, 1, memory_order_acq_rel) == 1) complete(req);
+}
+
+void rx_ctx_notify(struct coh_ctx *ctx, int failed)
+{
+    atomic_fetch_add(failed ? &ctx->n_failed : &ctx->n_completed, 1);
+    if (ctx->event_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t w;
+        do {
+            w = write(ctx->event_fd, &one, sizeof(one));
+        } while (w < 0 && errno == EINTR);
+    }
+    uv_mutex_lock(&ctx->wait_mu);
+    uv_cond_broadcast(&ctx->wait_cv);
+    uv_mutex_unlock(&ctx->wait_mu);
+}
+
+static int is_done(const coh_request_t *req)
+{
+    return atomic_load_explicit(&req->state, memory_order_acquire) == RX_REQ_DONE;
+}
+
+COH_API int coh_test(coh_request_t *req, int *done)
+{
+    if (!req || !done) return rx_fail(COH_EINVAL, "coh_test: NULL argument");
+    *done = is_done(req);
+    return 0;
+}
+
+COH_API int coh_wait(coh_request_t *req, int timeout_ms)
+{
+    if (!req) return rx_fail(COH_EINVAL, "coh_wait: request is NULL");
+    if (is_done(req)) return atomic_load(&req->status);
+    struct coh_ctx *ctx = req->ctx;
+    uint64_t start = rx_now_ns();
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
+    /* A short spin catches the completions that come within microseconds
+     * (small messages) without paying for a sleep and a wake-up. */
+    uint64_t spin_end = start + (uint64_t)ctx->cfg.spin_us * 1000ull;
+    if (spin_end > deadline) spin_end = deadline;
+    while (rx_now_ns() < spin_end) {
+        for (int i = 0; i < 64; i++) cpu_relax();
+        if (is_done(req)) return atomic_load(&req->status);
+    }
+    uv_mutex_lock(&ctx->wait_mu);
+    while (!is_done(req)) {
+        if (timeout_ms < 0) {
+            uv_cond_wait(&ctx->wait_cv, &ctx->wait_mu);
+        } else {
+            uint64_t now = rx_now_ns();
+            if (now >= deadline) break;
+            uv_cond_timedwait(&ctx->wait_cv, &ctx->wait_mu, deadline - now);
+        }
+    }
+    uv_mutex_unlock(&ctx->wait_mu);
+    if (!is_done(req)) return rx_fail(COH_EAGAIN, "coh_wait: not complete after %d ms", timeout_ms);
+    return atomic_load(&req->status);
+}
+
+COH_API int coh_request_status(const coh_request_t *req)
+{
+    if (!req) return rx_fail(COH_EINVAL, "coh_request_status: request is NULL");
+    if (!is_done(req)) return COH_EAGAIN;
+    return atomic_load(&req->status);
+}
+
+COH_API const char *coh_request_error(const coh_request_t *req)
+{
+    if (!req || !is_done(req) || atomic_load(&req->status) == 0) return "";
+    return req->err;
+}
+
+COH_API int coh_request_time_us(const coh_request_t *req, double *us)
+{
+    if (!req || !us) return rx_fail(COH_EINVAL, "coh_request_time_us: NULL argument");
+    *us = is_done(req) ? (double)(req->t_done_ns - req->t_submit_ns) / 1e3 : 0.0;
+    return 0;
+}
+
+COH_API void coh_request_free(coh_request_t *req)
+{
+    if (req) rx_request_unref(req);
+}

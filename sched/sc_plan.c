@@ -1,0 +1,565 @@
+/*
+ * Plan builders: ring (reduce-scatter + allgather, chunked), recursive
+ * doubling, binomial tree, pipelined chain, direct exchange, dissemination
+ * barrier. See sc_plan.h for the step semantics.
+ */
+#include "sched/sc_plan.h"
+
+#include <mimalloc.h>
+#include <string.h>
+
+#include "cohort.h"
+
+#define NONE  UINT32_MAX
+#define LOCAL INT32_MIN /* peer position of local steps (positions may be negative: mod n) */
+
+void sc_plan_init(sc_plan_t *plan)
+{
+    memset(plan, 0, sizeof(*plan));
+}
+
+void sc_plan_free(sc_plan_t *plan)
+{
+    mi_free(plan->steps);
+    mi_free(plan->deps);
+    mi_free(plan->rdep_off);
+    mi_free(plan->rdeps);
+    memset(plan, 0, sizeof(*plan));
+}
+
+int64_t sc_plan_add(sc_plan_t *plan, const sc_step_t *step, const uint32_t *deps, uint32_t ndeps)
+{
+    if (plan->nsteps == plan->steps_cap) {
+        uint32_t cap = plan->steps_cap ? plan->steps_cap * 2 : 16;
+        sc_step_t *s = mi_reallocn(plan->steps, cap, sizeof(*s));
+        if (!s) return -1;
+        plan->steps = s;
+        plan->steps_cap = cap;
+    }
+    uint32_t real = 0;
+    for (uint32_t i = 0; i < ndeps; i++) real += deps[i] != NONE;
+    if (plan->ndeps + real > plan->deps_cap) {
+        uint32_t cap = plan->deps_cap ? plan->deps_cap * 2 : 32;
+        while (cap < plan->ndeps + real) cap *= 2;
+        uint32_t *d = mi_reallocn(plan->deps, cap, sizeof(*d));
+        if (!d) return -1;
+        plan->deps = d;
+        plan->deps_cap = cap;
+    }
+    sc_step_t *s = &plan->steps[plan->nsteps];
+    *s = *step;
+    s->dep_off = plan->ndeps;
+    s->ndeps = 0;
+    for (uint32_t i = 0; i < ndeps; i++) {
+        if (deps[i] == NONE) continue;
+        plan->deps[plan->ndeps++] = deps[i];
+        s->ndeps++;
+    }
+    if (s->kind == SC_SEND) plan->nsend++;
+    if (s->kind == SC_RECV || s->kind == SC_RECV_REDUCE) plan->nrecv++;
+    return plan->nsteps++;
+}
+
+int sc_plan_finish(sc_plan_t *plan)
+{
+    mi_free(plan->rdep_off);
+    mi_free(plan->rdeps);
+    plan->rdep_off = mi_calloc(plan->nsteps + 1, sizeof(uint32_t));
+    plan->rdeps = mi_calloc(plan->ndeps ? plan->ndeps : 1, sizeof(uint32_t));
+    if (!plan->rdep_off || !plan->rdeps) return COH_ENOMEM;
+    for (uint32_t i = 0; i < plan->nsteps; i++) {
+        const sc_step_t *s = &plan->steps[i];
+        for (uint32_t d = 0; d < s->ndeps; d++) plan->rdep_off[plan->deps[s->dep_off + d] + 1]++;
+    }
+    for (uint32_t i = 0; i < plan->nsteps; i++) plan->rdep_off[i + 1] += plan->rdep_off[i];
+    uint32_t *fill = mi_calloc(plan->nsteps + 1, sizeof(uint32_t));
+    if (!fill) return COH_ENOMEM;
+    for (uint32_t i = 0; i < plan->nsteps; i++) {
+        const sc_step_t *s = &plan->steps[i];
+        for (uint32_t d = 0; d < s->ndeps; d++) {
+            uint32_t from = plan->deps[s->dep_off + d];
+            plan->rdeps[plan->rdep_off[from] + fill[from]++] = i;
+        }
+    }
+    mi_free(fill);
+    return 0;
+}
+
+/* ---- small helpers shared by the builders ---- */
+
+typedef struct bld {
+    const sc_coll_t *c;
+    sc_plan_t *plan;
+    int n, r;
+    uint64_t lo, len; /* the slice */
+    uint32_t k;       /* chunks per segment */
+    int err;
+} bld_t;
+
+static int pos_rank(const bld_t *b, int pos)
+{
+    int p = ((pos % b->n) + b->n) % b->n;
+    return b->c->order ? b->c->order[p] : p;
+}
+
+static uint32_t add(bld_t *b, int kind, int src, int dst, int peer_pos, uint32_t tag,
+                    uint64_t src_off, uint64_t dst_off, uint64_t count, double factor,
+                    const uint32_t *deps, uint32_t ndeps)
+{
+    if (b->err) return NONE;
+    sc_step_t s = {.kind = (uint8_t)kind,
+                   .src = (uint8_t)src,
+                   .dst = (uint8_t)dst,
+                   .peer = peer_pos == LOCAL ? -1 : pos_rank(b, peer_pos),
+                   .tag = tag,
+                   .src_off = src_off,
+                   .dst_off = dst_off,
+                   .count = count,
+                   .factor = factor};
+    int64_t i = sc_plan_add(b->plan, &s, deps, ndeps);
+    if (i < 0) {
+        b->err = COH_ENOMEM;
+        return NONE;
+    }
+    return (uint32_t)i;
+}
+
+#define DEPS(...)                                                                                  \
+    (const uint32_t[]){__VA_ARGS__},                                                               \
+        (uint32_t)(sizeof((uint32_t[]){__VA_ARGS__}) / sizeof(uint32_t))
+#define NODEPS NULL, 0
+
+static uint32_t tag_of(const bld_t *b, uint32_t phase, uint32_t step, uint32_t chunk)
+{
+    return (phase * (uint32_t)b->n + step) * b->k + chunk;
+}
+
+/* Chunks per segment: enough that a chunk is at most chunk_elems, capped so
+ * tags stay within 32 bits (phase * n * k < 2^32 with n <= 65536). */
+static uint32_t chunks_for(uint64_t seg_max, uint64_t chunk_elems)
+{
+    if (chunk_elems == 0) chunk_elems = 1;
+    uint64_t k = (seg_max + chunk_elems - 1) / chunk_elems;
+    if (k < 1) k = 1;
+    if (k > 4096) k = 4096;
+    return (uint32_t)k;
+}
+
+/* Element range of chunk k of segment seg when the slice is split into nseg
+ * segments of k chunks each; offsets relative to the slice start. */
+static void chunk_range(const bld_t *b, uint64_t nseg, uint64_t seg, uint32_t k, uint64_t *off,
+                        uint64_t *cnt)
+{
+    uint64_t s0 = sc_split(b->len, nseg, seg), s1 = sc_split(b->len, nseg, seg + 1);
+    uint64_t sl = s1 - s0;
+    uint64_t c0 = sc_split(sl, b->k, k), c1 = sc_split(sl, b->k, k + 1);
+    *off = s0 + c0;
+    *cnt = c1 - c0;
+}
+
+/* ---- barrier: dissemination, also used for zero-element collectives ---- */
+
+static void build_barrier(bld_t *b)
+{
+    uint32_t prev = NONE;
+    for (uint32_t round = 0, dist = 1; (int)dist < b->n; round++, dist <<= 1) {
+        add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, b->r + (int)dist, round, 0, 0, 0, 0, DEPS(prev));
+        prev =
+            add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, b->r - (int)dist, round, 0, 0, 0, 0, NODEPS);
+    }
+}
+
+/* ---- allreduce ---- */
+
+static void build_allreduce_ring(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    const bool avg = b->c->avg;
+    b->k = chunks_for((b->len + n - 1) / n, b->c->chunk_elems);
+    uint32_t *prev = mi_malloc(sizeof(uint32_t) * b->k); /* last step touching chunk k */
+    if (!prev) {
+        b->err = COH_ENOMEM;
+        return;
+    }
+    for (uint32_t k = 0; k < b->k; k++) prev[k] = NONE;
+
+    /* Reduce-scatter: at step s send segment r-s, receive and reduce segment
+     * r-s-1. The segment sent at step s is the one reduced at step s-1. */
+    for (int s = 0; s < n - 1; s++) {
+        for (uint32_t k = 0; k < b->k; k++) {
+            uint64_t so, sc, ro, rc;
+            chunk_range(b, n, (uint64_t)((r - s + n) % n), k, &so, &sc);
+            chunk_range(b, n, (uint64_t)((r - s - 1 + 2 * n) % n), k, &ro, &rc);
+            uint32_t tag = tag_of(b, 0, (uint32_t)s, k);
+            if (sc) /* the first step reads the caller's input, later ones the partial sums */
+                add(b, SC_SEND, s == 0 ? SC_BUF_SEND : SC_BUF_RECV, SC_BUF_RECV, r + 1, tag,
+                    b->lo + so, b->lo + so, sc, 0, DEPS(prev[k]));
+            if (rc)
+                prev[k] = add(b, SC_RECV_REDUCE, SC_BUF_SEND, SC_BUF_RECV, r - 1, tag, b->lo + ro,
+                              b->lo + ro, rc, 0, NODEPS);
+        }
+    }
+    /* This rank now owns segment r+1 fully reduced. */
+    for (uint32_t k = 0; k < b->k; k++) {
+        uint64_t o, c;
+        chunk_range(b, n, (uint64_t)((r + 1) % n), k, &o, &c);
+        if (avg && c)
+            prev[k] = add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, b->lo + o, b->lo + o, c,
+                          (double)n, DEPS(prev[k]));
+    }
+    /* Allgather: at step s send segment r+1-s, receive segment r-s. */
+    for (int s = 0; s < n - 1; s++) {
+        for (uint32_t k = 0; k < b->k; k++) {
+            uint64_t so, sc, ro, rc;
+            chunk_range(b, n, (uint64_t)((r + 1 - s + n) % n), k, &so, &sc);
+            chunk_range(b, n, (uint64_t)((r - s + n) % n), k, &ro, &rc);
+            uint32_t tag = tag_of(b, 1, (uint32_t)s, k);
+            if (sc)
+                add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r + 1, tag, b->lo + so, b->lo + so, sc, 0,
+                    DEPS(prev[k]));
+            if (rc)
+                prev[k] = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r - 1, tag, b->lo + ro,
+                              b->lo + ro, rc, 0, NODEPS);
+        }
+    }
+    mi_free(prev);
+}
+
+static int ilog2_floor(int n)
+{
+    int l = 0;
+    while ((1 << (l + 1)) <= n) l++;
+    return l;
+}
+
+/* Recursive doubling with the usual fold for non-powers of two: the first
+ * 2*rem ranks pair up, odd ones carry the pair through the doubling rounds
+ * and hand the result back. Each round receives into its own scratch slice so
+ * every receive can be posted at once; the reduce waits for the round's send
+ * (it overwrites what is being sent). Every rank ends with the same bits:
+ * a op b == b op a for the ops and dtypes supported. */
+static void build_allreduce_rd(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    const uint64_t lo = b->lo, len = b->len;
+    const int P = 1 << ilog2_floor(n), rem = n - P, rounds = ilog2_floor(n);
+    b->plan->scratch_count = len * (uint64_t)(rounds + 1);
+    uint32_t last = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, lo, lo, len, 0, NODEPS);
+    int newr;
+    uint32_t fold_send = NONE;
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            fold_send =
+                add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r + 1, 0, lo, lo, len, 0, DEPS(last));
+            newr = -1;
+        } else {
+            uint32_t rv =
+                add(b, SC_RECV, SC_BUF_SCRATCH, SC_BUF_SCRATCH, r - 1, 0, 0, 0, len, 0, NODEPS);
+            last = add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, 0, lo, len, 0,
+                       DEPS(rv, last));
+            newr = r / 2;
+        }
+    } else {
+        newr = r - rem;
+    }
+    if (newr >= 0) {
+        for (int round = 0, mask = 1; mask < P; round++, mask <<= 1) {
+            int pn = newr ^ mask;
+            int partner = pn < rem ? pn * 2 + 1 : pn + rem;
+            uint32_t tag = 1 + (uint32_t)round;
+            uint64_t scr = len * (uint64_t)(round + 1);
+            uint32_t sd =
+                add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, partner, tag, lo, lo, len, 0, DEPS(last));
+            uint32_t rv = add(b, SC_RECV, SC_BUF_SCRATCH, SC_BUF_SCRATCH, partner, tag, scr, scr,
+                              len, 0, NODEPS);
+            last = add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, scr, lo, len, 0,
+                       DEPS(sd, rv, last));
+        }
+        if (b->c->avg)
+            last = add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, lo, lo, len, (double)n,
+                       DEPS(last));
+        if (r < 2 * rem)
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r - 1, 0x7fffffffu, lo, lo, len, 0,
+                DEPS(last));
+    } else {
+        /* The result overwrites what this rank sent: wait for that send. */
+        add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r + 1, 0x7fffffffu, lo, lo, len, 0,
+            DEPS(fold_send));
+    }
+}
+
+/* ---- broadcast ---- */
+
+static void build_bcast_tree(bld_t *b)
+{
+    const int n = b->n, v = (b->r - b->c->root + n) % n, root = b->c->root;
+    uint32_t got = NONE;
+    int mask = 1;
+    while (mask < n) {
+        if (v & mask) {
+            got = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, root + v - mask, 0, b->lo, b->lo,
+                      b->len, 0, NODEPS);
+            break;
+        }
+        mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+        if (v + mask < n)
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, root + v + mask, 0, b->lo, b->lo, b->len, 0,
+                DEPS(got));
+}
+
+/* A pipelined chain from the root: each link carries the buffer once, so the
+ * time is S/B plus (n-2) chunk times, better than scatter + allgather. */
+static void build_bcast_chain(bld_t *b)
+{
+    const int n = b->n, v = (b->r - b->c->root + n) % n, root = b->c->root;
+    b->k = chunks_for(b->len, b->c->chunk_elems);
+    for (uint32_t k = 0; k < b->k; k++) {
+        uint64_t o, c;
+        chunk_range(b, 1, 0, k, &o, &c);
+        if (!c) continue;
+        uint32_t got = NONE;
+        if (v > 0)
+            got = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, root + v - 1, k, b->lo + o, b->lo + o,
+                      c, 0, NODEPS);
+        if (v < n - 1)
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, root + v + 1, k, b->lo + o, b->lo + o, c, 0,
+                DEPS(got));
+    }
+}
+
+/* ---- allgather: block of ring position p sits at order[p] * count ---- */
+
+static uint64_t block(const bld_t *b, int pos)
+{
+    return (uint64_t)pos_rank(b, pos) * b->c->count;
+}
+
+static void build_allgather_ring(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    b->k = chunks_for(b->len, b->c->chunk_elems);
+    add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b->lo, block(b, r) + b->lo, b->len, 0,
+        NODEPS);
+    uint32_t *prev = mi_malloc(sizeof(uint32_t) * b->k);
+    if (!prev) {
+        b->err = COH_ENOMEM;
+        return;
+    }
+    for (uint32_t k = 0; k < b->k; k++) prev[k] = NONE;
+    for (int s = 0; s < n - 1; s++) {
+        for (uint32_t k = 0; k < b->k; k++) {
+            uint64_t o, c;
+            chunk_range(b, 1, 0, k, &o, &c);
+            if (!c) continue;
+            uint32_t tag = tag_of(b, 0, (uint32_t)s, k);
+            if (s == 0)
+                add(b, SC_SEND, SC_BUF_SEND, SC_BUF_RECV, r + 1, tag, b->lo + o, 0, c, 0, NODEPS);
+            else
+                add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r + 1, tag, block(b, r - s) + b->lo + o,
+                    0, c, 0, DEPS(prev[k]));
+            prev[k] = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r - 1, tag, 0,
+                          block(b, r - s - 1) + b->lo + o, c, 0, NODEPS);
+        }
+    }
+    mi_free(prev);
+}
+
+static void build_allgather_direct(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b->lo, block(b, r) + b->lo, b->len, 0,
+        NODEPS);
+    for (int d = 1; d < n; d++) {
+        add(b, SC_SEND, SC_BUF_SEND, SC_BUF_RECV, r + d, 0, b->lo, 0, b->len, 0, NODEPS);
+        add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r - d, 0, 0, block(b, r - d) + b->lo, b->len, 0,
+            NODEPS);
+    }
+}
+
+/* ---- reduce-scatter: input block of position p at order[p] * count ---- */
+
+static void build_rs_ring(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    const bool inplace = b->c->rs_in_place;
+    const uint64_t lo = b->lo, len = b->len;
+    /* The result lives in recv[lo..] (out of place) or in recv's own block. */
+    const uint64_t out = inplace ? block(b, r) + lo : lo;
+    const int in = inplace ? SC_BUF_RECV : SC_BUF_SEND;
+    b->k = chunks_for(len, b->c->chunk_elems);
+    if (n == 1) {
+        if (!inplace)
+            add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, block(b, r) + lo, out, len, 0,
+                NODEPS);
+        return;
+    }
+    /* Out of place, the partial sum made at step s lives in scratch slot s
+     * until step s+1 sends it. One slot per step (not two reused ones): a
+     * receive that had to wait for a send to drain a slot could wait on a
+     * full socket around the whole ring. */
+    if (!inplace && n > 2) b->plan->scratch_count = (uint64_t)(n - 2) * len;
+    uint32_t *prev = mi_malloc(sizeof(uint32_t) * b->k);
+    if (!prev) {
+        b->err = COH_ENOMEM;
+        return;
+    }
+    for (uint32_t k = 0; k < b->k; k++) prev[k] = NONE;
+    /* Step s: send block r-s-1, receive and reduce block r-s-2; the last step
+     * (s = n-2) reduces this rank's own block into the output. */
+    for (int s = 0; s < n - 1; s++) {
+        for (uint32_t k = 0; k < b->k; k++) {
+            uint64_t o, c;
+            chunk_range(b, 1, 0, k, &o, &c);
+            if (!c) continue;
+            uint32_t tag = tag_of(b, 0, (uint32_t)s, k);
+            int sblk = r - s - 1, rblk = r - s - 2;
+            if (s == 0 || inplace)
+                add(b, SC_SEND, in, in, r + 1, tag, block(b, sblk) + lo + o, 0, c, 0,
+                    DEPS(prev[k]));
+            else
+                add(b, SC_SEND, SC_BUF_SCRATCH, SC_BUF_SCRATCH, r + 1, tag,
+                    (uint64_t)(s - 1) * len + o, 0, c, 0, DEPS(prev[k]));
+            uint64_t dst;
+            int dbuf;
+            if (s == n - 2) {
+                dst = out + o;
+                dbuf = SC_BUF_RECV;
+            } else if (inplace) {
+                dst = block(b, rblk) + lo + o;
+                dbuf = SC_BUF_RECV;
+            } else {
+                dst = (uint64_t)s * len + o;
+                dbuf = SC_BUF_SCRATCH;
+            }
+            prev[k] = add(b, SC_RECV_REDUCE, in, dbuf, r - 1, tag, block(b, rblk) + lo + o, dst, c,
+                          0, NODEPS);
+        }
+    }
+    if (b->c->avg)
+        for (uint32_t k = 0; k < b->k; k++) {
+            uint64_t o, c;
+            chunk_range(b, 1, 0, k, &o, &c);
+            if (c)
+                add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, out + o, out + o, c, (double)n,
+                    DEPS(prev[k]));
+        }
+    mi_free(prev);
+}
+
+static void build_rs_direct(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    const bool inplace = b->c->rs_in_place;
+    const uint64_t lo = b->lo, len = b->len;
+    const uint64_t out = inplace ? block(b, r) + lo : lo;
+    const int in = inplace ? SC_BUF_RECV : SC_BUF_SEND;
+    uint32_t cp = NONE;
+    if (!inplace)
+        cp = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, block(b, r) + lo, out, len, 0,
+                 NODEPS);
+    uint32_t *rv = mi_malloc(sizeof(uint32_t) * (size_t)n);
+    if (!rv) {
+        b->err = COH_ENOMEM;
+        return;
+    }
+    for (int d = 1; d < n; d++) {
+        add(b, SC_SEND, in, in, r + d, 0, block(b, r + d) + lo, 0, len, 0, NODEPS);
+        rv[d - 1] =
+            add(b, SC_RECV_REDUCE, SC_BUF_RECV, SC_BUF_RECV, r - d, 0, out, out, len, 0, DEPS(cp));
+    }
+    if (b->c->avg) {
+        sc_step_t s = {.kind = SC_DIV,
+                       .src = SC_BUF_RECV,
+                       .dst = SC_BUF_RECV,
+                       .peer = -1,
+                       .src_off = out,
+                       .dst_off = out,
+                       .count = len,
+                       .factor = (double)n};
+        if (!b->err && sc_plan_add(b->plan, &s, rv, (uint32_t)(n - 1)) < 0) b->err = COH_ENOMEM;
+    }
+    mi_free(rv);
+}
+
+sc_algo sc_plan_resolve_algo(const sc_coll_t *c)
+{
+    if (c->algo != SC_ALGO_AUTO) return c->algo;
+    uint64_t total = c->count;
+    if (c->kind == SC_ALLGATHER || c->kind == SC_REDUCE_SCATTER) total *= (uint64_t)c->nranks;
+    return total <= c->small_elems ? SC_ALGO_RD : SC_ALGO_RING;
+}
+
+int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
+{
+    if (!c || !plan || c->nranks < 1 || c->nranks > 65536 || c->rank < 0 || c->rank >= c->nranks ||
+        c->kind < 0 || c->kind >= SC_COLL_COUNT || c->lo > c->hi || c->hi > c->count)
+        return COH_EINVAL;
+    if (c->kind == SC_BROADCAST && (c->root < 0 || c->root >= c->nranks)) return COH_EINVAL;
+    if (c->order)
+        for (int i = 0; i < c->nranks; i++)
+            if (c->order[i] < 0) return COH_EINVAL;
+    bld_t b = {.c = c,
+               .plan = plan,
+               .n = c->nranks,
+               .r = c->rank,
+               .lo = c->lo,
+               .len = c->hi - c->lo,
+               .k = 1};
+    sc_algo algo = sc_plan_resolve_algo(c);
+    if (c->kind == SC_BARRIER || c->count == 0) {
+        /* Zero elements still meet the other ranks so a count mismatch is seen. */
+        build_barrier(&b);
+    } else if (b.len == 0) {
+        /* An empty share of a non-empty op: nothing to move. */
+    } else if (c->nranks == 1) {
+        if (c->kind == SC_REDUCE_SCATTER)
+            build_rs_ring(&b);
+        else if (c->kind != SC_BROADCAST)
+            add(&b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b.lo, b.lo, b.len, 0, NODEPS);
+    } else {
+        switch (c->kind) {
+        case SC_ALLREDUCE:
+            if (algo == SC_ALGO_RD)
+                build_allreduce_rd(&b);
+            else
+                build_allreduce_ring(&b);
+            break;
+        case SC_BROADCAST:
+            if (algo == SC_ALGO_RD)
+                build_bcast_tree(&b);
+            else
+                build_bcast_chain(&b);
+            break;
+        case SC_ALLGATHER:
+            if (algo == SC_ALGO_RD)
+                build_allgather_direct(&b);
+            else
+                build_allgather_ring(&b);
+            break;
+        case SC_REDUCE_SCATTER:
+            if (algo == SC_ALGO_RD)
+                build_rs_direct(&b);
+            else
+                build_rs_ring(&b);
+            break;
+        default: break;
+        }
+    }
+    if (b.err) return b.err;
+    return sc_plan_finish(plan);
+}
+
+const char *sc_step_kind_name(int kind)
+{
+    static const char *names[] = {"send", "recv", "recv_reduce", "copy", "reduce", "scale", "div"};
+    return kind >= 0 && kind < (int)(sizeof(names) / sizeof(names[0])) ? names[kind] : "?";
+}
+
+const char *sc_coll_kind_name(int kind)
+{
+    static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
+                                  "barrier"};
+    return kind >= 0 && kind < SC_COLL_COUNT ? names[kind] : "?";
+}

@@ -1,0 +1,294 @@
+/*
+ * Every collective, dtype and op across the awkward counts (0, 1, fewer
+ * than the ranks, not divisible by them, small and ring-sized, several
+ * pipeline chunks), in place and out of place, several ops in flight at once.
+ *
+ * Data are small integers so that sums and products are exact in every
+ * dtype (bf16 holds integers up to 256 exactly): integer dtypes are checked
+ * exactly, float dtypes within a relative tolerance (f32 1e-6, f64 1e-12,
+ * f16 2e-3, bf16 1e-2) that only the average (one division, one rounding)
+ * needs.
+ *
+ *   test_collectives            the full matrix
+ *   test_collectives --big MiB  one large f32 allreduce, checked exactly
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "gpu/gpu.h"
+#include "mp_util.h"
+
+static int R, N;
+static coh_comm_t *W;
+
+static const coh_dtype DTYPES[] = {COH_F32, COH_F64, COH_F16, COH_BF16, COH_I32, COH_I64, COH_U8};
+static const coh_redop OPS[] = {COH_SUM, COH_AVG, COH_MIN, COH_MAX, COH_PROD};
+
+/* The value rank r contributes at index i (prod uses +-1, +-2 so 7 ranks stay exact). */
+static double val(coh_dtype dt, coh_redop op, int r, size_t i, int seed)
+{
+    unsigned k = (unsigned)(r * 7 + (int)(i % 1000003) * 13 + seed * 5);
+    if (op == COH_PROD) {
+        static const double p[] = {1, 2, -1, -2};
+        double v = p[k % 4];
+        return dt == COH_U8 ? fabs(v) : v;
+    }
+    double v = (double)(k % 17) - 8.0;
+    return dt == COH_U8 ? v + 8.0 : v;
+}
+
+static void put(void *buf, coh_dtype dt, size_t i, double v)
+{
+    switch (dt) {
+    case COH_F32: ((float *)buf)[i] = (float)v; break;
+    case COH_F64: ((double *)buf)[i] = v; break;
+    case COH_F16: ((uint16_t *)buf)[i] = gpu_f32_to_f16((float)v); break;
+    case COH_BF16: ((uint16_t *)buf)[i] = gpu_f32_to_bf16((float)v); break;
+    case COH_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case COH_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case COH_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+static double get(const void *buf, coh_dtype dt, size_t i)
+{
+    switch (dt) {
+    case COH_F32: return ((const float *)buf)[i];
+    case COH_F64: return ((const double *)buf)[i];
+    case COH_F16: return gpu_f16_to_f32(((const uint16_t *)buf)[i]);
+    case COH_BF16: return gpu_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case COH_I32: return ((const int32_t *)buf)[i];
+    case COH_I64: return (double)((const int64_t *)buf)[i];
+    case COH_U8: return ((const uint8_t *)buf)[i];
+    default: return NAN;
+    }
+}
+
+static bool is_int(coh_dtype dt)
+{
+    return dt == COH_I32 || dt == COH_I64 || dt == COH_U8;
+}
+
+static double expect(coh_dtype dt, coh_redop op, size_t i, int seed, int nranks)
+{
+    double acc = val(dt, op, 0, i, seed);
+    for (int r = 1; r < nranks; r++) {
+        double v = val(dt, op, r, i, seed);
+        switch (op) {
+        case COH_SUM:
+        case COH_AVG: acc += v; break;
+        case COH_PROD: acc *= v; break;
+        case COH_MIN: acc = v < acc ? v : acc; break;
+        case COH_MAX: acc = v > acc ? v : acc; break;
+        default: break;
+        }
+    }
+    if (op == COH_AVG) acc = is_int(dt) ? trunc(acc / nranks) : acc / nranks;
+    return acc;
+}
+
+static void check_val(const char *what, coh_dtype dt, coh_redop op, size_t count, size_t i,
+                      double got, double want)
+{
+    double tol = 0;
+    switch (dt) {
+    case COH_F32: tol = 1e-6; break;
+    case COH_F64: tol = 1e-12; break;
+    case COH_F16: tol = 2e-3; break;
+    case COH_BF16: tol = 1e-2; break;
+    default: break;
+    }
+    double scale = fabs(want) > 1 ? fabs(want) : 1;
+    if (!(fabs(got - want) <= tol * scale))
+        MP_FAIL("%s %s %s count=%zu: element %zu is %.9g, expected %.9g", what, coh_dtype_name(dt),
+                coh_redop_name(op), count, i, got, want);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) MP_FAIL("out of memory (%zu bytes)", n);
+    return p;
+}
+
+static void test_allreduce(coh_dtype dt, coh_redop op, size_t count, bool inplace, int seed)
+{
+    size_t es = coh_dtype_size(dt);
+    char *send = xmalloc(count * es), *recv = xmalloc(count * es);
+    for (size_t i = 0; i < count; i++) put(send, dt, i, val(dt, op, R, i, seed));
+    if (inplace) memcpy(recv, send, count * es);
+    coh_request_t *req;
+    MP_OK(coh_allreduce(W, inplace ? recv : send, recv, count, dt, op, &req));
+    mp_wait(req);
+    for (size_t i = 0; i < count; i++)
+        check_val(inplace ? "allreduce(in place)" : "allreduce", dt, op, count, i, get(recv, dt, i),
+                  expect(dt, op, i, seed, N));
+    /* Out of place must leave the input alone. */
+    for (size_t i = 0; !inplace && i < count; i++)
+        if (get(send, dt, i) != val(dt, op, R, i, seed))
+            MP_FAIL("allreduce modified its send buffer at %zu", i);
+    free(send);
+    free(recv);
+}
+
+static void test_broadcast(coh_dtype dt, size_t count, int root)
+{
+    size_t es = coh_dtype_size(dt);
+    char *buf = xmalloc(count * es);
+    for (size_t i = 0; i < count; i++)
+        put(buf, dt, i, R == root ? val(dt, COH_SUM, root, i, 3) : 99);
+    coh_request_t *req;
+    MP_OK(coh_broadcast(W, buf, count, dt, root, &req));
+    mp_wait(req);
+    for (size_t i = 0; i < count; i++)
+        if (get(buf, dt, i) != val(dt, COH_SUM, root, i, 3))
+            MP_FAIL("broadcast %s count=%zu root=%d: element %zu is %g", coh_dtype_name(dt), count,
+                    root, i, get(buf, dt, i));
+    free(buf);
+}
+
+static void test_allgather(coh_dtype dt, size_t count, bool inplace)
+{
+    size_t es = coh_dtype_size(dt);
+    char *send = xmalloc(count * es), *recv = xmalloc(count * es * (size_t)N);
+    for (size_t i = 0; i < count * (size_t)N; i++) put(recv, dt, i, 99);
+    char *mine = inplace ? recv + (size_t)R * count * es : send;
+    for (size_t i = 0; i < count; i++) put(mine, dt, i, val(dt, COH_SUM, R, i, 4));
+    coh_request_t *req;
+    MP_OK(coh_allgather(W, inplace ? NULL : send, recv, count, dt, &req));
+    mp_wait(req);
+    for (int r = 0; r < N; r++)
+        for (size_t i = 0; i < count; i++)
+            if (get(recv, dt, (size_t)r * count + i) != val(dt, COH_SUM, r, i, 4))
+                MP_FAIL("allgather %s count=%zu%s: block %d element %zu is %g", coh_dtype_name(dt),
+                        count, inplace ? " in place" : "", r, i,
+                        get(recv, dt, (size_t)r * count + i));
+    free(send);
+    free(recv);
+}
+
+/* mode 0: out of place; 1: sendbuf NULL (input in recvbuf); 2: NCCL's
+ * recvbuf = sendbuf + rank*recvcount. */
+static void test_reduce_scatter(coh_dtype dt, coh_redop op, size_t count, int mode)
+{
+    size_t es = coh_dtype_size(dt), full = count * (size_t)N;
+    char *in = xmalloc(full * es), *out = xmalloc(count * es);
+    /* Element j of the full input on rank r is val(r, j). */
+    for (size_t j = 0; j < full; j++) put(in, dt, j, val(dt, op, R, j, 5));
+    coh_request_t *req;
+    const char *res;
+    if (mode == 0) {
+        MP_OK(coh_reduce_scatter(W, in, out, count, dt, op, &req));
+        res = out;
+    } else if (mode == 1) {
+        MP_OK(coh_reduce_scatter(W, NULL, in, count, dt, op, &req));
+        res = in + (size_t)R * count * es;
+    } else {
+        MP_OK(coh_reduce_scatter(W, in, in + (size_t)R * count * es, count, dt, op, &req));
+        res = in + (size_t)R * count * es;
+    }
+    mp_wait(req);
+    for (size_t i = 0; i < count; i++)
+        check_val("reduce_scatter", dt, op, count, i, get(res, dt, i),
+                  expect(dt, op, (size_t)R * count + i, 5, N));
+    free(in);
+    free(out);
+}
+
+/* Several different ops in flight at once: matched by sequence, not by order. */
+static void test_concurrent(void)
+{
+    enum { K = 8 };
+    size_t counts[K] = {1, 7, 100, 5000, 70000, 3, 250000, 0};
+    float *bufs[K];
+    coh_request_t *reqs[K];
+    for (int k = 0; k < K; k++) {
+        bufs[k] = xmalloc(counts[k] * sizeof(float));
+        for (size_t i = 0; i < counts[k]; i++) bufs[k][i] = (float)val(COH_F32, COH_SUM, R, i, k);
+        MP_OK(coh_allreduce(W, NULL, bufs[k], counts[k], COH_F32, COH_SUM, &reqs[k]));
+    }
+    /* Wait out of order too. */
+    for (int k = K - 1; k >= 0; k--) mp_wait(reqs[k]);
+    for (int k = 0; k < K; k++) {
+        for (size_t i = 0; i < counts[k]; i++)
+            check_val("concurrent allreduce", COH_F32, COH_SUM, counts[k], i, bufs[k][i],
+                      expect(COH_F32, COH_SUM, i, k, N));
+        free(bufs[k]);
+    }
+}
+
+static void test_big(size_t mib)
+{
+    size_t count = mib * (1u << 20) / sizeof(float);
+    float *buf = xmalloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) buf[i] = (float)val(COH_F32, COH_SUM, R, i, 9);
+    coh_request_t *req;
+    MP_OK(coh_allreduce(W, NULL, buf, count, COH_F32, COH_SUM, &req));
+    double us;
+    int st = coh_wait(req, -1);
+    if (st) MP_FAIL("big allreduce: %s", coh_request_error(req));
+    coh_request_time_us(req, &us);
+    coh_request_free(req);
+    for (size_t i = 0; i < count; i++)
+        if (buf[i] != (float)expect(COH_F32, COH_SUM, i, 9, N))
+            MP_FAIL("big allreduce: element %zu is %g, expected %g", i, buf[i],
+                    expect(COH_F32, COH_SUM, i, 9, N));
+    if (R == 0)
+        printf("big allreduce of %zu MiB over %d ranks: %.1f ms, checked\n", mib, N, us / 1e3);
+    free(buf);
+}
+
+int main(int argc, char **argv)
+{
+    coh_ctx_t *ctx = mp_init(&W, &R, &N);
+    if (argc > 2 && !strcmp(argv[1], "--big")) {
+        test_big((size_t)atoi(argv[2]));
+        MP_OK(coh_finalize(ctx));
+        return 0;
+    }
+    const size_t counts[] = {0, 1, (size_t)N - 1, (size_t)N + 1, 1000, 16411, 70001};
+    int seed = 0;
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t o = 0; o < sizeof(OPS) / sizeof(OPS[0]); o++)
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+                test_allreduce(DTYPES[d], OPS[o], counts[c], false, seed++);
+                test_allreduce(DTYPES[d], OPS[o], counts[c], true, seed++);
+            }
+    /* Large enough for several pipeline chunks (1 MiB) per ring segment. */
+    test_allreduce(COH_F32, COH_SUM, (size_t)N * 600000 + 3, false, 1);
+    test_allreduce(COH_F64, COH_MAX, (size_t)N * 300000 + 1, true, 2);
+    if (R == 0) printf("allreduce: ok\n");
+
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            test_broadcast(DTYPES[d], counts[c], (int)(c % (size_t)N));
+    test_broadcast(COH_F32, 3000000, N - 1);
+    if (R == 0) printf("broadcast: ok\n");
+
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+            test_allgather(DTYPES[d], counts[c], false);
+            test_allgather(DTYPES[d], counts[c], true);
+        }
+    test_allgather(COH_I32, 700001, false);
+    if (R == 0) printf("allgather: ok\n");
+
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t o = 0; o < sizeof(OPS) / sizeof(OPS[0]); o++)
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+                test_reduce_scatter(DTYPES[d], OPS[o], counts[c], (int)(c % 3));
+    test_reduce_scatter(COH_F32, COH_SUM, 400003, 0);
+    test_reduce_scatter(COH_I64, COH_SUM, 300001, 1);
+    if (R == 0) printf("reduce_scatter: ok\n");
+
+    for (int k = 0; k < 5; k++) {
+        coh_request_t *req;
+        MP_OK(coh_barrier(W, &req));
+        mp_wait(req);
+    }
+    test_concurrent();
+    if (R == 0) printf("barrier, concurrent: ok\n");
+    MP_OK(coh_finalize(ctx));
+    return 0;
+}

@@ -1,0 +1,399 @@
+/*
+ * cohortrun - start N local ranks of a cohort program.
+ *
+ *   cohortrun -n N [options] -- prog [args...]
+ *
+ * Each rank gets COHORT_RANK, COHORT_WORLD_SIZE, COHORT_LOCAL_RANK,
+ * COHORT_STORE (host:port of the bootstrap store), COHORT_TOKEN (a random job
+ * token unless one is set) and COHORT_NICS (with --nics). The launcher binds
+ * the store's listening socket itself and hands it to rank 0 as an inherited
+ * descriptor (COHORT_STORE_FD), so no port can be taken between choosing it
+ * and using it. Output lines are prefixed with "[rank] ". When a rank fails
+ * the others are terminated (unless --keep-going), and cohortrun exits with
+ * the first failure's code (128 + signal for a signal).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+extern char **environ;
+
+typedef struct out_stream {
+    uv_pipe_t pipe;
+    struct rank *rank;
+    FILE *dst;
+    char line[4096];
+    size_t len;
+    bool open;
+} out_stream_t;
+
+typedef struct rank {
+    int id;
+    uv_process_t proc;
+    out_stream_t out, err;
+    bool running;
+    int64_t status;
+    int term_signal;
+} rank_t;
+
+static struct {
+    int n;
+    const char *nics;
+    const char *token;
+    const char *store_host;
+    const char *wrap;
+    double timeout_s;
+    bool keep_going;
+    bool prefix;
+    char **argv;
+    rank_t *ranks;
+    int alive;
+    int first_fail;
+    bool killing;
+    uv_timer_t kill_timer, timeout_timer;
+    uv_signal_t sigint, sigterm;
+    uv_loop_t *loop;
+} g = {.prefix = true, .store_host = "127.0.0.1"};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cohortrun -n N [options] -- prog [args...]\n"
+            "  -n, --np N         number of ranks to start on this host\n"
+            "  --nics LIST        COHORT_NICS for every rank (comma list of interfaces or\n"
+            "                     addresses, one rail each; default: the rank's own setting)\n"
+            "  --token T          job token (default: $COHORT_TOKEN or a random one)\n"
+            "  --store-host H     address the bootstrap store listens on (default 127.0.0.1)\n"
+            "  --wrap CMD         run each rank as CMD prog..., where {rank} in CMD is replaced\n"
+            "                     by the rank (e.g. --wrap 'ip netns exec coh{rank}')\n"
+            "  --timeout SEC      kill every rank after SEC seconds and exit 124\n"
+            "  --keep-going       do not kill the other ranks when one fails\n"
+            "  --no-prefix        do not prefix output lines with [rank]\n");
+}
+
+static void emit(out_stream_t *s, const char *p, size_t n)
+{
+    if (g.prefix) fprintf(s->dst, "[%d] ", s->rank->id);
+    fwrite(p, 1, n, s->dst);
+    fflush(s->dst);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    out_stream_t *s = h->data;
+    if (s->len == sizeof(s->line)) { /* a line longer than the buffer: emit it in pieces */
+        emit(s, s->line, s->len);
+        if (g.prefix) fputc('\n', s->dst);
+        s->len = 0;
+    }
+    buf->base = s->line + s->len;
+    buf->len = sizeof(s->line) - s->len;
+}
+
+static void stream_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    out_stream_t *s = st->data;
+    if (nread < 0) {
+        if (s->len) {
+            emit(s, s->line, s->len);
+            fputc('\n', s->dst);
+            s->len = 0;
+        }
+        if (s->open) uv_close((uv_handle_t *)&s->pipe, stream_closed);
+        s->open = false;
+        return;
+    }
+    s->len += (size_t)nread;
+    char *start = s->line, *nl;
+    while ((nl = memchr(start, '\n', (size_t)(s->line + s->len - start))) != NULL) {
+        emit(s, start, (size_t)(nl - start + 1));
+        start = nl + 1;
+    }
+    size_t rest = (size_t)(s->line + s->len - start);
+    memmove(s->line, start, rest);
+    s->len = rest;
+}
+
+static void kill_all(int sig)
+{
+    for (int i = 0; i < g.n; i++)
+        if (g.ranks[i].running) uv_process_kill(&g.ranks[i].proc, sig);
+}
+
+static void kill_timer_cb(uv_timer_t *t)
+{
+    (void)t;
+    kill_all(SIGKILL);
+}
+
+static void start_killing(void)
+{
+    if (g.killing) return;
+    g.killing = true;
+    kill_all(SIGTERM);
+    uv_timer_start(&g.kill_timer, kill_timer_cb, 3000, 0);
+}
+
+static void proc_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void all_done(void)
+{
+    uv_timer_stop(&g.kill_timer);
+    uv_timer_stop(&g.timeout_timer);
+    uv_close((uv_handle_t *)&g.kill_timer, NULL);
+    uv_close((uv_handle_t *)&g.timeout_timer, NULL);
+    uv_close((uv_handle_t *)&g.sigint, NULL);
+    uv_close((uv_handle_t *)&g.sigterm, NULL);
+}
+
+static void on_exit_cb(uv_process_t *p, int64_t status, int sig)
+{
+    rank_t *r = p->data;
+    r->running = false;
+    r->status = status;
+    r->term_signal = sig;
+    uv_close((uv_handle_t *)p, proc_closed);
+    int code = sig ? 128 + sig : (int)status;
+    if (code != 0) {
+        if (!g.killing) {
+            fprintf(stderr, "cohortrun: rank %d %s %d%s\n", r->id,
+                    sig ? "was killed by signal" : "exited with status", sig ? sig : (int)status,
+                    g.keep_going ? "" : "; stopping the other ranks");
+        }
+        if (g.first_fail == 0) g.first_fail = code;
+        if (!g.keep_going) start_killing();
+    }
+    if (--g.alive == 0) all_done();
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+    (void)t;
+    fprintf(stderr, "cohortrun: timed out after %.0f s; killing every rank\n", g.timeout_s);
+    if (g.first_fail == 0) g.first_fail = 124;
+    start_killing();
+}
+
+static void on_signal(uv_signal_t *h, int sig)
+{
+    (void)h;
+    if (g.first_fail == 0) g.first_fail = 128 + sig;
+    start_killing();
+}
+
+static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xasprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    if (vasprintf(&s, fmt, ap) < 0) {
+        perror("cohortrun");
+        exit(1);
+    }
+    va_end(ap);
+    return s;
+}
+
+/* Split a --wrap command on spaces, with {rank} replaced. */
+static int wrap_args(int rank, char **out, int max)
+{
+    if (!g.wrap) return 0;
+    char *copy = strdup(g.wrap), *save = NULL;
+    int n = 0;
+    for (char *tok = strtok_r(copy, " ", &save); tok && n < max; tok = strtok_r(NULL, " ", &save)) {
+        char *at = strstr(tok, "{rank}");
+        out[n++] = at ? xasprintf("%.*s%d%s", (int)(at - tok), tok, rank, at + 6) : strdup(tok);
+    }
+    free(copy);
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        } else if ((!strcmp(a, "-n") || !strcmp(a, "--np")) && i + 1 < argc) {
+            g.n = atoi(argv[++i]);
+        } else if (!strcmp(a, "--nics") && i + 1 < argc) {
+            g.nics = argv[++i];
+        } else if (!strcmp(a, "--token") && i + 1 < argc) {
+            g.token = argv[++i];
+        } else if (!strcmp(a, "--store-host") && i + 1 < argc) {
+            g.store_host = argv[++i];
+        } else if (!strcmp(a, "--wrap") && i + 1 < argc) {
+            g.wrap = argv[++i];
+        } else if (!strcmp(a, "--timeout") && i + 1 < argc) {
+            g.timeout_s = atof(argv[++i]);
+        } else if (!strcmp(a, "--keep-going")) {
+            g.keep_going = true;
+        } else if (!strcmp(a, "--no-prefix")) {
+            g.prefix = false;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (a[0] != '-') {
+            break; /* the program, without "--" */
+        } else {
+            fprintf(stderr, "cohortrun: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (g.n < 1 || i >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    g.argv = argv + i;
+    int nargs = argc - i;
+
+    char token[65];
+    if (!g.token) g.token = getenv("COHORT_TOKEN");
+    if (!g.token || !*g.token) {
+        unsigned char raw[16];
+        if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
+            perror("cohortrun: getrandom");
+            return 1;
+        }
+        for (int k = 0; k < 16; k++) snprintf(token + 2 * k, 3, "%02x", raw[k]);
+        g.token = token;
+    }
+
+    /* The store's listening socket, handed to rank 0. */
+    struct sockaddr_storage sa;
+    memset(&sa, 0, sizeof(sa));
+    if (uv_ip4_addr(g.store_host, 0, (struct sockaddr_in *)&sa) != 0 &&
+        uv_ip6_addr(g.store_host, 0, (struct sockaddr_in6 *)&sa) != 0) {
+        fprintf(stderr, "cohortrun: --store-host %s is not an IP address\n", g.store_host);
+        return 2;
+    }
+    int lfd = socket(sa.ss_family, SOCK_STREAM, 0);
+    socklen_t sl =
+        sa.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sl) != 0 || listen(lfd, 1024) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
+        fprintf(stderr, "cohortrun: cannot listen on %s: %s\n", g.store_host, strerror(errno));
+        return 1;
+    }
+    int port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
+                                             : ((struct sockaddr_in6 *)&sa)->sin6_port);
+
+    g.loop = uv_default_loop();
+    uv_timer_init(g.loop, &g.kill_timer);
+    uv_timer_init(g.loop, &g.timeout_timer);
+    uv_signal_init(g.loop, &g.sigint);
+    uv_signal_init(g.loop, &g.sigterm);
+    uv_signal_start(&g.sigint, on_signal, SIGINT);
+    uv_signal_start(&g.sigterm, on_signal, SIGTERM);
+    if (g.timeout_s > 0)
+        uv_timer_start(&g.timeout_timer, on_timeout, (uint64_t)(g.timeout_s * 1000), 0);
+
+    /* The environment every rank shares, minus the variables set per rank. */
+    size_t nenv = 0;
+    while (environ[nenv]) nenv++;
+    static const char *const ours[] = {
+        "COHORT_RANK=",     "COHORT_WORLD_SIZE=", "COHORT_LOCAL_RANK=", "COHORT_STORE=",
+        "COHORT_STORE_FD=", "COHORT_TOKEN=",      "COHORT_NICS="};
+    g.ranks = calloc((size_t)g.n, sizeof(rank_t));
+    for (int r = 0; r < g.n; r++) {
+        rank_t *rk = &g.ranks[r];
+        rk->id = r;
+        char **env = calloc(nenv + 16, sizeof(char *));
+        size_t e = 0;
+        for (size_t k = 0; k < nenv; k++) {
+            bool skip = false;
+            for (size_t o = 0; o < sizeof(ours) / sizeof(ours[0]); o++)
+                if (!strncmp(environ[k], ours[o], strlen(ours[o]))) skip = true;
+            if (g.nics == NULL && !strncmp(environ[k], "COHORT_NICS=", 12)) skip = false;
+            if (!skip) env[e++] = environ[k];
+        }
+        env[e++] = xasprintf("COHORT_RANK=%d", r);
+        env[e++] = xasprintf("COHORT_WORLD_SIZE=%d", g.n);
+        env[e++] = xasprintf("COHORT_LOCAL_RANK=%d", r);
+        env[e++] =
+            xasprintf(sa.ss_family == AF_INET ? "COHORT_STORE=%s:%d" : "COHORT_STORE=[%s]:%d",
+                      g.store_host, port);
+        env[e++] = xasprintf("COHORT_TOKEN=%s", g.token);
+        if (g.nics) env[e++] = xasprintf("COHORT_NICS=%s", g.nics);
+        if (r == 0) env[e++] = xasprintf("COHORT_STORE_FD=%d", 3);
+        env[e] = NULL;
+
+        char **args = calloc((size_t)nargs + 33, sizeof(char *));
+        int na = wrap_args(r, args, 32);
+        for (int k = 0; k < nargs; k++) args[na++] = g.argv[k];
+        args[na] = NULL;
+
+        uv_stdio_container_t stdio[4];
+        stdio[0].flags = UV_INHERIT_FD;
+        stdio[0].data.fd = 0;
+        rk->out = (out_stream_t){.rank = rk, .dst = stdout, .open = true};
+        rk->err = (out_stream_t){.rank = rk, .dst = stderr, .open = true};
+        uv_pipe_init(g.loop, &rk->out.pipe, 0);
+        uv_pipe_init(g.loop, &rk->err.pipe, 0);
+        rk->out.pipe.data = &rk->out;
+        rk->err.pipe.data = &rk->err;
+        stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+        stdio[1].data.stream = (uv_stream_t *)&rk->out.pipe;
+        stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+        stdio[2].data.stream = (uv_stream_t *)&rk->err.pipe;
+        stdio[3].flags = r == 0 ? UV_INHERIT_FD : UV_IGNORE;
+        stdio[3].data.fd = lfd;
+        uv_process_options_t opts = {.file = args[0],
+                                     .args = args,
+                                     .env = env,
+                                     .exit_cb = on_exit_cb,
+                                     .stdio = stdio,
+                                     .stdio_count = r == 0 ? 4 : 3};
+        rk->proc.data = rk;
+        int err = uv_spawn(g.loop, &rk->proc, &opts);
+        if (err) {
+            fprintf(stderr, "cohortrun: cannot start rank %d (%s): %s\n", r, args[0],
+                    uv_strerror(err));
+            uv_close((uv_handle_t *)&rk->out.pipe, NULL);
+            uv_close((uv_handle_t *)&rk->err.pipe, NULL);
+            rk->out.open = rk->err.open = false;
+            uv_close((uv_handle_t *)&rk->proc, NULL);
+            if (g.first_fail == 0) g.first_fail = 127;
+            start_killing();
+            free(args);
+            free(env);
+            break;
+        }
+        rk->running = true;
+        g.alive++;
+        uv_read_start((uv_stream_t *)&rk->out.pipe, on_alloc, on_read);
+        uv_read_start((uv_stream_t *)&rk->err.pipe, on_alloc, on_read);
+        free(args);
+        free(env);
+    }
+    close(lfd); /* rank 0 holds its own copy */
+    if (g.alive == 0) all_done();
+    uv_run(g.loop, UV_RUN_DEFAULT);
+    uv_loop_close(g.loop);
+    free(g.ranks);
+    return g.first_fail;
+}
