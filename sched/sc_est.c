@@ -1,0 +1,152 @@
+/*
+ * Estimators: ring cost (Eq. 2), AdapCC phase 2, runtime CDF (Eq. 4),
+ * weights. See sc_est.h.
+ */
+#include "sched/sc_est.h"
+
+#include <math.h>
+#include <mimalloc.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cohort.h"
+
+double sc_cost_ring(const sc_cost_t *c, int m, double bmin_gbps)
+{
+    if (m <= 1) return 0;
+    double vb = c->model_gbit / bmin_gbps;
+    if (c->form == SC_COST_APPROX) return 2.0 * m * c->alpha_s + 2.0 * vb;
+    return 2.0 * (m - 1) * c->alpha_s + 2.0 * (double)(m - 1) / m * vb;
+}
+
+double sc_cost_phase2(const sc_cost_t *c, int n_all, int n_late, double bmin_gbps)
+{
+    if (n_late <= 0 || n_all <= 1) return 0;
+    return (n_all - 1) * c->alpha_s + n_late * c->model_gbit / bmin_gbps;
+}
+
+void sc_cdf_init(sc_cdf_t *c, int window)
+{
+    memset(c, 0, sizeof(*c));
+    c->window = window > 0 ? window : 1;
+}
+
+void sc_cdf_free(sc_cdf_t *c)
+{
+    mi_free(c->sorted);
+    mi_free(c->ring);
+    int w = c->window;
+    sc_cdf_init(c, w);
+}
+
+/* First index whose sample is > x (so #{<= x} == index). */
+static int upper_bound(const double *a, int n, double x)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (a[mid] <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* First index whose sample is >= x. */
+static int lower_bound(const double *a, int n, double x)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int sc_cdf_add(sc_cdf_t *c, double x)
+{
+    if (!isfinite(x) || x < 0) return COH_EINVAL;
+    if (c->frozen) return 0;
+    if (!c->sorted) {
+        c->sorted = mi_mallocn(c->window, sizeof(double));
+        c->ring = mi_mallocn(c->window, sizeof(double));
+        if (!c->sorted || !c->ring) {
+            sc_cdf_free(c);
+            return COH_ENOMEM;
+        }
+    }
+    if (c->count == c->window) {
+        /* Evict the oldest sample: its slot in the ring takes the new one. */
+        double old = c->ring[c->head];
+        int i = lower_bound(c->sorted, c->count, old);
+        memmove(&c->sorted[i], &c->sorted[i + 1], (size_t)(c->count - i - 1) * sizeof(double));
+        c->count--;
+    }
+    c->ring[c->head] = x;
+    c->head = (c->head + 1) % c->window;
+    int i = upper_bound(c->sorted, c->count, x);
+    memmove(&c->sorted[i + 1], &c->sorted[i], (size_t)(c->count - i) * sizeof(double));
+    c->sorted[i] = x;
+    c->count++;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int sc_cdf_load(sc_cdf_t *c, const double *x, int n)
+{
+    if (n < 0 || (n > 0 && !x)) return COH_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (!isfinite(x[i]) || x[i] < 0) return COH_EINVAL;
+    double *s = NULL;
+    if (n > 0) {
+        s = mi_mallocn((size_t)n, sizeof(double));
+        if (!s) return COH_ENOMEM;
+        memcpy(s, x, (size_t)n * sizeof(double));
+        qsort(s, (size_t)n, sizeof(double), cmp_double);
+    }
+    mi_free(c->sorted);
+    mi_free(c->ring);
+    c->sorted = s;
+    c->ring = NULL;
+    c->count = n;
+    c->head = 0;
+    c->window = n > 0 ? n : 1;
+    c->frozen = true;
+    return 0;
+}
+
+double sc_cdf_eval(const sc_cdf_t *c, double x)
+{
+    if (c->count == 0) return 0;
+    return (double)upper_bound(c->sorted, c->count, x) / c->count;
+}
+
+double sc_cdf_prob_ready(const sc_cdf_t *c, double elapsed, double dt, sc_eq4_reading reading,
+                         double overdue)
+{
+    if (c->count == 0) return 0;
+    if (elapsed < 0) elapsed = 0;
+    if (overdue > 0 && elapsed > overdue * sc_cdf_max(c)) return 0;
+    double f_next = sc_cdf_eval(c, elapsed + dt);
+    if (reading == SC_EQ4_PRINTED) return f_next;
+    double f_now = sc_cdf_eval(c, elapsed);
+    if (f_now >= 1.0) return 0;
+    double p = (f_next - f_now) / (1.0 - f_now);
+    return p < 0 ? 0 : (p > 1 ? 1 : p);
+}
+
+void sc_weights_from_iters(const uint64_t *iters, int m, double *w)
+{
+    double sum = 0;
+    for (int i = 0; i < m; i++) sum += iters[i] ? (double)iters[i] : 1.0;
+    for (int i = 0; i < m; i++) w[i] = (iters[i] ? (double)iters[i] : 1.0) / sum;
+}
