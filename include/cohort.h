@@ -18,6 +18,9 @@
  *   - Requests complete with a status of their own (coh_request_status) and an
  *     error string (coh_request_error). An asynchronous failure (peer lost,
  *     timeout, argument mismatch) lands on the request, never in a crash.
+ *     When a collective fails, the contents of its output buffer are
+ *     unspecified (it may hold partial results); nothing outside the
+ *     buffers is ever written, and a failure is reported on every rank.
  *   - Thread safety: any thread may submit, wait or test. Submissions from
  *     several threads to one communicator are ordered by their submission;
  *     keep them consistent across ranks.
@@ -118,7 +121,8 @@ typedef struct coh_config {
     size_t small_bytes;     /* COHORT_SMALL_BYTES: at or below, latency-optimal
                                algorithms are used (65536) */
     size_t rail_min_bytes;  /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
-    int spin_us;            /* COHORT_SPIN_US: coh_wait spins this long before sleeping (50) */
+    int spin_us;            /* COHORT_SPIN_US: coh_wait spins this long before sleeping (0:
+                               a spinner takes the core an oversubscribed host needs) */
     int store_fd;           /* COHORT_STORE_FD: listening socket inherited from cohortrun
                                for rank 0's store (-1 = bind it) */
     size_t sockbuf_bytes;   /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets

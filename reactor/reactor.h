@@ -123,6 +123,8 @@ struct coh_request {
     _Atomic int status;  /* first failure wins */
     _Atomic int err_set; /* 1 once err holds the first failure's text */
     _Atomic int slices;  /* rail slices still running */
+    _Atomic int waiters; /* threads asleep in coh_wait on this request */
+    int spin_us;
     struct coh_ctx *ctx;
     uint32_t comm; /* the op every slice runs: (comm, seq) */
     uint64_t seq;

@@ -90,7 +90,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     cfg->chunk_bytes = 1 << 20;
     cfg->small_bytes = 64 << 10;
     cfg->rail_min_bytes = 1 << 20;
-    cfg->spin_us = 50;
+    cfg->spin_us = 0;
     cfg->store_fd = -1;
     cfg->sockbuf_bytes = 0;
 

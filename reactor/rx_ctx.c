@@ -205,8 +205,6 @@ static void describe(struct coh_ctx *ctx)
 static void ctx_free(struct coh_ctx *ctx)
 {
     if (ctx->event_fd >= 0) close(ctx->event_fd);
-    uv_cond_destroy(&ctx->wait_cv);
-    uv_mutex_destroy(&ctx->wait_mu);
     mi_free(ctx->rails);
     mi_free(ctx->store_s);
     mi_free(ctx->token_s);
@@ -235,8 +233,6 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     if (!ctx) return rx_fail(COH_ENOMEM, "coh_init: out of memory");
     ctx->cfg = *cfg_in;
     ctx->event_fd = -1;
-    uv_mutex_init(&ctx->wait_mu);
-    uv_cond_init(&ctx->wait_cv);
     ctx->store_s = dupstr(cfg_in->store);
     ctx->token_s = dupstr(cfg_in->token ? cfg_in->token : "");
     ctx->nics_s = dupstr(cfg_in->nics);
@@ -344,6 +340,7 @@ COH_API int coh_ctx_event_fd(coh_ctx_t *ctx, int *fd)
 {
     RX_CHECK(ctx_ok(ctx, "coh_ctx_event_fd"));
     if (!fd) return rx_fail(COH_EINVAL, "coh_ctx_event_fd: fd is NULL");
+    atomic_store(&ctx->event_fd_used, 1);
     *fd = ctx->event_fd;
     return 0;
 }

@@ -28,8 +28,7 @@ struct coh_ctx {
     coh_comm_t world_comm;
     _Atomic int state;
     int event_fd;
-    uv_mutex_t wait_mu;
-    uv_cond_t wait_cv;
+    _Atomic int event_fd_used; /* written only once the application asked for it */
     _Atomic uint64_t n_completed, n_failed;
     char describe[1024];
 };

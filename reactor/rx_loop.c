@@ -6,6 +6,8 @@
 #include "reactor/reactor.h"
 
 #include <mimalloc.h>
+#include <pthread.h>
+#include <signal.h>
 #include <string.h>
 
 void rx_mpsc_init(rx_mpsc_t *q)
@@ -60,6 +62,12 @@ static void wake_cb(uv_async_t *h)
 static void thread_main(void *arg)
 {
     rx_reactor_t *rx = arg;
+    /* Signals are the application's business: a loop thread takes none. In
+     * particular a write to a peer that just died raises SIGPIPE on the
+     * writing thread; blocked here, it only leaves EPIPE for libuv. */
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
     uv_sem_post(&rx->started);
     uv_run(&rx->loop, UV_RUN_DEFAULT);
 }

@@ -5,6 +5,11 @@
  * reader that sees DONE (acquire) sees them too.
  */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <mimalloc.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,6 +33,7 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
     atomic_init(&r->slices, nslices);
     atomic_init(&r->state, RX_REQ_RUNNING);
     r->t_submit_ns = rx_now_ns();
+    r->spin_us = ctx->cfg.spin_us;
     return r;
 }
 
@@ -36,12 +42,15 @@ void rx_request_unref(coh_request_t *req)
     if (atomic_fetch_sub_explicit(&req->refs, 1, memory_order_acq_rel) == 1) mi_free(req);
 }
 
+static void futex_wake_all(coh_request_t *req);
+
 static void complete(coh_request_t *req)
 {
     struct coh_ctx *ctx = req->ctx;
     req->t_done_ns = rx_now_ns();
     int failed = atomic_load(&req->status) < 0;
-    atomic_store_explicit(&req->state, RX_REQ_DONE, memory_order_release);
+    atomic_store(&req->state, RX_REQ_DONE); /* seq_cst: then read waiters (Dekker with coh_wait) */
+    if (atomic_load(&req->waiters) > 0) futex_wake_all(req);
     rx_ctx_notify(ctx, failed);
     rx_request_unref(req);
 }
@@ -66,16 +75,15 @@ void rx_request_slice_done(coh_request_t *req, int status, const char *why)
 void rx_ctx_notify(struct coh_ctx *ctx, int failed)
 {
     atomic_fetch_add(failed ? &ctx->n_failed : &ctx->n_completed, 1);
-    if (ctx->event_fd >= 0) {
+    /* A syscall here is on the latency path of every small op: skip the
+     * event fd until the application has asked for it. */
+    if (atomic_load(&ctx->event_fd_used)) {
         uint64_t one = 1;
         ssize_t w;
         do {
             w = write(ctx->event_fd, &one, sizeof(one));
         } while (w < 0 && errno == EINTR);
     }
-    uv_mutex_lock(&ctx->wait_mu);
-    uv_cond_broadcast(&ctx->wait_cv);
-    uv_mutex_unlock(&ctx->wait_mu);
 }
 
 static int is_done(const coh_request_t *req)
@@ -90,32 +98,47 @@ COH_API int coh_test(coh_request_t *req, int *done)
     return 0;
 }
 
+/* Waiters sleep on the request's own state word: one futex per request, so
+ * a completion wakes exactly its waiters and nobody has to take a lock. */
+static void futex_wait_state(coh_request_t *req, uint64_t timeout_ns)
+{
+    struct timespec ts, *tp = NULL;
+    if (timeout_ns != UINT64_MAX) {
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
+        tp = &ts;
+    }
+    syscall(SYS_futex, (int *)&req->state, FUTEX_WAIT_PRIVATE, RX_REQ_RUNNING, tp, NULL, 0);
+}
+
+static void futex_wake_all(coh_request_t *req)
+{
+    syscall(SYS_futex, (int *)&req->state, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
 COH_API int coh_wait(coh_request_t *req, int timeout_ms)
 {
     if (!req) return rx_fail(COH_EINVAL, "coh_wait: request is NULL");
     if (is_done(req)) return atomic_load(&req->status);
-    struct coh_ctx *ctx = req->ctx;
     uint64_t start = rx_now_ns();
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
-    /* A short spin catches the completions that come within microseconds
-     * (small messages) without paying for a sleep and a wake-up. */
-    uint64_t spin_end = start + (uint64_t)ctx->cfg.spin_us * 1000ull;
+    /* An optional short spin catches completions that come within
+     * microseconds; off by default because on an oversubscribed host the
+     * spinner takes the core the completing rail thread needs. */
+    uint64_t spin_end = start + (uint64_t)req->spin_us * 1000ull;
     if (spin_end > deadline) spin_end = deadline;
     while (rx_now_ns() < spin_end) {
         for (int i = 0; i < 64; i++) cpu_relax();
         if (is_done(req)) return atomic_load(&req->status);
+        sched_yield();
     }
-    uv_mutex_lock(&ctx->wait_mu);
+    atomic_fetch_add(&req->waiters, 1); /* seq_cst: see complete() */
     while (!is_done(req)) {
-        if (timeout_ms < 0) {
-            uv_cond_wait(&ctx->wait_cv, &ctx->wait_mu);
-        } else {
-            uint64_t now = rx_now_ns();
-            if (now >= deadline) break;
-            uv_cond_timedwait(&ctx->wait_cv, &ctx->wait_mu, deadline - now);
-        }
+        uint64_t now = rx_now_ns();
+        if (now >= deadline) break;
+        futex_wait_state(req, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
     }
-    uv_mutex_unlock(&ctx->wait_mu);
+    atomic_fetch_sub(&req->waiters, 1);
     if (!is_done(req)) return rx_fail(COH_EAGAIN, "coh_wait: not complete after %d ms", timeout_ms);
     return atomic_load(&req->status);
 }

@@ -169,6 +169,44 @@ static void build_barrier(bld_t *b)
     }
 }
 
+/* A broadcast's root depends on nobody, so it would finish before a rank
+ * that disagrees on the arguments could tell it. Closing every broadcast
+ * with this fence (a dissemination barrier that starts once the rank has
+ * its data) makes each rank's completion depend on every other rank's
+ * receive: a mismatch anywhere fails the op everywhere. It costs log2(n)
+ * zero-byte rounds, nothing next to a large broadcast. */
+#define FENCE_TAG 0x40000000u
+static void build_fence(bld_t *b)
+{
+    sc_plan_t *p = b->plan;
+    uint32_t n0 = p->nsteps;
+    uint32_t *mine = mi_malloc(sizeof(uint32_t) * (n0 ? n0 : 1));
+    if (!mine) {
+        b->err = COH_ENOMEM;
+        return;
+    }
+    uint32_t nm = 0;
+    for (uint32_t i = 0; i < n0; i++)
+        if (p->steps[i].kind == SC_RECV) mine[nm++] = i;
+    uint32_t prev = NONE;
+    for (uint32_t round = 0, dist = 1; (int)dist < b->n; round++, dist <<= 1) {
+        if (round == 0) {
+            sc_step_t s = {.kind = SC_SEND,
+                           .src = SC_BUF_RECV,
+                           .dst = SC_BUF_RECV,
+                           .peer = pos_rank(b, b->r + (int)dist),
+                           .tag = FENCE_TAG};
+            if (!b->err && sc_plan_add(p, &s, mine, nm) < 0) b->err = COH_ENOMEM;
+        } else {
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, b->r + (int)dist, FENCE_TAG + round, 0, 0, 0,
+                0, DEPS(prev));
+        }
+        prev = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, b->r - (int)dist, FENCE_TAG + round, 0, 0,
+                   0, 0, NODEPS);
+    }
+    mi_free(mine);
+}
+
 /* ---- allreduce ---- */
 
 static void build_allreduce_ring(bld_t *b)
@@ -531,6 +569,7 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
                 build_bcast_tree(&b);
             else
                 build_bcast_chain(&b);
+            build_fence(&b);
             break;
         case SC_ALLGATHER:
             if (algo == SC_ALGO_RD)

@@ -1,0 +1,220 @@
+/*
+ * The public API on bad input: every misuse gets an error code and a
+ * message, never a crash. Single rank (no network), so it also checks that
+ * a world of one runs every collective locally.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <poll.h>
+
+#include <cmocka.h>
+
+#include "cohort.h"
+
+static void clear_env(void)
+{
+    static const char *vars[] = {"COHORT_RANK",  "COHORT_WORLD_SIZE",    "RANK",
+                                 "WORLD_SIZE",   "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "SLURM_PROCID", "SLURM_NTASKS",         "PMI_RANK",
+                                 "PMI_SIZE",     "COHORT_STORE",         "MASTER_ADDR",
+                                 "MASTER_PORT",  "COHORT_NICS",          "COHORT_STORE_FD"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) unsetenv(vars[i]);
+}
+
+static int setup(void **state)
+{
+    clear_env();
+    coh_ctx_t *ctx;
+    assert_int_equal(coh_init(NULL, &ctx), COH_OK);
+    *state = ctx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    if (*state) assert_int_equal(coh_finalize(*state), COH_OK);
+    return 0;
+}
+
+static coh_comm_t *world(void **state)
+{
+    coh_comm_t *w;
+    assert_int_equal(coh_ctx_world(*state, &w), COH_OK);
+    return w;
+}
+
+static void expect_einval(int st)
+{
+    assert_int_equal(st, COH_EINVAL);
+    assert_true(strlen(coh_last_error()) > 0);
+}
+
+static void test_null_buffer(void **state)
+{
+    coh_request_t *req = NULL;
+    expect_einval(coh_allreduce(world(state), NULL, NULL, 10, COH_F32, COH_SUM, &req));
+    assert_non_null(strstr(coh_last_error(), "NULL buffer"));
+    assert_null(req);
+    expect_einval(coh_broadcast(world(state), NULL, 3, COH_I32, 0, &req));
+    expect_einval(coh_allgather(world(state), NULL, NULL, 3, COH_I32, &req));
+    expect_einval(coh_reduce_scatter(world(state), NULL, NULL, 3, COH_I32, COH_SUM, &req));
+}
+
+static void test_bad_enums(void **state)
+{
+    float x[4] = {0};
+    coh_request_t *req;
+    expect_einval(coh_allreduce(world(state), NULL, x, 4, (coh_dtype)99, COH_SUM, &req));
+    assert_non_null(strstr(coh_last_error(), "dtype"));
+    expect_einval(coh_allreduce(world(state), NULL, x, 4, COH_F32, (coh_redop)-1, &req));
+    assert_non_null(strstr(coh_last_error(), "op"));
+    expect_einval(coh_broadcast(world(state), x, 4, COH_F32, 1, &req)); /* root 1 of 1 rank */
+    expect_einval(coh_broadcast(world(state), x, 4, COH_F32, -1, &req));
+}
+
+static void test_null_handles(void **state)
+{
+    float x[4] = {0};
+    expect_einval(coh_allreduce(NULL, NULL, x, 4, COH_F32, COH_SUM, NULL));
+    expect_einval(coh_allreduce(world(state), NULL, x, 4, COH_F32, COH_SUM, NULL));
+    expect_einval(coh_wait(NULL, 0));
+    int done;
+    expect_einval(coh_test(NULL, &done));
+    expect_einval(coh_request_status(NULL));
+    assert_string_equal(coh_request_error(NULL), "");
+    coh_request_free(NULL); /* allowed */
+    expect_einval(coh_ctx_world(NULL, NULL));
+    expect_einval(coh_comm_rank(NULL, NULL));
+    expect_einval(coh_init(NULL, NULL));
+    expect_einval(coh_finalize(NULL));
+    expect_einval(coh_config_init(NULL));
+}
+
+static void test_overlap(void **state)
+{
+    float x[16] = {0};
+    coh_request_t *req;
+    expect_einval(coh_allreduce(world(state), x, x + 2, 8, COH_F32, COH_SUM, &req));
+    assert_non_null(strstr(coh_last_error(), "overlap"));
+}
+
+static void test_finalize_twice(void **state)
+{
+    (void)state;
+    coh_ctx_t *ctx;
+    assert_int_equal(coh_init(NULL, &ctx), COH_OK);
+    assert_int_equal(coh_finalize(ctx), COH_OK);
+    assert_int_equal(coh_finalize(ctx), COH_ESTATE);
+    assert_non_null(strstr(coh_last_error(), "finalized twice"));
+}
+
+static void test_bad_config(void **state)
+{
+    (void)state;
+    coh_config_t cfg;
+    assert_int_equal(coh_config_init(&cfg), COH_OK);
+    coh_ctx_t *ctx = NULL;
+    cfg.world_size = 2; /* and no store */
+    cfg.rank = 1;
+    assert_int_equal(coh_init(&cfg, &ctx), COH_EINVAL);
+    assert_non_null(strstr(coh_last_error(), "store"));
+    assert_null(ctx);
+    assert_int_equal(coh_config_init(&cfg), COH_OK);
+    cfg.rank = 3;
+    assert_int_equal(coh_init(&cfg, &ctx), COH_EINVAL);
+    assert_int_equal(coh_config_init(&cfg), COH_OK);
+    cfg.nics = "no-such-interface0";
+    assert_int_equal(coh_init(&cfg, &ctx), COH_EINVAL);
+    assert_non_null(strstr(coh_last_error(), "no-such-interface0"));
+}
+
+/* A world of one: every collective is a local copy, and completes. */
+static void test_single_rank(void **state)
+{
+    coh_comm_t *w = world(state);
+    int32_t in[5] = {1, 2, 3, 4, 5}, out[5] = {0};
+    coh_request_t *req;
+    assert_int_equal(coh_allreduce(w, in, out, 5, COH_I32, COH_AVG, &req), COH_OK);
+    assert_int_equal(coh_wait(req, -1), COH_OK);
+    assert_memory_equal(in, out, sizeof(in));
+    double us = -1;
+    assert_int_equal(coh_request_time_us(req, &us), COH_OK);
+    assert_true(us >= 0);
+    assert_int_equal(coh_request_status(req), COH_OK);
+    assert_string_equal(coh_request_error(req), "");
+    coh_request_free(req);
+    memset(out, 0, sizeof(out));
+    assert_int_equal(coh_allgather(w, in, out, 5, COH_I32, &req), COH_OK);
+    assert_int_equal(coh_wait(req, -1), COH_OK);
+    coh_request_free(req);
+    assert_memory_equal(in, out, sizeof(in));
+    memset(out, 0, sizeof(out));
+    assert_int_equal(coh_reduce_scatter(w, in, out, 5, COH_I32, COH_SUM, &req), COH_OK);
+    assert_int_equal(coh_wait(req, -1), COH_OK);
+    coh_request_free(req);
+    assert_memory_equal(in, out, sizeof(in));
+    assert_int_equal(coh_barrier(w, &req), COH_OK);
+    assert_int_equal(coh_wait(req, 1000), COH_OK);
+    coh_request_free(req);
+    assert_int_equal(coh_allreduce(w, NULL, out, 0, COH_I32, COH_SUM, &req), COH_OK);
+    assert_int_equal(coh_wait(req, 1000), COH_OK);
+    coh_request_free(req);
+}
+
+/* The event fd becomes readable when a request completes and clears. */
+static void test_event_fd(void **state)
+{
+    coh_comm_t *w = world(state);
+    int fd = -1;
+    assert_int_equal(coh_ctx_event_fd(*state, &fd), COH_OK);
+    assert_true(fd >= 0);
+    assert_int_equal(coh_ctx_event_clear(*state), COH_OK);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 0), 0);
+    float x[3] = {1, 2, 3};
+    coh_request_t *req;
+    assert_int_equal(coh_allreduce(w, NULL, x, 3, COH_F32, COH_SUM, &req), COH_OK);
+    assert_int_equal(poll(&p, 1, 5000), 1);
+    int done = 0;
+    assert_int_equal(coh_test(req, &done), COH_OK);
+    assert_int_equal(done, 1);
+    coh_request_free(req);
+    assert_int_equal(coh_ctx_event_clear(*state), COH_OK);
+    assert_int_equal(poll(&p, 1, 0), 0);
+    coh_stats_t st;
+    assert_int_equal(coh_ctx_stats(*state, &st), COH_OK);
+    assert_true(st.requests_completed >= 1);
+    assert_int_equal(st.requests_failed, 0);
+}
+
+static void test_status_names(void **state)
+{
+    (void)state;
+    assert_string_equal(coh_status_name(COH_EMISMATCH), "EMISMATCH");
+    assert_string_equal(coh_status_name(12345), "UNKNOWN");
+    assert_string_equal(coh_strerror(COH_OK), "success");
+    assert_string_equal(coh_dtype_name(COH_BF16), "bf16");
+    assert_int_equal(coh_dtype_size((coh_dtype)77), 0);
+    assert_string_equal(coh_redop_name(COH_PROD), "prod");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_null_buffer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_enums, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_null_handles, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overlap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_single_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_fd, setup, teardown),
+        cmocka_unit_test(test_finalize_twice),
+        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_status_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,331 @@
+/*
+ * The TCP engine against a hand-driven peer: a real rail (rank 0 of 2, its
+ * own reactor thread) and this test playing rank 1 over a raw socket. Checks
+ * the handshake (job token first, garbage dropped), frames matched by
+ * sequence even when they arrive before the op is submitted, ABORT
+ * delivered ahead of its op, signature mismatch answered with an ABORT, and
+ * malformed frames closing the connection without taking the rail down.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <errno.h>
+#include <mimalloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include "engines/engine.h"
+#include "reactor/rx_ctx.h"
+
+#define TOKEN "sesame"
+
+typedef struct fixture {
+    struct coh_ctx *ctx; /* a bare context: only what requests touch */
+    en_rail_t rail;
+} fixture_t;
+
+static int setup(void **state)
+{
+    fixture_t *f = mi_zalloc(sizeof(*f));
+    f->ctx = mi_zalloc(sizeof(*f->ctx));
+    f->ctx->event_fd = -1;
+    struct sockaddr_in a;
+    uv_ip4_addr("127.0.0.1", 0, &a);
+    assert_int_equal(
+        en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000, 0), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    assert_int_equal(en_rail_stop(&f->rail), 0);
+    mi_free(f->ctx);
+    mi_free(f);
+    return 0;
+}
+
+static int dial(fixture_t *f)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&f->rail.bound, sizeof(struct sockaddr_in)), 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+}
+
+static void send_all(int fd, const void *p, size_t n)
+{
+    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Read exactly n bytes; returns n, or 0 when the peer closed first. */
+static size_t recv_all(int fd, void *p, size_t n, int timeout_ms)
+{
+    size_t got = 0;
+    while (got < n) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, timeout_ms) != 1) fail_msg("no data within %d ms", timeout_ms);
+        ssize_t r = recv(fd, (char *)p + got, n - got, 0);
+        if (r <= 0) return 0;
+        got += (size_t)r;
+    }
+    return got;
+}
+
+/* Did the rail close the connection (EOF or reset) within the time? */
+static int closed_by_peer(int fd, int timeout_ms)
+{
+    char c;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, timeout_ms) != 1) return 0;
+    ssize_t r = recv(fd, &c, 1, 0);
+    return r == 0 || (r < 0 && errno == ECONNRESET);
+}
+
+static void hello(int fd, const char *token, uint32_t rank)
+{
+    en_hello_t h = {.version = EN_PROTO_VERSION,
+                    .kind = EN_HELLO_DATA,
+                    .rank = rank,
+                    .world = 2,
+                    .rail = 0,
+                    .nrails = 1};
+    en_hello_set_token(&h, token);
+    uint8_t b[EN_HELLO_SIZE];
+    en_hello_encode(&h, b);
+    send_all(fd, b, sizeof(b));
+}
+
+/* Handshake as rank 1 and wait until the rail counts us connected. */
+static int join(fixture_t *f)
+{
+    int fd = dial(f);
+    hello(fd, TOKEN, 1);
+    uint8_t b[EN_HELLO_SIZE];
+    assert_int_equal(recv_all(fd, b, sizeof(b), 2000), sizeof(b));
+    en_hello_t h;
+    assert_int_equal(en_hello_decode(b, sizeof(b), &h), EN_HELLO_SIZE);
+    assert_int_equal(h.rank, 0);
+    assert_true(en_hello_token_ok(&h, TOKEN));
+    assert_int_equal(en_rail_wait_connected(&f->rail, rx_now_ns() + 2000000000ull), 0);
+    return fd;
+}
+
+static void frame(int fd, uint8_t type, uint64_t seq, uint64_t sig, uint32_t tag, const void *p,
+                  size_t len)
+{
+    en_hdr_t h = {.type = type, .seq = seq, .sig = sig, .tag = tag, .len = len};
+    uint8_t b[EN_HDR_SIZE];
+    en_hdr_encode(&h, b);
+    send_all(fd, b, sizeof(b));
+    if (len) send_all(fd, p, len);
+}
+
+static void read_frame(int fd, en_hdr_t *h, void *payload, size_t cap)
+{
+    uint8_t b[EN_HDR_SIZE];
+    assert_int_equal(recv_all(fd, b, sizeof(b), 3000), sizeof(b));
+    assert_int_equal(en_hdr_decode(b, sizeof(b), h), EN_HDR_SIZE);
+    assert_true(h->len <= cap);
+    if (h->len) assert_int_equal(recv_all(fd, payload, h->len, 3000), h->len);
+}
+
+static void wait_stat(_Atomic uint64_t *counter, uint64_t want)
+{
+    for (int i = 0; i < 200 && atomic_load(counter) < want; i++) usleep(10000);
+    assert_int_equal(atomic_load(counter), want);
+}
+
+/* rank 0 receives a 4-float broadcast from rank 1 (root), plus its fence. */
+static en_op_t *bcast_op(fixture_t *f, uint64_t seq, uint64_t sig, float *buf, coh_request_t **req)
+{
+    sc_coll_t c = {.kind = SC_BROADCAST,
+                   .algo = SC_ALGO_RD,
+                   .nranks = 2,
+                   .rank = 0,
+                   .root = 1,
+                   .count = 4,
+                   .lo = 0,
+                   .hi = 4,
+                   .chunk_elems = 1024};
+    sc_plan_t plan;
+    sc_plan_init(&plan);
+    assert_int_equal(sc_plan_build(&c, &plan), 0);
+    *req = rx_request_new(f->ctx, 1);
+    (*req)->seq = seq;
+    en_op_t *op;
+    assert_int_equal(en_op_new(&f->rail, *req, 0, seq, sig, "broadcast(test)", COH_F32, COH_SUM,
+                               NULL, buf, &plan, &op),
+                     0);
+    sc_plan_free(&plan);
+    return op;
+}
+
+static void test_wrong_token_dropped(void **state)
+{
+    fixture_t *f = *state;
+    int fd = dial(f);
+    hello(fd, "not-the-token", 1);
+    /* Bytes after the hello must never be looked at: they would be a frame. */
+    send_all(fd, "COHF", 4);
+    assert_true(closed_by_peer(fd, 2000));
+    close(fd);
+    wait_stat(&f->rail.stat_rejected, 1);
+    /* The rail still accepts the real rank 1. */
+    fd = join(f);
+    close(fd);
+}
+
+static void test_garbage_instead_of_hello(void **state)
+{
+    fixture_t *f = *state;
+    int fd = dial(f);
+    send_all(fd, "GET / HTTP/1.1\r\n\r\n", 18);
+    assert_true(closed_by_peer(fd, 2000));
+    close(fd);
+    wait_stat(&f->rail.stat_rejected, 1);
+    fd = dial(f);
+    hello(fd, TOKEN, 0); /* rank 0 is the rail itself: refused */
+    assert_true(closed_by_peer(fd, 2000));
+    close(fd);
+    wait_stat(&f->rail.stat_rejected, 2);
+}
+
+static void test_bad_magic_closes(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    send_all(fd, "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX", 48);
+    assert_true(closed_by_peer(fd, 2000));
+    close(fd);
+    wait_stat(&f->rail.stat_bad_frames, 1);
+}
+
+static void test_unknown_type_closes(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    frame(fd, 9, 0, 0, 0, NULL, 0);
+    assert_true(closed_by_peer(fd, 2000));
+    close(fd);
+    wait_stat(&f->rail.stat_bad_frames, 1);
+}
+
+/* Data for an op this rank has not submitted yet waits in the socket and
+ * is delivered when the op arrives; the fence completes the broadcast. */
+static void test_early_frame_matched_by_seq(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    float data[4] = {1.5f, -2, 3, 1e9f};
+    frame(fd, EN_FRAME_DATA, 0, 77, 0, data, sizeof(data));
+    frame(fd, EN_FRAME_DATA, 0, 77, 0x40000000u, NULL, 0); /* the fence */
+    usleep(50000);
+    float buf[4] = {0};
+    coh_request_t *req;
+    en_op_t *op = bcast_op(f, 0, 77, buf, &req);
+    en_rail_submit(&f->rail, op);
+    assert_int_equal(coh_wait(req, 3000), COH_OK);
+    assert_memory_equal(buf, data, sizeof(data));
+    en_hdr_t h;
+    read_frame(fd, &h, NULL, 0); /* our fence to rank 1 */
+    assert_int_equal(h.type, EN_FRAME_DATA);
+    assert_int_equal(h.tag, 0x40000000u);
+    assert_int_equal(h.seq, 0);
+    coh_request_free(req);
+    /* A truncated frame, then the peer goes away: the rail survives. */
+    send_all(fd, "COHF\1\0", 6);
+    close(fd);
+    for (int i = 0; i < 200 && !f->rail.lost[1]; i++) usleep(10000);
+    assert_int_equal(f->rail.lost[1], 1);
+}
+
+static void test_abort_before_submit(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    uint8_t payload[32];
+    en_put32(payload, (uint32_t)COH_EMISMATCH);
+    memcpy(payload + 4, "rank 1: test says no", 20);
+    frame(fd, EN_FRAME_ABORT, 5, 0, 0, payload, 24);
+    usleep(50000);
+    float buf[4];
+    coh_request_t *req;
+    en_op_t *op = bcast_op(f, 5, 77, buf, &req);
+    en_rail_submit(&f->rail, op);
+    assert_int_equal(coh_wait(req, 3000), COH_EMISMATCH);
+    assert_non_null(strstr(coh_request_error(req), "test says no"));
+    coh_request_free(req);
+    close(fd);
+}
+
+static void test_signature_mismatch_aborts_peer(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    float buf[4], data[4] = {1, 2, 3, 4};
+    coh_request_t *req;
+    en_op_t *op = bcast_op(f, 0, 77, buf, &req);
+    en_rail_submit(&f->rail, op);
+    frame(fd, EN_FRAME_DATA, 0, 78, 0, data, sizeof(data)); /* a different op */
+    assert_int_equal(coh_wait(req, 3000), COH_EMISMATCH);
+    coh_request_free(req);
+    en_hdr_t h;
+    uint8_t p[EN_MAX_ABORT];
+    read_frame(fd, &h, p, sizeof(p));
+    assert_int_equal(h.type, EN_FRAME_ABORT);
+    assert_int_equal(h.seq, 0);
+    assert_int_equal((int32_t)en_get32(p), COH_EMISMATCH);
+    /* The connection is still good: the next op works. */
+    float buf2[4] = {0};
+    op = bcast_op(f, 1, 77, buf2, &req);
+    en_rail_submit(&f->rail, op);
+    frame(fd, EN_FRAME_DATA, 1, 77, 0, data, sizeof(data));
+    frame(fd, EN_FRAME_DATA, 1, 77, 0x40000000u, NULL, 0);
+    assert_int_equal(coh_wait(req, 3000), COH_OK);
+    assert_memory_equal(buf2, data, sizeof(data));
+    coh_request_free(req);
+    close(fd);
+}
+
+/* A peer that stops sending: the op fails after the rail's timeout (2 s). */
+static void test_timeout(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    float buf[4];
+    coh_request_t *req;
+    en_op_t *op = bcast_op(f, 0, 77, buf, &req);
+    uint64_t t0 = rx_now_ns();
+    en_rail_submit(&f->rail, op);
+    assert_int_equal(coh_wait(req, 5000), COH_ETIMEDOUT);
+    double s = (double)(rx_now_ns() - t0) / 1e9;
+    assert_true(s >= 1.9 && s < 3.5);
+    assert_non_null(strstr(coh_request_error(req), "waiting on rank(s) 1"));
+    coh_request_free(req);
+    close(fd);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_wrong_token_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_garbage_instead_of_hello, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_magic_closes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_type_closes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_early_frame_matched_by_seq, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_before_submit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_signature_mismatch_aborts_peer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_timeout, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
