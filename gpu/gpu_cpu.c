@@ -115,6 +115,7 @@ uint16_t gpu_f32_to_bf16(float f)
 static int reduce_half(coh_dtype dtype, coh_redop op, void *dst, const void *a, const void *b,
                        size_t n)
 {
+    if ((unsigned)op >= COH_REDOP_COUNT) return COH_EINVAL; /* even when n == 0, as for f32 */
     float fa[HALF_BLOCK], fb[HALF_BLOCK];
     const uint16_t *x = a, *y = b;
     uint16_t *d = dst;
