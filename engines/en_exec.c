@@ -12,7 +12,7 @@
  *
  * Threading: loop thread of the op's rail, except en_op_new / en_op_free.
  */
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,7 +26,7 @@ int en_op_new(en_rail_t *rail, coh_request_t *req, uint32_t comm, uint64_t seq, 
               const char *desc, coh_dtype dtype, coh_redop redop, void *sendbuf, void *recvbuf,
               sc_plan_t *plan, en_op_t **out)
 {
-    en_op_t *op = mi_zalloc(sizeof(*op));
+    en_op_t *op = coh_zalloc(sizeof(*op));
     if (!op) return COH_ENOMEM;
     op->rail = rail;
     op->req = req;
@@ -42,16 +42,16 @@ int en_op_new(en_rail_t *rail, coh_request_t *req, uint32_t comm, uint64_t seq, 
     op->buf[SC_BUF_SEND] = sendbuf ? sendbuf : recvbuf;
     op->buf[SC_BUF_RECV] = recvbuf;
     uint32_t n = op->plan.nsteps;
-    op->deps_left = mi_malloc(sizeof(uint32_t) * (n ? n : 1));
-    op->sstate = mi_zalloc(n ? n : 1);
-    op->ready = mi_malloc(sizeof(uint32_t) * (n ? n : 1));
-    op->wreqs = mi_zalloc(sizeof(en_wreq_t) * (op->plan.nsend ? op->plan.nsend : 1));
+    op->deps_left = coh_malloc(sizeof(uint32_t) * (n ? n : 1));
+    op->sstate = coh_zalloc(n ? n : 1);
+    op->ready = coh_malloc(sizeof(uint32_t) * (n ? n : 1));
+    op->wreqs = coh_zalloc(sizeof(en_wreq_t) * (op->plan.nsend ? op->plan.nsend : 1));
     uint32_t cap = 4;
     while (cap < 2 * op->plan.nrecv) cap <<= 1;
-    op->rtab = mi_zalloc(sizeof(uint32_t) * cap);
+    op->rtab = coh_zalloc(sizeof(uint32_t) * cap);
     op->rtab_mask = cap - 1;
     if (op->plan.scratch_count) {
-        op->buf[SC_BUF_SCRATCH] = mi_malloc_aligned(op->plan.scratch_count * op->esize, 64);
+        op->buf[SC_BUF_SCRATCH] = coh_aligned(op->plan.scratch_count * op->esize, 64);
         if (!op->buf[SC_BUF_SCRATCH]) goto nomem;
     }
     if (!op->deps_left || !op->sstate || !op->ready || !op->wreqs || !op->rtab) goto nomem;
@@ -75,13 +75,13 @@ void en_op_free(en_op_t *op)
 {
     if (!op) return;
     sc_plan_free(&op->plan);
-    mi_free(op->deps_left);
-    mi_free(op->sstate);
-    mi_free(op->ready);
-    mi_free(op->wreqs);
-    mi_free(op->rtab);
-    mi_free(op->buf[SC_BUF_SCRATCH]);
-    mi_free(op);
+    coh_free(op->deps_left);
+    coh_free(op->sstate);
+    coh_free(op->ready);
+    coh_free(op->wreqs);
+    coh_free(op->rtab);
+    coh_free(op->buf[SC_BUF_SCRATCH]);
+    coh_free(op);
 }
 
 static int64_t rtab_find(const en_op_t *op, int peer, uint32_t tag)
@@ -174,14 +174,14 @@ static void ctl_done(en_wreq_t *w, int status)
     (void)status;
     en_rail_t *rail = w->conn->rail;
     if (w->hdr[4] == EN_FRAME_BYE) atomic_fetch_sub(&rail->bye_pending, 1);
-    mi_free(w);
+    coh_free(w);
 }
 
 /* Queue a control frame (ABORT, BYE) on c. */
 int en_exec_send_ctl(en_conn_t *c, int type, uint32_t comm, uint64_t seq, int status,
                      const char *text)
 {
-    en_wreq_t *w = mi_zalloc(sizeof(*w));
+    en_wreq_t *w = coh_zalloc(sizeof(*w));
     if (!w) return COH_ENOMEM;
     size_t len = 0;
     if (type == EN_FRAME_ABORT) {
@@ -197,7 +197,7 @@ int en_exec_send_ctl(en_conn_t *c, int type, uint32_t comm, uint64_t seq, int st
     w->len = len;
     w->done = ctl_done;
     int e = c->rail->ops->tr_send(c, w);
-    if (e) mi_free(w);
+    if (e) coh_free(w);
     return e;
 }
 

@@ -3,7 +3,7 @@
  * flight on it. The higher rank dials the lower one; both sides check the
  * other's HELLO (job token first) before anything else is read.
  */
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,11 +61,11 @@ int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int
     rail->ops = &en_tcp_ops;
     memcpy(&rail->local, local,
            local->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
-    rail->peers = mi_zalloc(sizeof(en_conn_t *) * (size_t)world);
-    rail->lost = mi_zalloc((size_t)world);
+    rail->peers = coh_zalloc(sizeof(en_conn_t *) * (size_t)world);
+    rail->lost = coh_zalloc((size_t)world);
     if (!rail->peers || !rail->lost) {
-        mi_free(rail->peers);
-        mi_free(rail->lost);
+        coh_free(rail->peers);
+        coh_free(rail->lost);
         return rx_fail(COH_ENOMEM, "rail %d: out of memory", index);
     }
     uv_mutex_init(&rail->mu);
@@ -86,8 +86,8 @@ int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int
 fail:
     uv_cond_destroy(&rail->cv);
     uv_mutex_destroy(&rail->mu);
-    mi_free(rail->peers);
-    mi_free(rail->lost);
+    coh_free(rail->peers);
+    coh_free(rail->lost);
     rail->peers = NULL;
     rail->lost = NULL;
     return st;
@@ -121,12 +121,12 @@ static void connect_run(rx_task_t *t, rx_reactor_t *rx)
     en_rail_t *rail = rx->owner;
     int e = rail->ops->tr_connect(rail, ct->peer, (struct sockaddr *)&ct->addr);
     if (e < 0) set_conn_status(rail, e, "%s", coh_last_error());
-    mi_free(ct);
+    coh_free(ct);
 }
 
 int en_rail_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
 {
-    connect_task_t *ct = mi_zalloc(sizeof(*ct));
+    connect_task_t *ct = coh_zalloc(sizeof(*ct));
     if (!ct) return COH_ENOMEM;
     ct->task.run = connect_run;
     ct->peer = peer;
@@ -251,12 +251,12 @@ static void cancel_run(rx_task_t *t, rx_reactor_t *rx)
 {
     cancel_task_t *ct = (cancel_task_t *)t;
     en_exec_cancel(rx->owner, ct->comm, ct->seq, ct->status, ct->why);
-    mi_free(ct);
+    coh_free(ct);
 }
 
 void en_rail_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
 {
-    cancel_task_t *ct = mi_zalloc(sizeof(*ct));
+    cancel_task_t *ct = coh_zalloc(sizeof(*ct));
     if (!ct) return; /* the slice still ends: by its own progress or timeout */
     ct->task.run = cancel_run;
     ct->comm = comm;
@@ -293,8 +293,8 @@ int en_rail_stop(en_rail_t *rail)
     int st = rx_reactor_stop(&rail->rx);
     uv_cond_destroy(&rail->cv);
     uv_mutex_destroy(&rail->mu);
-    mi_free(rail->peers);
-    mi_free(rail->lost);
+    coh_free(rail->peers);
+    coh_free(rail->lost);
     rail->peers = NULL;
     rail->lost = NULL;
     return st;

@@ -11,7 +11,7 @@
  *
  * Threading: every function here runs on the rail's loop thread.
  */
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <string.h>
@@ -65,8 +65,8 @@ static void handle_closed(uv_handle_t *h)
     tcp_conn_t *t = h->data;
     if (--t->handles == 0) {
         unlink_conn(&t->base);
-        mi_free(t->stage);
-        mi_free(t);
+        coh_free(t->stage);
+        coh_free(t);
     }
 }
 
@@ -85,19 +85,19 @@ static void set_socket_options(en_rail_t *rail, tcp_conn_t *t)
 
 static tcp_conn_t *conn_new(en_rail_t *rail)
 {
-    tcp_conn_t *t = mi_zalloc(sizeof(*t));
+    tcp_conn_t *t = coh_zalloc(sizeof(*t));
     if (!t) return NULL;
-    t->stage = mi_malloc_aligned(STAGE_CAP, 64);
+    t->stage = coh_aligned(STAGE_CAP, 64);
     if (!t->stage) {
-        mi_free(t);
+        coh_free(t);
         return NULL;
     }
     t->base.rail = rail;
     t->base.peer = -1;
     t->expect_peer = -1;
     if (uv_tcp_init(&rail->rx.loop, &t->tcp) != 0) {
-        mi_free(t->stage);
-        mi_free(t);
+        coh_free(t->stage);
+        coh_free(t);
         return NULL;
     }
     t->tcp.data = t;
@@ -424,7 +424,7 @@ static void listener_closed(uv_handle_t *h);
 
 static int tcp_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockaddr_storage *bound)
 {
-    tcp_listener_t *l = mi_zalloc(sizeof(*l));
+    tcp_listener_t *l = coh_zalloc(sizeof(*l));
     if (!l) return COH_ENOMEM;
     l->rail = rail;
     uv_tcp_init(&rail->rx.loop, &l->tcp);
@@ -510,7 +510,7 @@ static void tcp_close(en_conn_t *c, int status, const char *why)
 
 static void listener_closed(uv_handle_t *h)
 {
-    mi_free(h->data);
+    coh_free(h->data);
 }
 
 static void tcp_shutdown(en_rail_t *rail)

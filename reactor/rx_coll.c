@@ -4,7 +4,7 @@
  * the slices to the rails. Nothing is copied: the rails read and write the
  * caller's buffers.
  */
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -132,7 +132,7 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     }
     if (st < 0) {
         for (int s = 0; s < nslices; s++) en_op_free(ops[s]);
-        mi_free(req);
+        coh_free(req);
         /* The sequence number is spent: peers will time out on this op. */
         return rx_fail(st, "%s: cannot build the plan: %s", fn, coh_strerror(st));
     }

@@ -8,7 +8,7 @@
  * rank 0 keeps the store up until everybody has read what it needs.
  */
 #include <errno.h>
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,12 +75,12 @@ bool rx_ctx_alive(struct coh_ctx *ctx)
 
 static char *dupstr(const char *s)
 {
-    return s ? mi_strdup(s) : NULL;
+    return s ? coh_strdup(s) : NULL;
 }
 
 static int parse_nics(struct coh_ctx *ctx)
 {
-    char *list = mi_strdup(ctx->nics_s);
+    char *list = coh_strdup(ctx->nics_s);
     if (!list) return COH_ENOMEM;
     int n = 0, st = 0;
     char *save = NULL;
@@ -95,7 +95,7 @@ static int parse_nics(struct coh_ctx *ctx)
         if (st < 0) break;
         n++;
     }
-    mi_free(list);
+    coh_free(list);
     if (st == 0 && n == 0) st = rx_fail(COH_EINVAL, "COHORT_NICS names no interface");
     ctx->nrails = n;
     return st;
@@ -205,11 +205,11 @@ static void describe(struct coh_ctx *ctx)
 static void ctx_free(struct coh_ctx *ctx)
 {
     if (ctx->event_fd >= 0) close(ctx->event_fd);
-    mi_free(ctx->rails);
-    mi_free(ctx->store_s);
-    mi_free(ctx->token_s);
-    mi_free(ctx->nics_s);
-    mi_free(ctx);
+    coh_free(ctx->rails);
+    coh_free(ctx->store_s);
+    coh_free(ctx->token_s);
+    coh_free(ctx->nics_s);
+    coh_free(ctx);
 }
 
 static void stop_all(struct coh_ctx *ctx)
@@ -229,7 +229,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         cfg_in = &envcfg;
     }
     RX_CHECK(rx_config_validate(cfg_in));
-    struct coh_ctx *ctx = mi_zalloc(sizeof(*ctx));
+    struct coh_ctx *ctx = coh_zalloc(sizeof(*ctx));
     if (!ctx) return rx_fail(COH_ENOMEM, "coh_init: out of memory");
     ctx->cfg = *cfg_in;
     ctx->event_fd = -1;
@@ -253,7 +253,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         goto fail;
     }
     RX_CHECK_GOTO(parse_nics(ctx), st, fail);
-    ctx->rails = mi_zalloc(sizeof(en_rail_t) * (size_t)ctx->nrails);
+    ctx->rails = coh_zalloc(sizeof(en_rail_t) * (size_t)ctx->nrails);
     if (!ctx->rails) {
         st = rx_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;

@@ -10,7 +10,7 @@
 #include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,7 +25,7 @@
 
 coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
 {
-    coh_request_t *r = mi_zalloc(sizeof(*r));
+    coh_request_t *r = coh_zalloc(sizeof(*r));
     if (!r) return NULL;
     r->ctx = ctx;
     r->nslices = nslices;
@@ -39,7 +39,7 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
 
 void rx_request_unref(coh_request_t *req)
 {
-    if (atomic_fetch_sub_explicit(&req->refs, 1, memory_order_acq_rel) == 1) mi_free(req);
+    if (atomic_fetch_sub_explicit(&req->refs, 1, memory_order_acq_rel) == 1) coh_free(req);
 }
 
 static void futex_wake_all(coh_request_t *req);

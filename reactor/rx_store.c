@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -129,16 +129,16 @@ static kv_t *kv_find(rx_store_server_t *s, const uint8_t *k, size_t n)
 static int kv_set(rx_store_server_t *s, const uint8_t *k, size_t n, const uint8_t *v, size_t vn)
 {
     kv_t *e = kv_find(s, k, n);
-    uint8_t *nv = mi_malloc(vn ? vn : 1);
+    uint8_t *nv = coh_malloc(vn ? vn : 1);
     if (!nv) return COH_ENOMEM;
     memcpy(nv, v, vn);
     if (!e) {
-        e = mi_zalloc(sizeof(*e));
-        uint8_t *nk = mi_malloc(n);
+        e = coh_zalloc(sizeof(*e));
+        uint8_t *nk = coh_malloc(n);
         if (!e || !nk) {
-            mi_free(e);
-            mi_free(nk);
-            mi_free(nv);
+            coh_free(e);
+            coh_free(nk);
+            coh_free(nv);
             return COH_ENOMEM;
         }
         memcpy(nk, k, n);
@@ -148,7 +148,7 @@ static int kv_set(rx_store_server_t *s, const uint8_t *k, size_t n, const uint8_
         e->next = s->buckets[b];
         s->buckets[b] = e;
     }
-    mi_free(e->val);
+    coh_free(e->val);
     e->val = nv;
     e->vlen = vn;
     return 0;
@@ -162,21 +162,21 @@ static void srv_handle_closed(uv_handle_t *h)
         kv_t *e = s->buckets[b];
         while (e) {
             kv_t *n = e->next;
-            mi_free(e->key);
-            mi_free(e->val);
-            mi_free(e);
+            coh_free(e->key);
+            coh_free(e->val);
+            coh_free(e);
             e = n;
         }
     }
-    mi_free(s);
+    coh_free(s);
 }
 
 static void client_closed(uv_handle_t *h)
 {
     st_client_t *c = h->data;
     rx_store_server_t *s = c->srv;
-    mi_free(c->buf);
-    mi_free(c);
+    coh_free(c->buf);
+    coh_free(c);
     srv_handle_closed((uv_handle_t *)&s->listen);
 }
 
@@ -202,12 +202,12 @@ typedef struct wr {
 static void wrote(uv_write_t *req, int status)
 {
     (void)status;
-    mi_free(req->data);
+    coh_free(req->data);
 }
 
 static void reply(st_client_t *c, uint8_t status, uint32_t arg, const void *val, size_t vlen)
 {
-    wr_t *w = mi_malloc(sizeof(wr_t) + RX_STORE_HDR + vlen);
+    wr_t *w = coh_malloc(sizeof(wr_t) + RX_STORE_HDR + vlen);
     if (!w) {
         client_close(c, "out of memory");
         return;
@@ -217,7 +217,7 @@ static void reply(st_client_t *c, uint8_t status, uint32_t arg, const void *val,
     uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
     w->req.data = w;
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, wrote) != 0) {
-        mi_free(w);
+        coh_free(w);
         client_close(c, "write failed");
     }
 }
@@ -329,7 +329,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     if (c->cap - c->len < 4096 && c->cap < MSG_MAX + 4096) {
         size_t ncap = c->cap ? c->cap * 2 : 8192;
         if (ncap > MSG_MAX + 4096) ncap = MSG_MAX + 4096;
-        uint8_t *nb = mi_realloc(c->buf, ncap);
+        uint8_t *nb = coh_realloc(c->buf, ncap);
         if (nb) {
             c->buf = nb;
             c->cap = ncap;
@@ -360,7 +360,7 @@ static void on_hello(st_client_t *c)
                      .rank = 0,
                      .world = (uint32_t)s->world};
     en_hello_set_token(&me, s->token);
-    wr_t *w = mi_malloc(sizeof(wr_t) + EN_HELLO_SIZE);
+    wr_t *w = coh_malloc(sizeof(wr_t) + EN_HELLO_SIZE);
     if (!w) {
         client_close(c, "out of memory");
         return;
@@ -369,7 +369,7 @@ static void on_hello(st_client_t *c)
     uv_buf_t b = uv_buf_init((char *)w->data, EN_HELLO_SIZE);
     w->req.data = w;
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, wrote) != 0) {
-        mi_free(w);
+        coh_free(w);
         client_close(c, "write failed");
         return;
     }
@@ -407,7 +407,7 @@ static void on_conn(uv_stream_t *server, int status)
 {
     rx_store_server_t *s = server->data;
     if (status < 0 || s->closing) return;
-    st_client_t *c = mi_zalloc(sizeof(*c));
+    st_client_t *c = coh_zalloc(sizeof(*c));
     if (!c) return;
     c->srv = s;
     uv_tcp_init(&s->rx->loop, &c->tcp);
@@ -442,7 +442,7 @@ static void on_tick(uv_timer_t *t)
 int rx_store_server_start(rx_reactor_t *rx, const struct sockaddr *addr, int fd, const char *token,
                           int world, rx_store_server_t **out)
 {
-    rx_store_server_t *s = mi_zalloc(sizeof(*s));
+    rx_store_server_t *s = coh_zalloc(sizeof(*s));
     if (!s) return COH_ENOMEM;
     s->rx = rx;
     s->world = world;
@@ -607,7 +607,7 @@ int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const ch
         return rx_fail(e, "store %s: handshake: %s", where, coh_strerror(e));
     }
     c->cap = RX_STORE_HDR + RX_STORE_VAL_MAX;
-    c->buf = mi_malloc(c->cap);
+    c->buf = coh_malloc(c->cap);
     if (!c->buf) {
         rx_store_close(c);
         return COH_ENOMEM;
@@ -621,11 +621,11 @@ static int roundtrip(rx_store_client_t *c, uint8_t type, uint32_t arg, const cha
 {
     if (c->fd < 0) return rx_fail(COH_ESTATE, "store client is closed");
     size_t klen = strlen(key);
-    uint8_t *out = mi_malloc(RX_STORE_HDR + klen + vlen);
+    uint8_t *out = coh_malloc(RX_STORE_HDR + klen + vlen);
     if (!out) return COH_ENOMEM;
     int n = rx_store_encode(type, 0, arg, key, klen, val, vlen, out, RX_STORE_HDR + klen + vlen);
     int e = n < 0 ? n : send_all(c->fd, out, (size_t)n, deadline_ns);
-    mi_free(out);
+    coh_free(out);
     if (!e) e = recv_all(c->fd, c->buf, RX_STORE_HDR, deadline_ns);
     if (!e) {
         size_t rest = en_get32(c->buf + 8) + en_get16(c->buf + 6);
@@ -682,7 +682,7 @@ void rx_store_close(rx_store_client_t *c)
 {
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
-    mi_free(c->buf);
+    coh_free(c->buf);
     c->buf = NULL;
 }
 

@@ -5,7 +5,7 @@
  */
 #include "sched/sc_plan.h"
 
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <string.h>
 
 #include "cohort.h"
@@ -20,10 +20,10 @@ void sc_plan_init(sc_plan_t *plan)
 
 void sc_plan_free(sc_plan_t *plan)
 {
-    mi_free(plan->steps);
-    mi_free(plan->deps);
-    mi_free(plan->rdep_off);
-    mi_free(plan->rdeps);
+    coh_free(plan->steps);
+    coh_free(plan->deps);
+    coh_free(plan->rdep_off);
+    coh_free(plan->rdeps);
     memset(plan, 0, sizeof(*plan));
 }
 
@@ -31,7 +31,7 @@ int64_t sc_plan_add(sc_plan_t *plan, const sc_step_t *step, const uint32_t *deps
 {
     if (plan->nsteps == plan->steps_cap) {
         uint32_t cap = plan->steps_cap ? plan->steps_cap * 2 : 16;
-        sc_step_t *s = mi_reallocn(plan->steps, cap, sizeof(*s));
+        sc_step_t *s = coh_reallocn(plan->steps, cap, sizeof(*s));
         if (!s) return -1;
         plan->steps = s;
         plan->steps_cap = cap;
@@ -41,7 +41,7 @@ int64_t sc_plan_add(sc_plan_t *plan, const sc_step_t *step, const uint32_t *deps
     if (plan->ndeps + real > plan->deps_cap) {
         uint32_t cap = plan->deps_cap ? plan->deps_cap * 2 : 32;
         while (cap < plan->ndeps + real) cap *= 2;
-        uint32_t *d = mi_reallocn(plan->deps, cap, sizeof(*d));
+        uint32_t *d = coh_reallocn(plan->deps, cap, sizeof(*d));
         if (!d) return -1;
         plan->deps = d;
         plan->deps_cap = cap;
@@ -62,17 +62,17 @@ int64_t sc_plan_add(sc_plan_t *plan, const sc_step_t *step, const uint32_t *deps
 
 int sc_plan_finish(sc_plan_t *plan)
 {
-    mi_free(plan->rdep_off);
-    mi_free(plan->rdeps);
-    plan->rdep_off = mi_calloc(plan->nsteps + 1, sizeof(uint32_t));
-    plan->rdeps = mi_calloc(plan->ndeps ? plan->ndeps : 1, sizeof(uint32_t));
+    coh_free(plan->rdep_off);
+    coh_free(plan->rdeps);
+    plan->rdep_off = coh_calloc(plan->nsteps + 1, sizeof(uint32_t));
+    plan->rdeps = coh_calloc(plan->ndeps ? plan->ndeps : 1, sizeof(uint32_t));
     if (!plan->rdep_off || !plan->rdeps) return COH_ENOMEM;
     for (uint32_t i = 0; i < plan->nsteps; i++) {
         const sc_step_t *s = &plan->steps[i];
         for (uint32_t d = 0; d < s->ndeps; d++) plan->rdep_off[plan->deps[s->dep_off + d] + 1]++;
     }
     for (uint32_t i = 0; i < plan->nsteps; i++) plan->rdep_off[i + 1] += plan->rdep_off[i];
-    uint32_t *fill = mi_calloc(plan->nsteps + 1, sizeof(uint32_t));
+    uint32_t *fill = coh_calloc(plan->nsteps + 1, sizeof(uint32_t));
     if (!fill) return COH_ENOMEM;
     for (uint32_t i = 0; i < plan->nsteps; i++) {
         const sc_step_t *s = &plan->steps[i];
@@ -81,7 +81,7 @@ int sc_plan_finish(sc_plan_t *plan)
             plan->rdeps[plan->rdep_off[from] + fill[from]++] = i;
         }
     }
-    mi_free(fill);
+    coh_free(fill);
     return 0;
 }
 
@@ -180,7 +180,7 @@ static void build_fence(bld_t *b)
 {
     sc_plan_t *p = b->plan;
     uint32_t n0 = p->nsteps;
-    uint32_t *mine = mi_malloc(sizeof(uint32_t) * (n0 ? n0 : 1));
+    uint32_t *mine = coh_malloc(sizeof(uint32_t) * (n0 ? n0 : 1));
     if (!mine) {
         b->err = COH_ENOMEM;
         return;
@@ -204,7 +204,7 @@ static void build_fence(bld_t *b)
         prev = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, b->r - (int)dist, FENCE_TAG + round, 0, 0,
                    0, 0, NODEPS);
     }
-    mi_free(mine);
+    coh_free(mine);
 }
 
 /* ---- allreduce ---- */
@@ -214,7 +214,7 @@ static void build_allreduce_ring(bld_t *b)
     const int n = b->n, r = b->r;
     const bool avg = b->c->avg;
     b->k = chunks_for((b->len + n - 1) / n, b->c->chunk_elems);
-    uint32_t *prev = mi_malloc(sizeof(uint32_t) * b->k); /* last step touching chunk k */
+    uint32_t *prev = coh_malloc(sizeof(uint32_t) * b->k); /* last step touching chunk k */
     if (!prev) {
         b->err = COH_ENOMEM;
         return;
@@ -260,7 +260,7 @@ static void build_allreduce_ring(bld_t *b)
                               b->lo + ro, rc, 0, NODEPS);
         }
     }
-    mi_free(prev);
+    coh_free(prev);
 }
 
 static int ilog2_floor(int n)
@@ -380,7 +380,7 @@ static void build_allgather_ring(bld_t *b)
     b->k = chunks_for(b->len, b->c->chunk_elems);
     add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b->lo, block(b, r) + b->lo, b->len, 0,
         NODEPS);
-    uint32_t *prev = mi_malloc(sizeof(uint32_t) * b->k);
+    uint32_t *prev = coh_malloc(sizeof(uint32_t) * b->k);
     if (!prev) {
         b->err = COH_ENOMEM;
         return;
@@ -401,7 +401,7 @@ static void build_allgather_ring(bld_t *b)
                           block(b, r - s - 1) + b->lo + o, c, 0, NODEPS);
         }
     }
-    mi_free(prev);
+    coh_free(prev);
 }
 
 static void build_allgather_direct(bld_t *b)
@@ -438,7 +438,7 @@ static void build_rs_ring(bld_t *b)
      * receive that had to wait for a send to drain a slot could wait on a
      * full socket around the whole ring. */
     if (!inplace && n > 2) b->plan->scratch_count = (uint64_t)(n - 2) * len;
-    uint32_t *prev = mi_malloc(sizeof(uint32_t) * b->k);
+    uint32_t *prev = coh_malloc(sizeof(uint32_t) * b->k);
     if (!prev) {
         b->err = COH_ENOMEM;
         return;
@@ -483,7 +483,7 @@ static void build_rs_ring(bld_t *b)
                 add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, out + o, out + o, c, (double)n,
                     DEPS(prev[k]));
         }
-    mi_free(prev);
+    coh_free(prev);
 }
 
 static void build_rs_direct(bld_t *b)
@@ -497,7 +497,7 @@ static void build_rs_direct(bld_t *b)
     if (!inplace)
         cp = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, block(b, r) + lo, out, len, 0,
                  NODEPS);
-    uint32_t *rv = mi_malloc(sizeof(uint32_t) * (size_t)n);
+    uint32_t *rv = coh_malloc(sizeof(uint32_t) * (size_t)n);
     if (!rv) {
         b->err = COH_ENOMEM;
         return;
@@ -518,7 +518,7 @@ static void build_rs_direct(bld_t *b)
                        .factor = (double)n};
         if (!b->err && sc_plan_add(b->plan, &s, rv, (uint32_t)(n - 1)) < 0) b->err = COH_ENOMEM;
     }
-    mi_free(rv);
+    coh_free(rv);
 }
 
 sc_algo sc_plan_resolve_algo(const sc_coll_t *c)

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 #include <errno.h>
-#include <mimalloc.h>
+#include "reactor/rx_alloc.h"
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -32,8 +32,8 @@ typedef struct fixture {
 
 static int setup(void **state)
 {
-    fixture_t *f = mi_zalloc(sizeof(*f));
-    f->ctx = mi_zalloc(sizeof(*f->ctx));
+    fixture_t *f = coh_zalloc(sizeof(*f));
+    f->ctx = coh_zalloc(sizeof(*f->ctx));
     f->ctx->event_fd = -1;
     struct sockaddr_in a;
     uv_ip4_addr("127.0.0.1", 0, &a);
@@ -47,8 +47,8 @@ static int teardown(void **state)
 {
     fixture_t *f = *state;
     assert_int_equal(en_rail_stop(&f->rail), 0);
-    mi_free(f->ctx);
-    mi_free(f);
+    coh_free(f->ctx);
+    coh_free(f);
     return 0;
 }
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install the Debian packages cohort needs that are missing (apt-get).
+# Safe to run again: it installs nothing when everything is there.
+set -euo pipefail
+pkgs=(
+  build-essential cmake pkg-config git         # toolchain
+  libuv1-dev libmimalloc-dev libmsgpack-dev    # runtime dependencies
+  libibverbs-dev librdmacm-dev                 # verbs engine (compiled when present)
+  libcmocka-dev clang llvm                     # unit tests, clang build, libFuzzer
+  python3 python3-numpy python3-pytest python3-msgpack python3-matplotlib python3-pip  # bindings, plots
+  iproute2 nftables                            # namespace cluster tests
+  libgloo-dev openmpi-bin libopenmpi-dev       # side-by-side benchmarks
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

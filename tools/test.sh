@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tools/test.sh - the whole test suite, from a fresh machine:
+#   1. install missing Debian packages
+#   2. gcc build (-Werror) and every CTest: unit (cmocka), multi-process
+#      (cohortrun), scheduler and simulator tests, Python (pytest) when built
+#   3. clang build (-Werror), compile only: no warnings under either compiler
+#   4. ASan + UBSan build and every CTest again
+#   5. TSan build and the tests that exercise the reactors' threads
+#   6. fuzz targets (clang, libFuzzer) for a short fixed time each, when present
+# Environment: COHORT_TEST_SKIP="asan tsan clang fuzz" skips stages (local use
+# only; CI runs everything). COHORT_TEST_JOBS sets ctest's parallelism (2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+skip=" ${COHORT_TEST_SKIP:-} "
+jobs=${COHORT_TEST_JOBS:-2}
+t_all=$(date +%s)
+stage() { printf '\n=== %s ===\n' "$*"; }
+skipped() { [[ "$skip" == *" $1 "* ]]; }
+run_ctest() { # dir, ctest args...
+  local dir=$1; shift
+  (cd "$dir" && ctest --output-on-failure -j"$jobs" --timeout 900 "$@")
+}
+
+stage "dependencies"
+tools/install-deps.sh
+
+stage "gcc build"
+tools/build.sh build
+stage "tests (gcc build)"
+run_ctest build
+
+if ! skipped clang; then
+  stage "clang build (-Werror, compile only)"
+  CC=clang CXX=clang++ tools/build.sh build-clang -DCOHORT_BENCH_PEERS=OFF
+fi
+
+if ! skipped asan; then
+  stage "ASan + UBSan build"
+  tools/build.sh build-asan -DCOHORT_ASAN=ON -DCOHORT_BENCH_PEERS=OFF -DCOHORT_CUDA=OFF
+  stage "tests (ASan + UBSan)"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_ctest build-asan -E '^sim\.sweep'
+fi
+
+if ! skipped tsan; then
+  stage "TSan build"
+  tools/build.sh build-tsan -DCOHORT_TSAN=ON -DCOHORT_BENCH_PEERS=OFF -DCOHORT_CUDA=OFF
+  stage "tests (TSan: the reactors' threads)"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    run_ctest build-tsan -L reactor
+fi
+
+if ! skipped fuzz && [ -f fuzz/CMakeLists.txt ]; then
+  stage "fuzz targets (libFuzzer, short runs + corpus replay)"
+  CC=clang CXX=clang++ tools/build.sh build-fuzz -DCOHORT_FUZZ=ON -DCOHORT_BENCH_PEERS=OFF \
+    -DCOHORT_CUDA=OFF -DCOHORT_TESTS=ON
+  run_ctest build-fuzz -L fuzz
+fi
+
+printf '\n=== all tests passed in %d s ===\n' $(( $(date +%s) - t_all ))
