@@ -19,10 +19,15 @@ double sc_cost_ring(const sc_cost_t *c, int m, double bmin_gbps)
     return 2.0 * (m - 1) * c->alpha_s + 2.0 * (double)(m - 1) / m * vb;
 }
 
-double sc_cost_phase2(const sc_cost_t *c, int n_all, int n_late, double bmin_gbps)
+double sc_cost_phase2(const sc_cost_t *c, int n_all, double sum_missed, double max_missed,
+                      double bmin_gbps)
 {
-    if (n_late <= 0 || n_all <= 1) return 0;
-    return (n_all - 1) * c->alpha_s + n_late * c->model_gbit / bmin_gbps;
+    if (n_all <= 1 || !(sum_missed > 0) || !(max_missed > 0)) return 0;
+    double bcast = (n_all - 1) * c->alpha_s + sum_missed * c->model_gbit / bmin_gbps;
+    sc_cost_t part = *c;
+    part.model_gbit = c->model_gbit * max_missed;
+    double ring = sc_cost_ring(&part, n_all, bmin_gbps);
+    return bcast < ring ? bcast : ring;
 }
 
 void sc_cdf_init(sc_cdf_t *c, int window)

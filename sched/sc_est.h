@@ -32,12 +32,16 @@ typedef struct sc_cost {
  * m <= 1 costs 0 (nothing to exchange) in both forms. */
 double sc_cost_ring(const sc_cost_t *c, int m, double bmin_gbps);
 /*
- * AdapCC phase 2 (seeds/004 IV-C): the tensors of the n_late workers that
- * missed phase 1 are broadcast to all n_all workers, who add them locally to
- * the phase-1 result. Modelled as n_late pipelined broadcasts around a ring of
- * n_all: (n_all-1) alpha + n_late * v / bmin. 0 when n_late == 0.
+ * AdapCC phase 2 (seeds/004 IV-C): a relay that becomes ready during phase 1
+ * joins the chunks still to come; the chunks it missed (a prefix of the
+ * tensor, fraction f_i of it) are aggregated in phase 2 and reach all n_all
+ * workers. Two ways to do that, the cheaper one is used: every late worker
+ * broadcasts its missed chunks around the ring, (n_all-1) alpha + sum(f_i) v
+ * / b; or one ring allreduce over all of the largest missed prefix,
+ * Eq. 2 with m = n_all and v * max(f_i). 0 when nothing was missed.
  */
-double sc_cost_phase2(const sc_cost_t *c, int n_all, int n_late, double bmin_gbps);
+double sc_cost_phase2(const sc_cost_t *c, int n_all, double sum_missed, double max_missed,
+                      double bmin_gbps);
 /* AdapCC's break-even rule: proceed when the accumulated waiting cost has
  * reached the cost of proceeding (phase 1 + phase 2). Competitive ratio 2. */
 static inline bool sc_ski_proceed(double waited_s, double buy_s)

@@ -99,6 +99,7 @@ void sc_params_default(sc_params_t *p)
     p->flag_launches = false;
     p->full_counts = true;
     p->overdue_factor = 2.0;
+    p->starve_s = 10.0;
     p->cdf_per_worker = true;
     p->cdf_window = 256;
     p->cdf_pool_window = 4096;
@@ -125,6 +126,9 @@ static const sc_param_info_t param_info[] = {
     {"flag", "wait", "BPAWR's flag: wait (true = wait, launch otherwise) or literal (if F launch)"},
     {"full-counts", "1", "1: a full sync advances Alg. 3's round k; 0: literal (never)"},
     {"overdue", "2", "do not wait for a worker computing longer than this * its largest sample"},
+    {"starve-s", "10",
+     "selective: a ready worker waiting longer than this is not held back by "
+     "BAG's leftover group or BPAWR (0: off, the paper's behaviour)"},
     {"cdf-per-worker", "1", "1: a worker's own CDF once it has cdf-min-samples; 0: pooled only"},
     {"cdf-window", "256", "samples kept per worker"},
     {"cdf-pool-window", "4096", "samples kept in the pooled CDF"},
@@ -262,6 +266,8 @@ int sc_params_set(sc_params_t *p, const char *name, const char *value)
         rc = parse_bool(value, &t.full_counts);
     } else if (!strcmp(key, "overdue")) {
         DBL(overdue_factor, 1);
+    } else if (!strcmp(key, "starve-s")) {
+        DBL(starve_s, 1);
     } else if (!strcmp(key, "cdf-per-worker")) {
         rc = parse_bool(value, &t.cdf_per_worker);
     } else if (!strcmp(key, "cdf-window")) {
@@ -304,6 +310,7 @@ int sc_params_validate(const sc_params_t *p, int n)
     if (!(p->default_gbps > 0 && isfinite(p->default_gbps))) return COH_EINVAL;
     if (p->eq4 != SC_EQ4_CONDITIONAL && p->eq4 != SC_EQ4_PRINTED) return COH_EINVAL;
     if (!(p->overdue_factor >= 0 && isfinite(p->overdue_factor))) return COH_EINVAL;
+    if (!(p->starve_s >= 0 && isfinite(p->starve_s))) return COH_EINVAL;
     if (p->cdf_window < 1 || p->cdf_pool_window < 1 || p->cdf_min_samples < 1) return COH_EINVAL;
     if (!(p->tick_s > 0 && isfinite(p->tick_s))) return COH_EINVAL;
     if (!(p->fault_factor >= 0 && isfinite(p->fault_factor))) return COH_EINVAL;
@@ -827,6 +834,28 @@ static bool full_sync_due(const sc_sched_t *s)
     return s->prm.c > 0 && s->round % s->prm.c == 0;
 }
 
+static bool starving(const sc_sched_t *s, const sc_cand_t *g, int m)
+{
+    for (int i = 0; i < m; i++)
+        if (s->now - s->w[g[i].id].t_ready > s->prm.starve_s) return true;
+    return false;
+}
+
+/* A selective launch (a partial round: Alg. 3 line 20 advances k) with the
+ * BPAWR numbers behind it. */
+static void launch_explained(sc_sched_t *s, sc_why why, const int *ids, int m, double bmin,
+                             const sc_explain_t *ex)
+{
+    sc_decision_t *d = launch(s, why, ids, m, NULL, 0, sc_cost_ring(&s->cost, m, bmin), 0, 0);
+    sc_explain_t keep = d->ex;
+    d->ex = *ex;
+    d->ex.n_ready = keep.n_ready;
+    d->ex.n_live = keep.n_live;
+    d->ex.p = keep.p;
+    d->ex.round = keep.round;
+    s->round++;
+}
+
 static void eval_selective(sc_sched_t *s)
 {
     const sc_params_t *P = &s->prm;
@@ -876,6 +905,22 @@ static void eval_selective(sc_sched_t *s)
     }
     int *bounds = s->bounds;
     int ng = sc_bag(s->qc, nqc, p, P->eta, P->bag_le, 0, bounds);
+    /*
+     * Starvation guard (not in the paper). Every pass BAG hands the slowest
+     * ready workers a leftover group below p whenever fewer than 2p are
+     * ready, and BPAWR keeps a slow group waiting while faster workers are
+     * due: with c = 0 the slowest workers can wait for most of a run (80 s of
+     * 100 in our simulations; the paper notes groups that "could never form"
+     * for p = 0.5n). Alg. 3's own remedy is the full sync every c rounds. With
+     * starve-s > 0, a leftover group holding a worker that has waited longer
+     * joins the group before it, and a group holding such a worker launches
+     * whatever BPAWR says. starve-s = 0 gives the paper's behaviour.
+     */
+    if (P->starve_s > 0 && ng >= 2 && bounds[ng] - bounds[ng - 1] < p &&
+        starving(s, s->qc + bounds[ng - 1], bounds[ng] - bounds[ng - 1])) {
+        bounds[ng - 1] = bounds[ng];
+        ng--;
+    }
 
     int gb[2];
     sc_bpawr_t b = {.S = s->sc,
@@ -904,6 +949,14 @@ static void eval_selective(sc_sched_t *s)
         }
         sc_bpawr_out_t o;
         sc_bpawr_run(&b, s->qc + lo, m, &o);
+        if (o.verdict == SC_BPAWR_WAIT && P->starve_s > 0 && starving(s, s->qc + lo, m)) {
+            sc_explain_t ex;
+            explain_from_bpawr(&ex, &o);
+            ex.n_delta = 0;
+            launch_explained(s, SC_WHY_STARVE, idbuf, m, s->qc[hi - 1].bw, &ex);
+            if (full_sync_due(s)) hold = true;
+            continue;
+        }
         /* Lines 14-16: the workers g* leaves out move to the next group
          * (they are its fastest, so it stays sorted: move the boundary). */
         if (o.verdict == SC_BPAWR_WAIT && o.n_delta > 0 && i < ng - 1) {
@@ -928,20 +981,8 @@ static void eval_selective(sc_sched_t *s)
          */
         bool go = P->flag_launches ? o.verdict == SC_BPAWR_WAIT : o.verdict == SC_BPAWR_LAUNCH;
         if (go && m > 0) {
-            sc_decision_t *d =
-                launch(s, P->flag_launches ? SC_WHY_BPAWR_LITERAL : SC_WHY_BPAWR_LAUNCH, idbuf, m,
-                       NULL, 0, sc_cost_ring(&s->cost, m, s->qc[hi - 1].bw), 0, 0);
-            d->ex.n_cand = ex.n_cand;
-            d->ex.sum_prob = ex.sum_prob;
-            d->ex.k_virtual = ex.k_virtual;
-            d->ex.b_virtual = ex.b_virtual;
-            d->ex.bmin_g = ex.bmin_g;
-            d->ex.bmin_gstar = ex.bmin_gstar;
-            d->ex.gstar_size = ex.gstar_size;
-            d->ex.n_delta = ex.n_delta;
-            d->ex.t_x = ex.t_x;
-            d->ex.threshold = ex.threshold;
-            s->round++;
+            launch_explained(s, P->flag_launches ? SC_WHY_BPAWR_LITERAL : SC_WHY_BPAWR_LAUNCH,
+                             idbuf, m, s->qc[hi - 1].bw, &ex);
             /* Line 20 can carry k past a multiple of c within one pass, and
              * line 5 would then skip that full sync: stop launching once it
              * falls due; the rest wait for it. */
@@ -969,17 +1010,29 @@ static void eval_relay(sc_sched_t *s)
     for (int slot = 0; slot < s->n; slot++) {
         sc_group_t *g = &s->g[slot];
         if (!g->id || !g->relay || P->fault_factor <= 0) continue;
-        /* seeds/004 IV-C2: "after T_fault has passed since the completion of
-         * phase 1 ... the remaining non-ready workers" are faulty; T_fault
-         * is five times the time since the fastest worker became ready. */
+        /*
+         * seeds/004 IV-C2: "after T_fault has passed since the completion of
+         * phase 1 ... the remaining non-ready workers" are faulty; T_fault is
+         * five times the time since the fastest worker became ready. That
+         * rule alone excludes, for good, healthy workers whose compute time
+         * varies more than phase 1 lasts (a Transformer batch of long
+         * sentences); so a relay is suspected only once it is also overdue by
+         * its runtime CDF (elapsed > overdue * largest sample), as BPAWR's
+         * guard says. With no CDF yet, T_fault alone decides.
+         */
         double tf = P->fault_factor * (g->phase1_end - g->t_first_ready);
         if (tf < P->tick_s) tf = P->tick_s;
         double deadline = g->phase1_end + tf;
-        bool pending = false;
         for (int i = g->head; i >= 0; i = s->w[i].next) {
             sc_worker_t *x = &s->w[i];
             if (x->state != SC_W_RELAY || x->suspected) continue;
-            if (s->now >= deadline) {
+            const sc_cdf_t *c = cdf_for(s, i);
+            double due = deadline;
+            if (c->count > 0 && P->overdue_factor > 0) {
+                double overdue = x->t_start + P->overdue_factor * sc_cdf_max(c);
+                if (overdue > due) due = overdue;
+            }
+            if (s->now >= due) {
                 x->suspected = 1;
                 sc_decision_t *d = new_dec(s, SC_DEC_SUSPECT, SC_WHY_RELAY_FAULT);
                 int *mem = take_mem(s, 1);
@@ -989,11 +1042,10 @@ static void eval_relay(sc_sched_t *s)
                 d->ex.phase1_s = g->phase1_end - g->t_launch;
                 d->ex.waited_s = s->now - g->phase1_end;
                 s->suspects++;
-            } else {
-                pending = true;
+            } else if (due < s->next_eval) {
+                s->next_eval = due;
             }
         }
-        if (pending && deadline < s->next_eval) s->next_eval = deadline;
     }
     if (s->nq == 0) return;
 
@@ -1008,7 +1060,7 @@ static void eval_relay(sc_sched_t *s)
     /*
      * seeds/004 IV-C1, break-even ski rental. Renting = waiting one more
      * cycle; buying = proceeding now: phase 1 among the ready workers (ring
-     * over R, Eq. 2) and phase 2, where the late workers' tensors reach
+     * over R, Eq. 2) and phase 2, where what the late workers missed reaches
      * everyone (sc_cost_phase2). The cost of buying changes as workers become
      * ready, so it is re-estimated every cycle; the rule proceeds once the
      * accumulated waiting cost reaches it.
@@ -1027,7 +1079,8 @@ static void eval_relay(sc_sched_t *s)
         }
     }
     double t1 = ring_raw(s, s->q, s->nq);
-    double t2 = sc_cost_phase2(&s->cost, s->n_live, nr, b_all);
+    /* At decision time every late worker is assumed to miss all of phase 1. */
+    double t2 = sc_cost_phase2(&s->cost, s->n_live, nr, nr > 0 ? 1.0 : 0.0, b_all);
     double buy = (t1 + t2) * s->calib;
     double waited = s->now - t_first;
     sc_explain_t ex = {0};
@@ -1120,7 +1173,7 @@ int sc_decision_explain(const sc_decision_t *d, char *buf, size_t len)
     if (d->kind == SC_DEC_LAUNCH)
         APPEND(", expected %.6f s%s", d->expected_s, d->full ? ", full" : "");
     if (d->why == SC_WHY_BPAWR_LAUNCH || d->why == SC_WHY_BPAWR_WAIT ||
-        d->why == SC_WHY_BPAWR_LITERAL)
+        d->why == SC_WHY_BPAWR_LITERAL || d->why == SC_WHY_STARVE)
         APPEND(", |C|=%d sum(p)=%.4f k=%d b=%.3f, bmin(g)=%.3f bmin(g*)=%.3f |g*|=%d "
                "|g_delta|=%d, t_X=%.6f vs theta*dt=%.6f",
                e->n_cand, e->sum_prob, e->k_virtual, e->b_virtual, e->bmin_g, e->bmin_gstar,

@@ -137,7 +137,7 @@ typedef struct simw {
 
 typedef struct simg {
     uint64_t id; /* 0: free */
-    double start, p1_end;
+    double start, p1_end, t1;
     int *ids; /* members then relays */
     int m, nr;
     bool relay, p1_done, p2_started;
@@ -308,28 +308,30 @@ static int log_sync(sim_t *m, simg_t *g)
 }
 
 /* Relay group: phase 2 starts once phase 1 is over and every relay that
- * was not excluded has its data ready. */
+ * was not excluded has its data ready. A relay ready at r during phase 1
+ * took part in the chunks after r: it missed the fraction (r - start) / T1;
+ * one ready after phase 1 missed everything. */
 static int maybe_phase2(sim_t *m, int slot)
 {
     simg_t *g = &m->g[slot];
     if (!g->id || !g->relay || g->p2_started || !g->p1_done) return 0;
-    int late = 0;
-    for (int i = g->m; i < g->m + g->nr; i++) {
-        const simw_t *x = &m->w[g->ids[i]];
-        if (x->excluded) continue;
-        if (x->state != W_RELAY_READY) return 0;
-        late++;
-    }
-    g->p2_started = true;
-    double b = INFINITY;
+    double sum = 0, max = 0, b = INFINITY;
     int all = 0;
     for (int i = 0; i < g->m + g->nr; i++) {
         const simw_t *x = &m->w[g->ids[i]];
-        if (i >= g->m && x->excluded) continue;
+        if (i >= g->m) {
+            if (x->excluded) continue;
+            if (x->state != W_RELAY_READY) return 0;
+            double f = g->t1 > 0 ? (x->t_ready - g->start) / g->t1 : 1.0;
+            f = f < 0 ? 0 : (f > 1 ? 1 : f);
+            sum += f;
+            if (f > max) max = f;
+        }
         if (x->bw < b) b = x->bw;
         all++;
     }
-    double t2 = sc_cost_phase2(&m->cost, all, late, b);
+    g->p2_started = true;
+    double t2 = sc_cost_phase2(&m->cost, all, sum, max, b);
     return push(m, m->now + t2, EV_DONE, slot, g->id);
 }
 
@@ -421,6 +423,7 @@ static int on_launch(sim_t *m, const sc_decision_t *d)
     if (rc) return rc;
     m->res->launched++;
     double t1 = sc_cost_ring(&m->cost, g->m, true_min_bw(m, g->ids, g->m));
+    g->t1 = t1;
     if (!g->relay) return push(m, m->now + t1, EV_DONE, slot, g->id);
     return push(m, m->now + t1, EV_P1END, slot, g->id);
 }
@@ -448,6 +451,7 @@ static int on_tick(sim_t *m)
     if (tk.evaluated) m->res->evaluations++;
     for (int i = 0; i < tk.ndec; i++) {
         const sc_decision_t *d = &tk.dec[i];
+        if (m->cfg->trace) m->cfg->trace(m->cfg->trace_ctx, d);
         if (d->kind == SC_DEC_LAUNCH) {
             rc = on_launch(m, d);
         } else if (d->kind == SC_DEC_WAIT && d->why == SC_WHY_BPAWR_WAIT) {

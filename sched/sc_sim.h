@@ -74,6 +74,10 @@ typedef struct sc_sim_cfg {
     bool record;            /* keep every launched sync in the result */
     bool check;             /* check invariants on every decision */
     int64_t max_idle_ticks; /* stop after this many ticks with no pending event, 100000 */
+    /* Observer: called with every decision of every evaluating tick (the
+     * decision is valid during the call only). NULL: none. */
+    void (*trace)(void *ctx, const sc_decision_t *d);
+    void *trace_ctx;
 } sc_sim_cfg_t;
 
 typedef struct sc_sim_sync {

@@ -69,6 +69,8 @@ typedef struct sc_params {
     bool full_counts;      /* "full-counts": 1 = a full sync advances the round (default) */
     double overdue_factor; /* "overdue": a computing worker past this many times the
                               largest compute time in its CDF is not waited for, 2 */
+    double starve_s;       /* "starve-s": a ready worker waiting longer than this is
+                              not held back by BAG's leftover or BPAWR; 0 = off, 10 s */
 
     /* Runtime CDF (Eq. 4). */
     bool cdf_per_worker; /* "cdf-per-worker": 1 = own CDF once it has enough samples */
@@ -130,6 +132,7 @@ typedef enum sc_dec_kind {
     X(BPAWR_WAIT, "BPAWR: the expected saving t_X exceeds theta*dt: wait and replace")             \
     X(BPAWR_SMALL, "BPAWR: group smaller than p: wait for more ready workers")                     \
     X(BPAWR_LITERAL, "literal Alg. 3 (option flag=literal): launched because F is true")           \
+    X(STARVE, "a member waited longer than starve-s: launched without waiting for replacements")   \
     X(RELAY_WAIT, "ski rental: waiting cost below the phase 1 + phase 2 cost")                     \
     X(RELAY_PROCEED, "ski rental: waiting cost reached the phase 1 + phase 2 cost: proceed")       \
     X(RELAY_FAULT, "relay not ready T_fault after phase 1: suspected faulty")

@@ -67,6 +67,7 @@ typedef struct opts {
     int seeds;
     uint64_t seed_base;
     bool csv, events, no_plot, pfrac_set, p_set, duration_set;
+    int trace; /* -1: off; -2: every decision; else decisions naming this worker */
     const char *dist_arg;
     const char *out_dir;
     const char *what;
@@ -190,6 +191,7 @@ static void parse_args(opts_t *o, int argc, char **argv, int first, const char *
     o->seeds = 20;
     o->seed_base = 1;
     o->reps = 200;
+    o->trace = -1;
     parse_schemes(o, "allreduce,partial,selective");
     sc_dist_from_name("transformer", &o->cfg.dist);
     for (int i = first; i < argc; i++) {
@@ -256,6 +258,8 @@ static void parse_args(opts_t *o, int argc, char **argv, int first, const char *
             o->fails[o->nfails].worker = atoi(v);
             o->fails[o->nfails].t = parse_num(a, at + 1);
             o->nfails++;
+        } else if (!strcmp(name, "trace")) {
+            o->trace = !strcmp(v, "all") ? -2 : (int)parse_num(a, v);
         } else if (!strcmp(name, "out")) {
             o->out_dir = v;
         } else if (!strcmp(name, "what")) {
@@ -321,6 +325,20 @@ static void print_row(FILE *f, sc_policy scheme, int n, uint64_t seed, const sc_
 static const char csv_header[] = "scheme,n,seed,avg_sync_time_s,avg_sync_scale,total_sync,"
                                  "total_iteration,wasted_wait_ms_per_worker";
 
+/* ---- trace ---- */
+
+static void trace_cb(void *ctx, const sc_decision_t *d)
+{
+    int w = *(const int *)ctx;
+    bool hit = w == -2;
+    for (int i = 0; !hit && i < d->nmembers; i++) hit = d->members[i] == w;
+    for (int i = 0; !hit && i < d->nrelays; i++) hit = d->relays[i] == w;
+    if (!hit) return;
+    char line[1024];
+    sc_decision_explain(d, line, sizeof(line));
+    fprintf(stderr, "%s\n", line);
+}
+
 /* ---- run ---- */
 
 static int cmd_run(opts_t *o)
@@ -338,6 +356,10 @@ static int cmd_run(opts_t *o)
             cfg.sched.policy = o->schemes[si];
             cfg.seed = o->seed_base + (uint64_t)k;
             cfg.check = true;
+            if (o->trace != -1) {
+                cfg.trace = trace_cb;
+                cfg.trace_ctx = &o->trace;
+            }
             sc_sim_result_t r;
             int rc = sc_sim_run(&cfg, &r);
             if (rc) {
@@ -538,6 +560,10 @@ static int cmd_replay(opts_t *o, const char *path)
     cfg.seed = 0;
     cfg.record = o->events;
     cfg.check = true;
+    if (o->trace != -1) {
+        cfg.trace = trace_cb;
+        cfg.trace_ctx = &o->trace;
+    }
     /* A scenario runs until nothing moves unless a duration is given. */
     if (!o->duration_set) cfg.duration_s = INFINITY;
     sc_sim_result_t r;

@@ -89,10 +89,15 @@ static void test_cost_ring(void **state)
     assert_float_equal(sc_cost_ring(&c, 0, 8.0), 0, EPS);
     c.form = SC_COST_APPROX; /* 2ma + 2v/b */
     assert_float_equal(sc_cost_ring(&c, 4, 2.0), 0.008 + 4.0, EPS);
-    /* phase 2: (n-1)a + late * v / b */
+    /* phase 2, the cheaper of: broadcasts (n-1)a + sum(f) v/b, or a ring
+     * allreduce of the largest missed prefix. n = 5, v = 4, b = 4: */
     c.form = SC_COST_EXACT;
-    assert_float_equal(sc_cost_phase2(&c, 5, 2, 4.0), 0.004 + 2.0, EPS);
-    assert_float_equal(sc_cost_phase2(&c, 5, 0, 4.0), 0, EPS);
+    /* two late workers that missed everything: 2.004 vs 0.008 + 1.6 */
+    assert_float_equal(sc_cost_phase2(&c, 5, 2.0, 1.0, 4.0), 0.008 + 1.6, EPS);
+    /* one that missed half: 0.004 + 0.5 vs 0.008 + 0.8 */
+    assert_float_equal(sc_cost_phase2(&c, 5, 0.5, 0.5, 4.0), 0.004 + 0.5, EPS);
+    assert_float_equal(sc_cost_phase2(&c, 5, 0, 0, 4.0), 0, EPS);
+    assert_float_equal(sc_cost_phase2(&c, 1, 1, 1, 4.0), 0, EPS);
 }
 
 static void test_cdf(void **state)
@@ -701,6 +706,43 @@ static void test_selective_overdue_and_lost(void **state)
     sc_sched_destroy(s);
 }
 
+static void test_selective_starvation_guard(void **state)
+{
+    (void)state;
+    /* w2 (1 Gbps) is BAG's leftover below p next to two 10 Gbps workers. The
+     * paper's algorithm leaves it there as long as that holds; with starve-s
+     * it joins the group once it has waited longer than starve-s. */
+    for (int guard = 0; guard < 2; guard++) {
+        sc_params_t p;
+        sc_params_default(&p);
+        p.p = 2;
+        p.starve_s = guard ? 10 : 0;
+        sc_sched_t *s = mk(&p, 5);
+        never_soon(s);
+        double bw[] = {10, 10, 1, 10, 10};
+        set_bw(s, bw, 5);
+        for (int i = 0; i < 3; i++) ready(s, i, 1);
+        sc_tick_t tk = tick(s, 1);
+        int fast[] = {0, 1}, all3[] = {0, 1, 2};
+        assert_members(nth(&tk, SC_DEC_LAUNCH, 0), fast, 2);
+        assert_int_equal(nth(&tk, SC_DEC_WAIT, 0)->why, SC_WHY_BPAWR_SMALL);
+        assert_int_equal(sc_sched_on_group_done(s, nth(&tk, SC_DEC_LAUNCH, 0)->group_id, 2, 1), 0);
+        ready(s, 0, 20);
+        ready(s, 1, 20);
+        tk = tick(s, 20);
+        if (guard) {
+            const sc_decision_t *d = nth(&tk, SC_DEC_LAUNCH, 0);
+            assert_members(d, all3, 3);
+            assert_int_equal(d->why, SC_WHY_STARVE);
+            assert_true(d->ex.t_x > d->ex.threshold); /* BPAWR would have waited */
+        } else {
+            assert_members(nth(&tk, SC_DEC_LAUNCH, 0), fast, 2);
+            assert_int_equal(nth(&tk, SC_DEC_WAIT, 0)->why, SC_WHY_BPAWR_SMALL);
+        }
+        sc_sched_destroy(s);
+    }
+}
+
 static void test_cold_start_cdf(void **state)
 {
     (void)state;
@@ -755,15 +797,18 @@ static void test_relay_decision(void **state)
     double bw[] = {5, 5, 5};
     set_bw(s, bw, 3);
     ready(s, 0, 1);
-    /* Proceeding now: phase 1 among {w0} costs 0, phase 2 broadcasts two late
-     * tensors: 2 * 5/5 = 2 s. Waited 0 < 2: wait. */
+    /* Proceeding now: phase 1 among {w0} costs 0; phase 2 moves two late
+     * tensors: broadcasts 2 * 5/5 = 2 s or an allreduce of all three
+     * 2 * 2/3 * 5/5 = 4/3 s. Waited 0 < 4/3: wait. */
     sc_tick_t tk = tick(s, 1);
     const sc_decision_t *w = nth(&tk, SC_DEC_WAIT, 0);
     assert_int_equal(w->why, SC_WHY_RELAY_WAIT);
-    assert_float_equal(w->ex.buy_s, 2.0, EPS);
+    assert_float_equal(w->ex.buy_s, 4.0 / 3, EPS);
+    assert_float_equal(w->ex.phase2_s, 4.0 / 3, EPS);
     assert_float_equal(tk.next_tick, 1.005, EPS);
     ready(s, 1, 2.6);
-    /* {w0, w1}: phase 1 = 2(1)/2 * 5/5 = 1, phase 2 = 1 late: 1; buy 2, waited 1.6 */
+    /* {w0, w1}: phase 1 = 2(1)/2 * 5/5 = 1, phase 2 = one broadcast 5/5 = 1;
+     * buy 2, waited 1.6 */
     tk = tick(s, 2.6);
     assert_int_equal(tk.nlaunch, 0);
     w = nth(&tk, SC_DEC_WAIT, 0);
@@ -786,7 +831,8 @@ static void test_relay_decision(void **state)
     assert_float_equal(d->weights[0] + d->weights[1] + d->relay_weights[0], 1.0, EPS);
     assert_int_equal(sc_sched_worker_state(s, 2), SC_W_RELAY);
     uint64_t gid = d->group_id; /* decisions live until the next call */
-    /* T_fault = 5 * (phase-1 end 4 - first ready 1) = 15 after 4: 19. */
+    /* T_fault = 5 * (phase-1 end 4 - first ready 1) = 15 after 4: 19 (w2 is
+     * overdue by the CDF, {1, 2.6} learned from w0 and w1, from 5.2). */
     tk = tick(s, 18.9);
     assert_null(nth(&tk, SC_DEC_SUSPECT, 0));
     assert_float_equal(tk.next_tick, 19.0, EPS);
@@ -804,6 +850,28 @@ static void test_relay_decision(void **state)
     ready(s, 1, 21);
     tk = tick(s, 21);
     assert_true(nth(&tk, SC_DEC_LAUNCH, 0)->full); /* the 2 live workers */
+    sc_sched_destroy(s);
+}
+
+static void test_relay_fault_needs_overdue(void **state)
+{
+    (void)state;
+    /* T_fault alone would suspect w1 at 1.5 + 5 * 0.5 = 4 s; its iterations
+     * take up to 10 s (CDF), so it is suspected only once overdue: 2 * 10. */
+    sc_params_t p;
+    relay_params(&p, 2);
+    sc_sched_t *s = mk(&p, 2);
+    double ten = 10;
+    assert_int_equal(sc_sched_load_cdf(s, -1, &ten, 1), 0);
+    ready(s, 0, 1);
+    assert_int_equal(tick(s, 1).nlaunch, 0);
+    sc_tick_t tk = tick(s, 1.5); /* waited 0.5 = buy (5/10 Gbps) */
+    assert_int_equal(tk.nlaunch, 1);
+    tk = tick(s, 4.0);
+    assert_null(nth(&tk, SC_DEC_SUSPECT, 0));
+    assert_float_equal(tk.next_tick, 20.0, EPS);
+    tk = tick(s, 20.0);
+    assert_non_null(nth(&tk, SC_DEC_SUSPECT, 0));
     sc_sched_destroy(s);
 }
 
@@ -1008,8 +1076,10 @@ int main(void)
         cmocka_unit_test(test_selective_full_counts_literal),
         cmocka_unit_test(test_selective_flag_literal_stalls),
         cmocka_unit_test(test_selective_overdue_and_lost),
+        cmocka_unit_test(test_selective_starvation_guard),
         cmocka_unit_test(test_cold_start_cdf),
         cmocka_unit_test(test_relay_decision),
+        cmocka_unit_test(test_relay_fault_needs_overdue),
         cmocka_unit_test(test_relay_late_contributor),
         cmocka_unit_test(test_ski_rental_ratio),
         cmocka_unit_test(test_params),
