@@ -35,6 +35,13 @@ static void rail_on_stop(rx_reactor_t *rx)
     rail->ops->tr_shutdown(rail);
 }
 
+/* Threading: loop thread. Ops in flight: frames will come soon. */
+static bool rail_busy(rx_reactor_t *rx)
+{
+    en_rail_t *rail = rx->owner;
+    return rail->ops_head != NULL;
+}
+
 static int listen_fn(rx_reactor_t *rx, void *arg)
 {
     (void)arg;
@@ -47,7 +54,7 @@ static int listen_fn(rx_reactor_t *rx, void *arg)
 
 int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int world, int nrails,
                   const struct sockaddr *local, const char *token, int timeout_ms,
-                  size_t sockbuf_bytes)
+                  size_t sockbuf_bytes, int poll_us)
 {
     memset(rail, 0, sizeof(*rail));
     rail->ctx = ctx;
@@ -72,7 +79,8 @@ int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int
     uv_cond_init(&rail->cv);
     char name[32];
     snprintf(name, sizeof(name), "cohort-rail%d", index);
-    int st = rx_reactor_start(&rail->rx, name, rail_on_stop, rail);
+    int st = rx_reactor_start_polling(&rail->rx, name, rail_on_stop, rail, rail_busy,
+                                      (uint64_t)poll_us * 1000ull);
     if (st < 0) goto fail;
     st = rx_reactor_call(&rail->rx, listen_fn, NULL);
     if (st < 0) {

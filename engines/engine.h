@@ -218,7 +218,7 @@ struct en_rail {
 /* Any thread. Start the rail's reactor, listen on local. */
 int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int world, int nrails,
                   const struct sockaddr *local, const char *token, int timeout_ms,
-                  size_t sockbuf_bytes);
+                  size_t sockbuf_bytes, int poll_us);
 /* Any thread. Connect to peer at addr (only to peers of lower rank: the
  * higher rank dials). */
 int en_rail_connect(en_rail_t *rail, int peer, const struct sockaddr *addr);

@@ -127,6 +127,8 @@ typedef struct coh_config {
                                for rank 0's store (-1 = bind it) */
     size_t sockbuf_bytes;   /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
                                (0 = kernel autotuning, the default) */
+    int poll_us;            /* COHORT_POLL_US: a rail with ops in flight polls its sockets this
+                               long before sleeping (50; 0 = always sleep in epoll) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 

@@ -85,6 +85,10 @@ typedef struct rx_reactor {
     /* Called on the loop thread when the reactor is asked to stop: close
      * every handle the owner registered. The loop ends when they are closed. */
     void (*on_stop)(struct rx_reactor *rx);
+    /* Optional: true while the owner has work in flight; the loop then
+     * polls for poll_ns before it sleeps (see rx_reactor_start_polling). */
+    bool (*busy)(struct rx_reactor *rx);
+    uint64_t poll_ns;
     void *owner;
     uv_sem_t started;
     int start_status;
@@ -93,6 +97,10 @@ typedef struct rx_reactor {
 /* Start the loop thread. on_stop may be NULL. */
 int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
                      void *owner);
+/* The same, with busy polling: after any activity, while busy(rx) is true,
+ * the loop keeps polling for poll_ns before it blocks in epoll again. */
+int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
+                             void *owner, bool (*busy)(rx_reactor_t *), uint64_t poll_ns);
 /* Any thread: queue a task for the loop thread. Never blocks. */
 void rx_reactor_post(rx_reactor_t *rx, rx_task_t *task);
 /* Any thread but the loop's: run fn(arg) on the loop thread and wait for it.

@@ -15,27 +15,63 @@
 #include <string.h>
 
 #if defined(COHORT_SANITIZE)
-static inline void *coh_malloc(size_t n) { return malloc(n ? n : 1); }
-static inline void *coh_calloc(size_t n, size_t size) { return calloc(n ? n : 1, size ? size : 1); }
-static inline void *coh_realloc(void *p, size_t n) { return realloc(p, n ? n : 1); }
+static inline void *coh_malloc(size_t n)
+{
+    return malloc(n ? n : 1);
+}
+static inline void *coh_calloc(size_t n, size_t size)
+{
+    return calloc(n ? n : 1, size ? size : 1);
+}
+static inline void *coh_realloc(void *p, size_t n)
+{
+    return realloc(p, n ? n : 1);
+}
 static inline void *coh_aligned(size_t n, size_t align)
 {
     void *p = NULL;
     return posix_memalign(&p, align, n ? n : 1) == 0 ? p : NULL;
 }
-static inline char *coh_strdup(const char *s) { return strdup(s); }
-static inline void coh_free(void *p) { free(p); }
+static inline char *coh_strdup(const char *s)
+{
+    return strdup(s);
+}
+static inline void coh_free(void *p)
+{
+    free(p);
+}
 #else
 #include <mimalloc.h>
-static inline void *coh_malloc(size_t n) { return mi_malloc(n); }
-static inline void *coh_calloc(size_t n, size_t size) { return mi_calloc(n, size); }
-static inline void *coh_realloc(void *p, size_t n) { return mi_realloc(p, n); }
-static inline void *coh_aligned(size_t n, size_t align) { return mi_malloc_aligned(n, align); }
-static inline char *coh_strdup(const char *s) { return mi_strdup(s); }
-static inline void coh_free(void *p) { mi_free(p); }
+static inline void *coh_malloc(size_t n)
+{
+    return mi_malloc(n);
+}
+static inline void *coh_calloc(size_t n, size_t size)
+{
+    return mi_calloc(n, size);
+}
+static inline void *coh_realloc(void *p, size_t n)
+{
+    return mi_realloc(p, n);
+}
+static inline void *coh_aligned(size_t n, size_t align)
+{
+    return mi_malloc_aligned(n, align);
+}
+static inline char *coh_strdup(const char *s)
+{
+    return mi_strdup(s);
+}
+static inline void coh_free(void *p)
+{
+    mi_free(p);
+}
 #endif
 
-static inline void *coh_zalloc(size_t n) { return coh_calloc(1, n); }
+static inline void *coh_zalloc(size_t n)
+{
+    return coh_calloc(1, n);
+}
 /* realloc of n elements of size bytes, NULL on overflow. */
 static inline void *coh_reallocn(void *p, size_t n, size_t size)
 {

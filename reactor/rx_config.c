@@ -91,6 +91,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     cfg->small_bytes = 64 << 10;
     cfg->rail_min_bytes = 1 << 20;
     cfg->spin_us = 0;
+    cfg->poll_us = 50;
     cfg->store_fd = -1;
     cfg->sockbuf_bytes = 0;
 
@@ -136,6 +137,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     if (env_size("COHORT_RAIL_MIN_BYTES", &cfg->rail_min_bytes, 0) < 0) return COH_EINVAL;
     if (env_int("COHORT_SPIN_US", &cfg->spin_us, 0, 1000000) < 0) return COH_EINVAL;
     if (env_int("COHORT_STORE_FD", &cfg->store_fd, -1, INT_MAX) < 0) return COH_EINVAL;
+    if (env_int("COHORT_POLL_US", &cfg->poll_us, 0, 1000000) < 0) return COH_EINVAL;
     if (env_size("COHORT_SOCKBUF_BYTES", &cfg->sockbuf_bytes, 0) < 0) return COH_EINVAL;
     return 0;
 }
@@ -155,6 +157,7 @@ int rx_config_validate(const coh_config_t *cfg)
     if (cfg->connect_timeout_ms < 1) return rx_fail(COH_EINVAL, "connect_timeout_ms must be >= 1");
     if (cfg->chunk_bytes < 1) return rx_fail(COH_EINVAL, "chunk_bytes must be >= 1");
     if (cfg->spin_us < 0) return rx_fail(COH_EINVAL, "spin_us must be >= 0");
+    if (cfg->poll_us < 0) return rx_fail(COH_EINVAL, "poll_us must be >= 0");
     if (cfg->token && strlen(cfg->token) > 64)
         return rx_fail(COH_EINVAL, "the job token is longer than 64 bytes");
     return 0;

@@ -7,6 +7,7 @@
 
 #include <mimalloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 
@@ -69,13 +70,38 @@ static void thread_main(void *arg)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     uv_sem_post(&rx->started);
-    uv_run(&rx->loop, UV_RUN_DEFAULT);
+    if (!rx->busy) {
+        uv_run(&rx->loop, UV_RUN_DEFAULT);
+        return;
+    }
+    /* Busy polling: while the owner has work in flight, look at the sockets
+     * again right away instead of sleeping in epoll, for up to poll_ns after
+     * the last sign of life. A frame or a submission that lands inside the
+     * window is seen without a wake-up (a context switch and, in a VM, an
+     * inter-processor interrupt). sched_yield() keeps the poller from taking
+     * a core that another thread could use. */
+    for (;;) {
+        if (uv_run(&rx->loop, UV_RUN_ONCE) == 0) return;
+        uint64_t until = rx_now_ns() + rx->poll_ns;
+        while (rx->busy(rx) && rx_now_ns() < until) {
+            sched_yield();
+            if (uv_run(&rx->loop, UV_RUN_NOWAIT) == 0) return;
+        }
+    }
 }
 
 int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
                      void *owner)
 {
+    return rx_reactor_start_polling(rx, name, on_stop, owner, NULL, 0);
+}
+
+int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
+                             void *owner, bool (*busy)(rx_reactor_t *), uint64_t poll_ns)
+{
     memset(rx, 0, sizeof(*rx));
+    rx->busy = poll_ns ? busy : NULL;
+    rx->poll_ns = poll_ns;
     snprintf(rx->name, sizeof(rx->name), "%s", name);
     rx->on_stop = on_stop;
     rx->owner = owner;

@@ -38,7 +38,7 @@ static int setup(void **state)
     struct sockaddr_in a;
     uv_ip4_addr("127.0.0.1", 0, &a);
     assert_int_equal(
-        en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000, 0), 0);
+        en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000, 0, 0), 0);
     *state = f;
     return 0;
 }
