@@ -59,6 +59,8 @@ struct sc_sched {
     sc_cand_t *qc, *sc, *tmp, *bscratch;
     int *bounds;
     int *ibuf, *ibuf2; /* n ids each */
+    uint64_t *rkey;    /* 2n radix-sort keys */
+    int *rid;          /* n ids, radix-sort scratch */
     uint64_t *it_tmp;
     double now; /* time of the evaluation in progress */
 
@@ -370,6 +372,8 @@ void sc_sched_destroy(sc_sched_t *s)
     mi_free(s->bounds);
     mi_free(s->ibuf);
     mi_free(s->ibuf2);
+    mi_free(s->rkey);
+    mi_free(s->rid);
     mi_free(s->it_tmp);
     mi_free(s->dec);
     mi_free(s->mem);
@@ -405,6 +409,8 @@ int sc_sched_create(const sc_params_t *params, int n, sc_sched_t **out)
     s->bounds = mi_mallocn(un + 2, sizeof(int));
     s->ibuf = mi_mallocn(un, sizeof(int));
     s->ibuf2 = mi_mallocn(un, sizeof(int));
+    s->rkey = mi_mallocn(2 * un, sizeof(uint64_t));
+    s->rid = mi_mallocn(un, sizeof(int));
     s->it_tmp = mi_mallocn(un, sizeof(uint64_t));
     /* Per tick: every worker is in at most one launch or wait record, plus
      * relays and suspects; a few records carry no members. */
@@ -415,8 +421,8 @@ int sc_sched_create(const sc_params_t *params, int n, sc_sched_t **out)
     s->mem = mi_mallocn((size_t)s->mem_cap, sizeof(int));
     s->wts = mi_mallocn((size_t)s->wts_cap, sizeof(double));
     if (!s->w || !s->q || !s->order || !s->g || !s->free_slots || !s->qc || !s->sc || !s->tmp ||
-        !s->bscratch || !s->bounds || !s->ibuf || !s->ibuf2 || !s->it_tmp || !s->dec || !s->mem ||
-        !s->wts) {
+        !s->bscratch || !s->bounds || !s->ibuf || !s->ibuf2 || !s->rkey || !s->rid || !s->it_tmp ||
+        !s->dec || !s->mem || !s->wts) {
         sc_sched_destroy(s);
         return COH_ENOMEM;
     }
@@ -430,6 +436,22 @@ int sc_sched_create(const sc_params_t *params, int n, sc_sched_t **out)
         s->order[i] = i;
         s->free_slots[i] = n - 1 - i;
     }
+    /* Touch every scratch page now: the first decisions of a long-lived
+     * scheduler should not pay the page faults (a 2048-worker scheduler has
+     * ~1.5 MB of scratch). */
+    memset(s->qc, 0, un * sizeof(sc_cand_t));
+    memset(s->sc, 0, un * sizeof(sc_cand_t));
+    memset(s->tmp, 0, un * sizeof(sc_cand_t));
+    memset(s->bscratch, 0, 2 * un * sizeof(sc_cand_t));
+    memset(s->bounds, 0, (un + 2) * sizeof(int));
+    memset(s->ibuf, 0, un * sizeof(int));
+    memset(s->ibuf2, 0, un * sizeof(int));
+    memset(s->it_tmp, 0, un * sizeof(uint64_t));
+    memset(s->rkey, 0, 2 * un * sizeof(uint64_t));
+    memset(s->rid, 0, un * sizeof(int));
+    memset(s->dec, 0, (size_t)s->dec_cap * sizeof(sc_decision_t));
+    memset(s->mem, 0, (size_t)s->mem_cap * sizeof(int));
+    memset(s->wts, 0, (size_t)s->wts_cap * sizeof(double));
     sc_cdf_init(&s->pool, params->cdf_pool_window);
     s->nfree = n;
     s->seq = 1;
@@ -765,14 +787,49 @@ static void compact_queue(sc_sched_t *s)
     s->nq = j;
 }
 
+/*
+ * The bandwidth order of all workers (sc_cand_before: higher first, then by
+ * id), rebuilt after bandwidth updates. A stable LSD radix sort on the IEEE
+ * bits of the estimate (positive doubles order like their bits; inverted for
+ * "higher first"), started from id order so that ties stay by id: 2048
+ * workers in ~20 us where a comparison sort over the worker records took
+ * 135 us and blew the decision budget. Bytes every key shares are skipped.
+ */
 static void sort_order(sc_sched_t *s)
 {
     if (!s->order_dirty) return;
-    sc_cand_t *c = s->qc;
-    for (int i = 0; i < s->n; i++)
-        c[i] = (sc_cand_t){.bw = s->w[s->order[i]].bw, .id = s->order[i]};
-    sc_cand_sort(c, s->n, s->tmp);
-    for (int i = 0; i < s->n; i++) s->order[i] = c[i].id;
+    int n = s->n;
+    uint64_t *k = s->rkey, *k2 = s->rkey + n;
+    int *id = s->order, *id2 = s->rid;
+    for (int i = 0; i < n; i++) {
+        uint64_t u;
+        memcpy(&u, &s->w[i].bw, sizeof(u));
+        k[i] = ~u;
+        id[i] = i;
+    }
+    for (int shift = 0; shift < 64; shift += 8) {
+        int cnt[256] = {0};
+        for (int i = 0; i < n; i++) cnt[(k[i] >> shift) & 255]++;
+        if (cnt[(k[0] >> shift) & 255] == n) continue;
+        int at = 0;
+        for (int b = 0; b < 256; b++) {
+            int c = cnt[b];
+            cnt[b] = at;
+            at += c;
+        }
+        for (int i = 0; i < n; i++) {
+            int to = cnt[(k[i] >> shift) & 255]++;
+            k2[to] = k[i];
+            id2[to] = id[i];
+        }
+        uint64_t *tk = k;
+        k = k2;
+        k2 = tk;
+        int *ti = id;
+        id = id2;
+        id2 = ti;
+    }
+    if (id != s->order) memcpy(s->order, id, (size_t)n * sizeof(int));
     s->order_dirty = false;
 }
 

@@ -85,6 +85,8 @@ void sc_sim_cfg_default(sc_sim_cfg_t *cfg)
     cfg->warm_samples = 10000;
     cfg->dist.kind = SC_DIST_TRANSFORMER;
     cfg->compute_scale = 1.0;
+    cfg->slow_frac = 0;
+    cfg->slow_factor = 1.0;
     cfg->detect_s = 1.0;
     cfg->max_idle_ticks = 100000;
 }
@@ -122,6 +124,7 @@ enum {
 
 typedef struct simw {
     int state;
+    double slow;   /* compute-time multiplier of this worker */
     bool dead;     /* failed: never ready again */
     bool excluded; /* reported lost to the scheduler */
     double fail_t;
@@ -260,7 +263,7 @@ static int start_iteration(sim_t *m, int w)
             if (rc) return rc;
         }
     } else {
-        x->compute = m->cfg->compute_scale * sc_dist_draw(&m->cfg->dist, &x->rng);
+        x->compute = m->cfg->compute_scale * x->slow * sc_dist_draw(&m->cfg->dist, &x->rng);
         if (m->cfg->bw_error > 0 || m->now == 0) {
             int rc = sc_sched_on_bandwidth(m->s, w, estimate(m, x->bw));
             if (rc) return rc;
@@ -563,6 +566,24 @@ static int setup(sim_t *m)
         x->fail_t = INFINITY;
         sc_rng_seed(&x->rng, cfg->seed, 1000 + (uint64_t)i);
         if (!cfg->replay) x->bw = sc_sim_draw_bandwidth(&rbw, cfg->lambda);
+        x->slow = 1.0;
+    }
+    if (!cfg->replay && cfg->slow_frac > 0) {
+        /* A partial Fisher-Yates shuffle picks the slow ones. */
+        int k = (int)lround(cfg->slow_frac * m->n);
+        int *ids = mi_mallocn((size_t)m->n, sizeof(int));
+        if (!ids) return COH_ENOMEM;
+        for (int i = 0; i < m->n; i++) ids[i] = i;
+        sc_rng_t rs;
+        sc_rng_seed(&rs, cfg->seed, 4);
+        for (int i = 0; i < k && i < m->n; i++) {
+            int j = i + (int)(sc_rng_next(&rs) % (uint64_t)(m->n - i));
+            int t = ids[i];
+            ids[i] = ids[j];
+            ids[j] = t;
+            m->w[ids[i]].slow = cfg->slow_factor;
+        }
+        mi_free(ids);
     }
     if (cfg->warm && cfg->replay) {
         /* Warm start of a scenario: each worker's CDF is its own rows, the
@@ -616,7 +637,9 @@ int sc_sim_run(const sc_sim_cfg_t *cfg_in, sc_sim_result_t *res)
             return COH_EINVAL;
     }
     if (!(cfg.duration_s > 0) || !(cfg.bw_error >= 0) || !(cfg.detect_s >= 0) ||
-        !(cfg.compute_scale > 0) || !isfinite(cfg.compute_scale))
+        !(cfg.compute_scale > 0) || !isfinite(cfg.compute_scale) ||
+        !(cfg.slow_frac >= 0 && cfg.slow_frac <= 1) || !(cfg.slow_factor > 0) ||
+        !isfinite(cfg.slow_factor))
         return COH_EINVAL;
     if (cfg.warm && !cfg.replay) cfg.sched.cdf_per_worker = false;
     if (cfg.max_idle_ticks <= 0) cfg.max_idle_ticks = 100000;

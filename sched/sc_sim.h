@@ -60,13 +60,16 @@ typedef struct sc_sim_cfg {
     sc_params_t sched; /* policy and its parameters */
     int n;             /* workers (replay: taken from the scenario) */
     uint64_t seed;
-    double duration_s;         /* simulated training time, 100 (INFINITY: until nothing moves) */
-    double lambda;             /* bandwidth round(20u, 3) Gbps, u ~ U[lambda, 1]; 0.05 */
-    double bw_error;           /* estimate b(1 + e x), x ~ U[-1, 1], redrawn per sync; 0 */
-    bool warm;                 /* warm start: the CDF is known in advance (true) */
-    int warm_samples;          /* samples of the known distribution loaded, 10000 */
-    sc_dist_t dist;            /* compute times */
-    double compute_scale;      /* every compute time is multiplied by this, 1 */
+    double duration_s;    /* simulated training time, 100 (INFINITY: until nothing moves) */
+    double lambda;        /* bandwidth round(20u, 3) Gbps, u ~ U[lambda, 1]; 0.05 */
+    double bw_error;      /* estimate b(1 + e x), x ~ U[-1, 1], redrawn per sync; 0 */
+    bool warm;            /* warm start: the CDF is known in advance (true) */
+    int warm_samples;     /* samples of the known distribution loaded, 10000 */
+    sc_dist_t dist;       /* compute times */
+    double compute_scale; /* every compute time is multiplied by this, 1 */
+    /* Persistent stragglers (AdapCC's mixed GPU generations): a random
+     * round(slow_frac * n) workers compute slow_factor times slower. 0, 1. */
+    double slow_frac, slow_factor;
     const sc_replay_t *replay; /* exact scenario instead of random draws */
     const sc_sim_fail_t *fails;
     int nfails;

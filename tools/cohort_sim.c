@@ -97,6 +97,8 @@ static void usage(FILE *f)
            "  --dist D            cnn, transformer (default) or a CSV file of compute times\n"
            "                      (one per line, or a column named compute_s)\n"
            "  --compute-scale X   multiply every compute time by X (1)\n"
+           "  --slow-frac F       a random fraction F of the workers computes\n"
+           "  --slow-factor S     S times slower: persistent stragglers (0, 1)\n"
            "  --lambda L          bandwidth round(20u,3) Gbps, u ~ U[L,1] (0.05)\n"
            "  --bw-error E        estimates b(1+E x), x ~ U[-1,1] (0)\n"
            "  --start warm|cold   CDF known in advance, or learned (warm)\n"
@@ -239,6 +241,10 @@ static void parse_args(opts_t *o, int argc, char **argv, int first, const char *
             o->cfg.lambda = parse_num(a, v);
         } else if (!strcmp(name, "compute-scale")) {
             o->cfg.compute_scale = parse_num(a, v);
+        } else if (!strcmp(name, "slow-frac")) {
+            o->cfg.slow_frac = parse_num(a, v);
+        } else if (!strcmp(name, "slow-factor")) {
+            o->cfg.slow_factor = parse_num(a, v);
         } else if (!strcmp(name, "bw-error")) {
             o->cfg.bw_error = parse_num(a, v);
         } else if (!strcmp(name, "detect-s")) {
@@ -747,20 +753,34 @@ static void build_sweeps(const opts_t *o, sweep_list_t *l)
                 r->cfg.compute_scale = cs[i];
             }
     }
-    /* AdapCC's relay policy against allreduce (not in seeds/001). */
-    if (wants(o->what, "relay"))
-        for (int i = 0; i < 5; i++)
+    /* AdapCC's relay policy against allreduce (not in seeds/001), where it
+     * applies: one persistent straggler (1 of 40 workers computes x times
+     * slower), a 25 MB model. */
+    if (wants(o->what, "relay")) {
+        static const double sf[] = {1, 2, 4, 8};
+        for (int i = 0; i < 4; i++)
             for (int s = 0; s < 2; s++) {
-                sweep_run_t *r = add_run(l, "relay", "", ns[i], &base,
+                sweep_run_t *r = add_run(l, "relay", "", sf[i], &base,
                                          s ? SC_POLICY_RELAY : SC_POLICY_ALLREDUCE);
-                r->cfg.n = (int)ns[i];
+                r->cfg.n = 40;
+                r->cfg.sched.model_mb = 25;
+                r->cfg.slow_frac = 1.0 / 40;
+                r->cfg.slow_factor = sf[i];
             }
+    }
 }
 
 static void progress(int done, int total, double t0)
 {
+    /* Redraw when the bar moves or a second passed: a log file (not a tty)
+     * gets a few dozen updates, not one per run. */
+    static int last_fill = -1;
+    static double last_t;
     int width = 40, fill = total ? done * width / total : width;
     double el = now_s() - t0;
+    if (fill == last_fill && el - last_t < 1.0 && done != total) return;
+    last_fill = fill;
+    last_t = el;
     double eta = done ? el / done * (total - done) : 0;
     fprintf(stderr, "\r[");
     for (int i = 0; i < width; i++) fputc(i < fill ? '#' : '.', stderr);
