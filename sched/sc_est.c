@@ -4,8 +4,9 @@
  */
 #include "sched/sc_est.h"
 
+#include "reactor/rx_alloc.h"
+
 #include <math.h>
-#include <mimalloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,8 +39,8 @@ void sc_cdf_init(sc_cdf_t *c, int window)
 
 void sc_cdf_free(sc_cdf_t *c)
 {
-    mi_free(c->sorted);
-    mi_free(c->ring);
+    coh_free(c->sorted);
+    coh_free(c->ring);
     int w = c->window;
     sc_cdf_init(c, w);
 }
@@ -78,8 +79,8 @@ int sc_cdf_add(sc_cdf_t *c, double x)
     if (!isfinite(x) || x < 0) return COH_EINVAL;
     if (c->frozen) return 0;
     if (!c->sorted) {
-        c->sorted = mi_mallocn(c->window, sizeof(double));
-        c->ring = mi_mallocn(c->window, sizeof(double));
+        c->sorted = coh_reallocn(NULL, c->window, sizeof(double));
+        c->ring = coh_reallocn(NULL, c->window, sizeof(double));
         if (!c->sorted || !c->ring) {
             sc_cdf_free(c);
             return COH_ENOMEM;
@@ -114,13 +115,13 @@ int sc_cdf_load(sc_cdf_t *c, const double *x, int n)
         if (!isfinite(x[i]) || x[i] < 0) return COH_EINVAL;
     double *s = NULL;
     if (n > 0) {
-        s = mi_mallocn((size_t)n, sizeof(double));
+        s = coh_reallocn(NULL, (size_t)n, sizeof(double));
         if (!s) return COH_ENOMEM;
         memcpy(s, x, (size_t)n * sizeof(double));
         qsort(s, (size_t)n, sizeof(double), cmp_double);
     }
-    mi_free(c->sorted);
-    mi_free(c->ring);
+    coh_free(c->sorted);
+    coh_free(c->ring);
     c->sorted = s;
     c->ring = NULL;
     c->count = n;

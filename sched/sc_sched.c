@@ -5,8 +5,9 @@
  */
 #include "sched/sched.h"
 
+#include "reactor/rx_alloc.h"
+
 #include <math.h>
-#include <mimalloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -360,25 +361,25 @@ void sc_sched_destroy(sc_sched_t *s)
     if (s->w)
         for (int i = 0; i < s->n; i++) sc_cdf_free(&s->w[i].cdf);
     sc_cdf_free(&s->pool);
-    mi_free(s->w);
-    mi_free(s->q);
-    mi_free(s->order);
-    mi_free(s->g);
-    mi_free(s->free_slots);
-    mi_free(s->qc);
-    mi_free(s->sc);
-    mi_free(s->tmp);
-    mi_free(s->bscratch);
-    mi_free(s->bounds);
-    mi_free(s->ibuf);
-    mi_free(s->ibuf2);
-    mi_free(s->rkey);
-    mi_free(s->rid);
-    mi_free(s->it_tmp);
-    mi_free(s->dec);
-    mi_free(s->mem);
-    mi_free(s->wts);
-    mi_free(s);
+    coh_free(s->w);
+    coh_free(s->q);
+    coh_free(s->order);
+    coh_free(s->g);
+    coh_free(s->free_slots);
+    coh_free(s->qc);
+    coh_free(s->sc);
+    coh_free(s->tmp);
+    coh_free(s->bscratch);
+    coh_free(s->bounds);
+    coh_free(s->ibuf);
+    coh_free(s->ibuf2);
+    coh_free(s->rkey);
+    coh_free(s->rid);
+    coh_free(s->it_tmp);
+    coh_free(s->dec);
+    coh_free(s->mem);
+    coh_free(s->wts);
+    coh_free(s);
 }
 
 int sc_sched_create(const sc_params_t *params, int n, sc_sched_t **out)
@@ -387,7 +388,7 @@ int sc_sched_create(const sc_params_t *params, int n, sc_sched_t **out)
     *out = NULL;
     int rc = sc_params_validate(params, n);
     if (rc) return rc;
-    sc_sched_t *s = mi_zalloc(sizeof(*s));
+    sc_sched_t *s = coh_zalloc(sizeof(*s));
     if (!s) return COH_ENOMEM;
     s->prm = *params;
     s->n = n;
@@ -397,29 +398,29 @@ int sc_sched_create(const sc_params_t *params, int n, sc_sched_t **out)
                           .model_gbit = params->model_mb * 8.0 / 1000.0,
                           .form = params->cost_form};
     size_t un = (size_t)n;
-    s->w = mi_calloc(un, sizeof(*s->w));
-    s->q = mi_mallocn(un, sizeof(int));
-    s->order = mi_mallocn(un, sizeof(int));
-    s->g = mi_calloc(un, sizeof(*s->g));
-    s->free_slots = mi_mallocn(un, sizeof(int));
-    s->qc = mi_mallocn(un, sizeof(sc_cand_t));
-    s->sc = mi_mallocn(un, sizeof(sc_cand_t));
-    s->tmp = mi_mallocn(un, sizeof(sc_cand_t));
-    s->bscratch = mi_mallocn(2 * un, sizeof(sc_cand_t));
-    s->bounds = mi_mallocn(un + 2, sizeof(int));
-    s->ibuf = mi_mallocn(un, sizeof(int));
-    s->ibuf2 = mi_mallocn(un, sizeof(int));
-    s->rkey = mi_mallocn(2 * un, sizeof(uint64_t));
-    s->rid = mi_mallocn(un, sizeof(int));
-    s->it_tmp = mi_mallocn(un, sizeof(uint64_t));
+    s->w = coh_calloc(un, sizeof(*s->w));
+    s->q = coh_reallocn(NULL, un, sizeof(int));
+    s->order = coh_reallocn(NULL, un, sizeof(int));
+    s->g = coh_calloc(un, sizeof(*s->g));
+    s->free_slots = coh_reallocn(NULL, un, sizeof(int));
+    s->qc = coh_reallocn(NULL, un, sizeof(sc_cand_t));
+    s->sc = coh_reallocn(NULL, un, sizeof(sc_cand_t));
+    s->tmp = coh_reallocn(NULL, un, sizeof(sc_cand_t));
+    s->bscratch = coh_reallocn(NULL, 2 * un, sizeof(sc_cand_t));
+    s->bounds = coh_reallocn(NULL, un + 2, sizeof(int));
+    s->ibuf = coh_reallocn(NULL, un, sizeof(int));
+    s->ibuf2 = coh_reallocn(NULL, un, sizeof(int));
+    s->rkey = coh_reallocn(NULL, 2 * un, sizeof(uint64_t));
+    s->rid = coh_reallocn(NULL, un, sizeof(int));
+    s->it_tmp = coh_reallocn(NULL, un, sizeof(uint64_t));
     /* Per tick: every worker is in at most one launch or wait record, plus
      * relays and suspects; a few records carry no members. */
     s->dec_cap = 3 * n + 8;
     s->mem_cap = 3 * n + 8;
     s->wts_cap = n + 8;
-    s->dec = mi_mallocn((size_t)s->dec_cap, sizeof(sc_decision_t));
-    s->mem = mi_mallocn((size_t)s->mem_cap, sizeof(int));
-    s->wts = mi_mallocn((size_t)s->wts_cap, sizeof(double));
+    s->dec = coh_reallocn(NULL, (size_t)s->dec_cap, sizeof(sc_decision_t));
+    s->mem = coh_reallocn(NULL, (size_t)s->mem_cap, sizeof(int));
+    s->wts = coh_reallocn(NULL, (size_t)s->wts_cap, sizeof(double));
     if (!s->w || !s->q || !s->order || !s->g || !s->free_slots || !s->qc || !s->sc || !s->tmp ||
         !s->bscratch || !s->bounds || !s->ibuf || !s->ibuf2 || !s->rkey || !s->rid || !s->it_tmp ||
         !s->dec || !s->mem || !s->wts) {

@@ -6,8 +6,9 @@
  */
 #include "sched/sc_sim.h"
 
+#include "reactor/rx_alloc.h"
+
 #include <math.h>
-#include <mimalloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -94,8 +95,8 @@ void sc_sim_cfg_default(sc_sim_cfg_t *cfg)
 void sc_sim_result_free(sc_sim_result_t *res)
 {
     if (!res) return;
-    mi_free(res->syncs);
-    mi_free(res->members);
+    coh_free(res->syncs);
+    coh_free(res->members);
     res->syncs = NULL;
     res->members = NULL;
     res->nsyncs = 0;
@@ -188,7 +189,7 @@ static int push(sim_t *m, double t, int type, int a, uint64_t b)
 {
     if (m->nheap == m->capheap) {
         int cap = m->capheap ? 2 * m->capheap : 1024;
-        ev_t *h = mi_reallocn(m->heap, (size_t)cap, sizeof(ev_t));
+        ev_t *h = coh_reallocn(m->heap, (size_t)cap, sizeof(ev_t));
         if (!h) return COH_ENOMEM;
         m->heap = h;
         m->capheap = cap;
@@ -288,7 +289,7 @@ static int log_sync(sim_t *m, simg_t *g)
     if (!m->cfg->record) return 0;
     if (res->nsyncs == m->cap_syncs) {
         int cap = m->cap_syncs ? 2 * m->cap_syncs : 64;
-        sc_sim_sync_t *s = mi_reallocn(res->syncs, (size_t)cap, sizeof(*s));
+        sc_sim_sync_t *s = coh_reallocn(res->syncs, (size_t)cap, sizeof(*s));
         if (!s) return COH_ENOMEM;
         res->syncs = s;
         m->cap_syncs = cap;
@@ -297,7 +298,7 @@ static int log_sync(sim_t *m, simg_t *g)
     if (m->nmem + k > m->cap_mem) {
         int cap = m->cap_mem ? 2 * m->cap_mem : 256;
         while (cap < m->nmem + k) cap *= 2;
-        int *p = mi_reallocn(res->members, (size_t)cap, sizeof(int));
+        int *p = coh_reallocn(res->members, (size_t)cap, sizeof(int));
         if (!p) return COH_ENOMEM;
         res->members = p;
         m->cap_mem = cap;
@@ -407,7 +408,7 @@ static int on_launch(sim_t *m, const sc_decision_t *d)
     }
     simg_t *g = &m->g[slot];
     memset(g, 0, sizeof(*g));
-    g->ids = mi_mallocn((size_t)k, sizeof(int));
+    g->ids = coh_reallocn(NULL, (size_t)k, sizeof(int));
     if (!g->ids) return COH_ENOMEM;
     memcpy(g->ids, d->members, (size_t)d->nmembers * sizeof(int));
     if (d->nrelays) memcpy(g->ids + d->nmembers, d->relays, (size_t)d->nrelays * sizeof(int));
@@ -530,7 +531,7 @@ static int handle(sim_t *m, const ev_t *e)
             rc = start_iteration(m, w);
             if (rc) return rc;
         }
-        mi_free(g->ids);
+        coh_free(g->ids);
         memset(g, 0, sizeof(*g));
         return 0;
     }
@@ -571,7 +572,7 @@ static int setup(sim_t *m)
     if (!cfg->replay && cfg->slow_frac > 0) {
         /* A partial Fisher-Yates shuffle picks the slow ones. */
         int k = (int)lround(cfg->slow_frac * m->n);
-        int *ids = mi_mallocn((size_t)m->n, sizeof(int));
+        int *ids = coh_reallocn(NULL, (size_t)m->n, sizeof(int));
         if (!ids) return COH_ENOMEM;
         for (int i = 0; i < m->n; i++) ids[i] = i;
         sc_rng_t rs;
@@ -583,7 +584,7 @@ static int setup(sim_t *m)
             ids[j] = t;
             m->w[ids[i]].slow = cfg->slow_factor;
         }
-        mi_free(ids);
+        coh_free(ids);
     }
     if (cfg->warm && cfg->replay) {
         /* Warm start of a scenario: each worker's CDF is its own rows, the
@@ -597,13 +598,13 @@ static int setup(sim_t *m)
          * simulated worker draws from it, so it is loaded as the pooled CDF
          * (frozen); per-worker learning is not used. */
         int k = cfg->warm_samples > 0 ? cfg->warm_samples : 1;
-        double *xs = mi_mallocn((size_t)k, sizeof(double));
+        double *xs = coh_reallocn(NULL, (size_t)k, sizeof(double));
         if (!xs) return COH_ENOMEM;
         sc_rng_t rw;
         sc_rng_seed(&rw, cfg->seed, 3);
         for (int i = 0; i < k; i++) xs[i] = cfg->compute_scale * sc_dist_draw(&cfg->dist, &rw);
         rc = sc_sched_load_cdf(m->s, -1, xs, k);
-        mi_free(xs);
+        coh_free(xs);
     }
     if (rc) return rc;
     for (int i = 0; i < cfg->nfails; i++) {
@@ -645,8 +646,8 @@ int sc_sim_run(const sc_sim_cfg_t *cfg_in, sc_sim_result_t *res)
     if (cfg.max_idle_ticks <= 0) cfg.max_idle_ticks = 100000;
 
     sim_t m = {.cfg = &cfg, .res = res, .n = cfg.n};
-    m.w = mi_calloc((size_t)m.n, sizeof(simw_t));
-    m.g = mi_calloc((size_t)m.n, sizeof(simg_t));
+    m.w = coh_calloc((size_t)m.n, sizeof(simw_t));
+    m.g = coh_calloc((size_t)m.n, sizeof(simg_t));
     int rc = (!m.w || !m.g) ? COH_ENOMEM : setup(&m);
     int64_t idle = 0;
     while (!rc && m.nheap > 0) {
@@ -694,10 +695,10 @@ int sc_sim_run(const sc_sim_cfg_t *cfg_in, sc_sim_result_t *res)
         if (res->min_worker_syncs == INT64_MAX) res->min_worker_syncs = 0;
     }
     if (m.g)
-        for (int i = 0; i < m.n; i++) mi_free(m.g[i].ids);
-    mi_free(m.g);
-    mi_free(m.w);
-    mi_free(m.heap);
+        for (int i = 0; i < m.n; i++) coh_free(m.g[i].ids);
+    coh_free(m.g);
+    coh_free(m.w);
+    coh_free(m.heap);
     sc_sched_destroy(m.s);
     if (rc) sc_sim_result_free(res);
     return rc;

@@ -11,7 +11,6 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <mimalloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include <unistd.h>
 
 #include "cohort.h"
+#include "reactor/rx_alloc.h"
 #include "sched/sc_sim.h"
 #include "sched/sched.h"
 
@@ -165,15 +165,15 @@ static int read_samples(const char *path, double **out, int *n)
         double x = strtod(p, &end);
         if (end == p || !isfinite(x) || x < 0) {
             fclose(f);
-            free(xs);
+            coh_free(xs);
             return -2;
         }
         if (k == cap) {
             cap = cap ? 2 * cap : 1024;
-            double *t = realloc(xs, (size_t)cap * sizeof(double));
+            double *t = coh_realloc(xs, (size_t)cap * sizeof(double));
             if (!t) {
                 fclose(f);
-                free(xs);
+                coh_free(xs);
                 return -1;
             }
             xs = t;
@@ -350,8 +350,8 @@ static void trace_cb(void *ctx, const sc_decision_t *d)
 static int cmd_run(opts_t *o)
 {
     int K = o->seeds, S = o->nschemes;
-    double *vals = calloc((size_t)S * M_COUNT * K, sizeof(double));
-    double *walls = calloc((size_t)S, sizeof(double));
+    double *vals = coh_calloc((size_t)S * M_COUNT * K, sizeof(double));
+    double *walls = coh_calloc((size_t)S, sizeof(double));
     if (!vals || !walls) return 1;
     if (o->csv) printf("%s\n", csv_header);
     int bad = 0;
@@ -423,8 +423,8 @@ static int cmd_run(opts_t *o)
                    med[ip][M_TIME] / med[is][M_TIME], med[is][M_SCALE] / med[ip][M_SCALE],
                    med[is][M_ITER] / med[ip][M_ITER]);
     }
-    free(vals);
-    free(walls);
+    coh_free(vals);
+    coh_free(walls);
     return bad;
 }
 
@@ -496,10 +496,13 @@ static int read_scenario(const char *path, scenario_t *sc, char *err, size_t err
         }
         if (k == cap) {
             cap = cap ? 2 * cap : 64;
-            wk = realloc(wk, (size_t)cap * sizeof(int));
-            bw = realloc(bw, (size_t)cap * sizeof(double));
-            cs = realloc(cs, (size_t)cap * sizeof(double));
-            if (!wk || !bw || !cs) {
+            int *wk2 = coh_reallocn(wk, (size_t)cap, sizeof(int));
+            if (wk2) wk = wk2;
+            double *bw2 = coh_reallocn(bw, (size_t)cap, sizeof(double));
+            if (bw2) bw = bw2;
+            double *cs2 = coh_reallocn(cs, (size_t)cap, sizeof(double));
+            if (cs2) cs = cs2;
+            if (!wk2 || !bw2 || !cs2) {
                 snprintf(err, errlen, "out of memory");
                 rc = -1;
                 break;
@@ -521,10 +524,10 @@ static int read_scenario(const char *path, scenario_t *sc, char *err, size_t err
             if (wk[i] + 1 > n) n = wk[i] + 1;
         sc->n = n;
         sc->nrows = k;
-        sc->off = calloc((size_t)n + 1, sizeof(int));
-        sc->bw = malloc((size_t)k * sizeof(double));
-        sc->compute = malloc((size_t)k * sizeof(double));
-        int *fill = calloc((size_t)n, sizeof(int));
+        sc->off = coh_calloc((size_t)n + 1, sizeof(int));
+        sc->bw = coh_malloc((size_t)k * sizeof(double));
+        sc->compute = coh_malloc((size_t)k * sizeof(double));
+        int *fill = coh_calloc((size_t)n, sizeof(int));
         if (!sc->off || !sc->bw || !sc->compute || !fill) {
             snprintf(err, errlen, "out of memory");
             rc = -1;
@@ -544,11 +547,11 @@ static int read_scenario(const char *path, scenario_t *sc, char *err, size_t err
                 sc->compute[at] = cs[i];
             }
         }
-        free(fill);
+        coh_free(fill);
     }
-    free(wk);
-    free(bw);
-    free(cs);
+    coh_free(wk);
+    coh_free(bw);
+    coh_free(cs);
     return rc;
 }
 
@@ -601,9 +604,9 @@ static int cmd_replay(opts_t *o, const char *path)
         bad = 1;
     }
     sc_sim_result_free(&r);
-    free(sc.off);
-    free(sc.bw);
-    free(sc.compute);
+    coh_free(sc.off);
+    coh_free(sc.bw);
+    coh_free(sc.compute);
     return bad;
 }
 
@@ -625,8 +628,9 @@ static sweep_run_t *add_run(sweep_list_t *l, const char *sweep, const char *vari
 {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
-        l->r = realloc(l->r, (size_t)l->cap * sizeof(*l->r));
-        if (!l->r) die("%s", "out of memory");
+        sweep_run_t *r = coh_reallocn(l->r, (size_t)l->cap, sizeof(*l->r));
+        if (!r) die("%s", "out of memory");
+        l->r = r;
     }
     sweep_run_t *r = &l->r[l->n++];
     r->sweep = sweep;
@@ -830,7 +834,7 @@ static int cmd_sweep(opts_t *o)
         }
     }
     fclose(f);
-    free(l.r);
+    coh_free(l.r);
     fprintf(stderr, "cohort-sim: wrote %s (%d configurations x %d seeds, %.1f s)\n", path, l.n, K,
             now_s() - t0);
     if (o->no_plot) return bad;
@@ -861,7 +865,7 @@ typedef struct bench_case {
  * tick is (it includes sorting the bandwidth order). */
 static int bench_one(const bench_case_t *bc, int reps, double out[3], int *groups)
 {
-    double *t = malloc((size_t)reps * sizeof(double));
+    double *t = coh_malloc((size_t)reps * sizeof(double));
     if (!t) return 1;
     sc_rng_t r;
     sc_rng_seed(&r, 7, 0);
@@ -889,7 +893,7 @@ static int bench_one(const bench_case_t *bc, int reps, double out[3], int *group
         double b = now_s();
         sc_sched_destroy(s);
         if (rc) {
-            free(t);
+            coh_free(t);
             return 1;
         }
         t[rep] = (b - a) * 1e6;
@@ -897,7 +901,7 @@ static int bench_one(const bench_case_t *bc, int reps, double out[3], int *group
     }
     mmm(t, reps, out);
     out[2] = t[(int)(0.99 * (reps - 1))]; /* t is sorted by mmm */
-    free(t);
+    coh_free(t);
     return 0;
 }
 
@@ -925,7 +929,6 @@ static int cmd_bench(opts_t *o)
 
 int main(int argc, char **argv)
 {
-    mi_option_set(mi_option_verbose, 0);
     const char *cmd = argc > 1 && strncmp(argv[1], "--", 2) ? argv[1] : "run";
     int first = argc > 1 && strncmp(argv[1], "--", 2) ? 2 : 1;
     static opts_t o;
