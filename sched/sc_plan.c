@@ -554,6 +554,8 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
     } else if (c->nranks == 1) {
         if (c->kind == SC_REDUCE_SCATTER)
             build_rs_ring(&b);
+        else if (c->kind == SC_ALLGATHER)
+            build_allgather_direct(&b); /* one copy into order[0]'s block (a subset's member) */
         else if (c->kind != SC_BROADCAST)
             add(&b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b.lo, b.lo, b.len, 0, NODEPS);
     } else {
