@@ -373,13 +373,18 @@ static void op_start(rx_task_t *t, rx_reactor_t *rx)
         for (uint32_t i = op->plan.nsteps; i-- > 0;)
             if (op->deps_left[i] == 0) op->ready[op->nready++] = i;
     }
-    en_exec_kick(op);
+    /* Hold the op while paused connections deliver: what they bring can
+     * finish (and free) it, which only the final kick may do. */
+    op->progressing = true;
+    while (op->nready && op->state == EN_OP_RUNNING) start_step(op, op->ready[--op->nready]);
     /* Connections paused on a frame of this op can deliver it now. */
     for (int p = 0; p < rail->world; p++) {
         en_conn_t *c = rail->peers[p];
         if (c && c->rstate == EN_RD_BLOCKED && c->hdr.seq == op->seq && c->hdr.comm == op->comm)
             rail->ops->tr_resume(c);
     }
+    op->progressing = false;
+    en_exec_kick(op);
 }
 
 void en_rail_submit(en_rail_t *rail, en_op_t *op)

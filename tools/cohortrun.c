@@ -323,7 +323,7 @@ int main(int argc, char **argv)
         rank_t *rk = &g.ranks[r];
         rk->id = r;
         char **env = calloc(nenv + 16, sizeof(char *));
-        size_t e = 0;
+        size_t e = 0, ours_from;
         for (size_t k = 0; k < nenv; k++) {
             bool skip = false;
             for (size_t o = 0; o < sizeof(ours) / sizeof(ours[0]); o++)
@@ -331,6 +331,7 @@ int main(int argc, char **argv)
             if (g.nics == NULL && !strncmp(environ[k], "COHORT_NICS=", 12)) skip = false;
             if (!skip) env[e++] = environ[k];
         }
+        ours_from = e; /* env[ours_from..] are ours to free */
         env[e++] = xasprintf("COHORT_RANK=%d", r);
         env[e++] = xasprintf("COHORT_WORLD_SIZE=%d", g.n);
         env[e++] = xasprintf("COHORT_LOCAL_RANK=%d", r);
@@ -343,7 +344,7 @@ int main(int argc, char **argv)
         env[e] = NULL;
 
         char **args = calloc((size_t)nargs + 33, sizeof(char *));
-        int na = wrap_args(r, args, 32);
+        int na = wrap_args(r, args, 32), nwrap = na;
         for (int k = 0; k < nargs; k++) args[na++] = g.argv[k];
         args[na] = NULL;
 
@@ -379,6 +380,8 @@ int main(int argc, char **argv)
             uv_close((uv_handle_t *)&rk->proc, NULL);
             if (g.first_fail == 0) g.first_fail = 127;
             start_killing();
+            for (int k = 0; k < nwrap; k++) free(args[k]);
+            for (size_t k = ours_from; k < e; k++) free(env[k]);
             free(args);
             free(env);
             break;
@@ -387,6 +390,8 @@ int main(int argc, char **argv)
         g.alive++;
         uv_read_start((uv_stream_t *)&rk->out.pipe, on_alloc, on_read);
         uv_read_start((uv_stream_t *)&rk->err.pipe, on_alloc, on_read);
+        for (int k = 0; k < nwrap; k++) free(args[k]);
+        for (size_t k = ours_from; k < e; k++) free(env[k]);
         free(args);
         free(env);
     }
