@@ -15,11 +15,12 @@
 /* Parse an integer or a size with an optional K/M/G suffix (powers of 2). */
 static int parse_size(const char *s, uint64_t *out)
 {
-    if (!s || !*s) return -1;
+    /* strtoull would skip blanks and accept a sign (" -5" is 2^64 - 5): digits first. */
+    if (!s || *s < '0' || *s > '9') return -1;
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-') return -1;
+    if (errno || end == s) return -1;
     uint64_t mul = 1;
     switch (*end) {
     case 'k':
