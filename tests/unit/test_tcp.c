@@ -145,6 +145,15 @@ static void wait_stat(_Atomic uint64_t *counter, uint64_t want)
     assert_int_equal(atomic_load(counter), want);
 }
 
+/* The loop writes lost[] under the rail's mutex. */
+static int peer_lost(fixture_t *f, int p)
+{
+    uv_mutex_lock(&f->rail.mu);
+    int v = f->rail.lost[p];
+    uv_mutex_unlock(&f->rail.mu);
+    return v;
+}
+
 /* rank 0 receives a 4-float broadcast from rank 1 (root), plus its fence. */
 static en_op_t *bcast_op(fixture_t *f, uint64_t seq, uint64_t sig, float *buf, coh_request_t **req)
 {
@@ -245,8 +254,8 @@ static void test_early_frame_matched_by_seq(void **state)
     /* A truncated frame, then the peer goes away: the rail survives. */
     send_all(fd, "COHF\1\0", 6);
     close(fd);
-    for (int i = 0; i < 200 && !f->rail.lost[1]; i++) usleep(10000);
-    assert_int_equal(f->rail.lost[1], 1);
+    for (int i = 0; i < 200 && !peer_lost(f, 1); i++) usleep(10000);
+    assert_int_equal(peer_lost(f, 1), 1);
 }
 
 static void test_abort_before_submit(void **state)
