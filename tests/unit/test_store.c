@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -771,7 +772,8 @@ static void test_pipelined(void **state)
 
 typedef struct waiter {
     const struct sockaddr *addr;
-    int connected, status;
+    _Atomic int connected;
+    int status;
 } waiter_t;
 
 static void waiter_main(void *arg)
@@ -780,7 +782,7 @@ static void waiter_main(void *arg)
     rx_store_client_t c;
     w->status = rx_store_connect(&c, w->addr, TOKEN, 1, WORLD, deadline(5));
     if (w->status) return;
-    w->connected = 1;
+    atomic_store(&w->connected, 1);
     char buf[8];
     size_t vlen;
     w->status = rx_store_get(&c, "forever", buf, sizeof(buf), &vlen, 60000, deadline(30));
@@ -803,13 +805,16 @@ static void test_stop_with_clients(void **state)
     waiter_t w = {.addr = sa(f), .status = -100};
     uv_thread_t th;
     assert_int_equal(uv_thread_create(&th, waiter_main, &w), 0);
-    uv_sleep(300); /* the WAIT is pending on the server */
+    /* once connected, the client's WAIT is on its way: whether or not the
+     * server has read it, the stop must end it */
+    for (int i = 0; i < 500 && !atomic_load(&w.connected); i++) uv_sleep(10);
+    uv_sleep(100);
     uint64_t t0 = rx_now_ns();
     int st = rx_reactor_stop(&f->rx);
     if (st) print_error("rx_reactor_stop: %s\n", coh_last_error());
     assert_int_equal(st, 0);
     assert_int_equal(uv_thread_join(&th), 0);
-    assert_int_equal(w.connected, 1);
+    assert_int_equal(atomic_load(&w.connected), 1);
     assert_int_equal(w.status, COH_EPEER);
     assert_true(rx_now_ns() - t0 < 10 * SEC);
     expect_hangup(half);
