@@ -1084,10 +1084,15 @@ static void eval_relay(sc_sched_t *s)
         for (int i = g->head; i >= 0; i = s->w[i].next) {
             sc_worker_t *x = &s->w[i];
             if (x->state != SC_W_RELAY || x->suspected) continue;
+            /* The longest compute time on record for this worker: its own
+             * samples (even too few to be its CDF yet: a persistent
+             * straggler shows itself early) or the CDF it is judged by. */
             const sc_cdf_t *c = cdf_for(s, i);
+            double longest = sc_cdf_max(c);
+            if (sc_cdf_max(&x->cdf) > longest) longest = sc_cdf_max(&x->cdf);
             double due = deadline;
-            if (c->count > 0 && P->overdue_factor > 0) {
-                double overdue = x->t_start + P->overdue_factor * sc_cdf_max(c);
+            if (longest > 0 && P->overdue_factor > 0) {
+                double overdue = x->t_start + P->overdue_factor * longest;
                 if (overdue > due) due = overdue;
             }
             if (s->now >= due) {
@@ -1226,8 +1231,9 @@ int sc_decision_explain(const sc_decision_t *d, char *buf, size_t len)
         used += (size_t)k_;                                                                        \
     } while (0)
     if (d->kind == SC_DEC_LAUNCH) APPEND(" g%llu", (unsigned long long)d->group_id);
-    APPEND(" [%s] (%d) %s: %s; ready %d/%d, p=%d, k=%lld", mem, d->nmembers, sc_why_name(d->why),
-           sc_why_message(d->why), e->n_ready, e->n_live, e->p, (long long)e->round);
+    APPEND(" [%s] (%d) %s: %s; ready %d/%d, p=%d, round=%lld", mem, d->nmembers,
+           sc_why_name(d->why), sc_why_message(d->why), e->n_ready, e->n_live, e->p,
+           (long long)e->round);
     if (d->kind == SC_DEC_LAUNCH)
         APPEND(", expected %.6f s%s", d->expected_s, d->full ? ", full" : "");
     if (d->why == SC_WHY_BPAWR_LAUNCH || d->why == SC_WHY_BPAWR_WAIT ||

@@ -597,12 +597,16 @@ static int setup(sim_t *m)
         /* Warm start (IV-B5): the distribution is known in advance. Every
          * simulated worker draws from it, so it is loaded as the pooled CDF
          * (frozen); per-worker learning is not used. */
-        int k = cfg->warm_samples > 0 ? cfg->warm_samples : 1;
+        /* A trace (CSV) is its own known distribution: loaded as is. */
+        bool trace = cfg->dist.kind == SC_DIST_SAMPLES;
+        int k = trace ? cfg->dist.nsamples : (cfg->warm_samples > 0 ? cfg->warm_samples : 1);
         double *xs = coh_reallocn(NULL, (size_t)k, sizeof(double));
         if (!xs) return COH_ENOMEM;
         sc_rng_t rw;
         sc_rng_seed(&rw, cfg->seed, 3);
-        for (int i = 0; i < k; i++) xs[i] = cfg->compute_scale * sc_dist_draw(&cfg->dist, &rw);
+        for (int i = 0; i < k; i++)
+            xs[i] =
+                cfg->compute_scale * (trace ? cfg->dist.samples[i] : sc_dist_draw(&cfg->dist, &rw));
         rc = sc_sched_load_cdf(m->s, -1, xs, k);
         coh_free(xs);
     }

@@ -66,7 +66,7 @@ typedef struct opts {
     int nschemes;
     int seeds;
     uint64_t seed_base;
-    bool csv, events, no_plot, pfrac_set, p_set, duration_set;
+    bool csv, events, no_plot, pfrac_set, p_set, duration_set, scheme_set;
     int trace; /* -1: off; -2: every decision; else decisions naming this worker */
     const char *dist_arg;
     const char *out_dir;
@@ -229,6 +229,7 @@ static void parse_args(opts_t *o, int argc, char **argv, int first, const char *
             if (o->cfg.n < 1) die("bad --n %s", v);
         } else if (!strcmp(name, "scheme")) {
             parse_schemes(o, v);
+            o->scheme_set = true;
         } else if (!strcmp(name, "seeds")) {
             o->seeds = (int)parse_num(a, v);
             if (o->seeds < 1) die("bad --seeds %s", v);
@@ -562,7 +563,8 @@ static int cmd_replay(opts_t *o, const char *path)
     char err[256];
     if (read_scenario(path, &sc, err, sizeof(err))) die("%s", err);
     sc_replay_t rp = {.n = sc.n, .off = sc.off, .bw_gbps = sc.bw, .compute_s = sc.compute};
-    if (o->nschemes != 1) parse_schemes(o, "selective");
+    if (!o->scheme_set) parse_schemes(o, "selective");
+    if (o->nschemes != 1) die("%s", "replay takes one --scheme");
     sc_sim_cfg_t cfg = o->cfg;
     cfg.replay = &rp;
     cfg.sched.policy = o->schemes[0];
@@ -759,7 +761,7 @@ static void build_sweeps(const opts_t *o, sweep_list_t *l)
     }
     /* AdapCC's relay policy against allreduce (not in seeds/001), where it
      * applies: one persistent straggler (1 of 40 workers computes x times
-     * slower), a 25 MB model. */
+     * slower), a 25 MB model, cold start. */
     if (wants(o->what, "relay")) {
         static const double sf[] = {1, 2, 4, 8};
         for (int i = 0; i < 4; i++)
@@ -770,6 +772,9 @@ static void build_sweeps(const opts_t *o, sweep_list_t *l)
                 r->cfg.sched.model_mb = 25;
                 r->cfg.slow_frac = 1.0 / 40;
                 r->cfg.slow_factor = sf[i];
+                /* Cold start: each worker's CDF learns its own pace; a
+                 * known pooled distribution would not know the straggler. */
+                r->cfg.warm = false;
             }
     }
 }
