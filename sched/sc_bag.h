@@ -27,7 +27,10 @@ static inline bool sc_cand_before(const sc_cand_t *a, const sc_cand_t *b)
     return a->id < b->id;
 }
 
-/* Stable merge sort by sc_cand_before; tmp holds n entries. */
+/* Stable merge sort by sc_cand_before (tmp holds n entries): how a caller
+ * puts candidates in the order sc_bag expects. The scheduler keeps its own
+ * order of all workers with a radix sort that must agree with this one
+ * (test_order_matches_reference). */
 void sc_cand_sort(sc_cand_t *a, int n, sc_cand_t *tmp);
 
 /*
