@@ -7,6 +7,7 @@
 #include "gpu/gpu.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 float gpu_f16_to_f32(uint16_t h)
@@ -182,7 +183,13 @@ static int half_map(coh_dtype dtype, void *buf, size_t n, double mul, double div
 
 int gpu_cpu_div(coh_dtype dtype, void *buf, size_t n, double divisor)
 {
-    if (!(divisor != 0)) return COH_EINVAL;
+    if (!isfinite(divisor) || divisor == 0) return COH_EINVAL;
+    /* Integer types divide by an integer: converting anything else (a
+     * fraction, or a value out of the type's range) would be undefined. */
+    bool integral = divisor == floor(divisor);
+    if ((dtype == COH_I32 || dtype == COH_I64) && (!integral || fabs(divisor) > 2147483647.0))
+        return COH_EINVAL;
+    if (dtype == COH_U8 && (!integral || divisor < 1 || divisor > 255)) return COH_EINVAL;
     switch (dtype) {
     case COH_F32: {
         const float dv = (float)divisor;

@@ -118,7 +118,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     } else if (env_str("MASTER_ADDR") && env_str("MASTER_PORT")) {
         /* torchrun's agent already serves its own store on MASTER_PORT. */
         int port;
-        if (env_int("MASTER_PORT", &port, 1, 65534) < 0) return COH_EINVAL;
+        if (env_int("MASTER_PORT", &port, 1, 65535) < 0) return COH_EINVAL;
         int off = 1;
         if (env_int("COHORT_STORE_PORT_OFFSET", &off, 0, 1000) < 0) return COH_EINVAL;
         if (port + off > 65535)

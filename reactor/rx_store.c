@@ -621,6 +621,8 @@ static int roundtrip(rx_store_client_t *c, uint8_t type, uint32_t arg, const cha
 {
     if (c->fd < 0) return rx_fail(COH_ESTATE, "store client is closed");
     size_t klen = strlen(key);
+    if (klen == 0 || klen > RX_STORE_KEY_MAX)
+        return rx_fail(COH_EINVAL, "store key must have 1 to %d bytes", RX_STORE_KEY_MAX);
     uint8_t *out = coh_malloc(RX_STORE_HDR + klen + vlen);
     if (!out) return COH_ENOMEM;
     int n = rx_store_encode(type, 0, arg, key, klen, val, vlen, out, RX_STORE_HDR + klen + vlen);
