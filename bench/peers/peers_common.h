@@ -1,0 +1,245 @@
+/*
+ * peers_common.h - what gloo-bench and mpi-bench share with cohort-bench: the
+ * nccl-tests flags, the timing reduction (per-iteration time, max over ranks,
+ * median over iterations) and the CSV row. Header-only and valid C11 and
+ * C++17, so the C++ Gloo benchmark and the C MPI one print the same bytes.
+ */
+#ifndef PEERS_COMMON_H
+#define PEERS_COMMON_H
+
+#include <ctype.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct pb_opts {
+    size_t min_bytes, max_bytes;
+    double factor;
+    size_t step; /* -i: add instead of multiply */
+    int iters, warmup;
+    int check;
+    bool csv;
+    const char *op, *dtype;
+    /* benchmark-specific extras (Gloo): NULL/0 when not given */
+    const char *algo, *store, *host;
+} pb_opts_t;
+
+/* "4K", "64M", "1G", "4096": binary units, like nccl-tests. 0 on error. */
+static inline size_t pb_parse_size(const char *s)
+{
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s) return 0;
+    switch (toupper((unsigned char)*end)) {
+    case 'K':
+        v <<= 10;
+        end++;
+        break;
+    case 'M':
+        v <<= 20;
+        end++;
+        break;
+    case 'G':
+        v <<= 30;
+        end++;
+        break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++;
+    return *end ? 0 : (size_t)v;
+}
+
+static inline void pb_usage(FILE *f, const char *prog, const char *extra)
+{
+    fprintf(f,
+            "usage: %s [options]\n"
+            "  -b, --minbytes SIZE     smallest message (default 4K)\n"
+            "  -e, --maxbytes SIZE     largest message (default 64M)\n"
+            "  -f, --stepfactor F      size multiplier between steps (default 2)\n"
+            "  -i, --stepbytes SIZE    add SIZE between steps instead of -f\n"
+            "  -n, --iters N           timed iterations per size (default 20)\n"
+            "  -w, --warmup_iters N    untimed iterations per size (default 5)\n"
+            "  -c, --check 0|1         verify the result of an extra allreduce (default 1)\n"
+            "  -o, --op sum            reduction (only sum)\n"
+            "  -d, --datatype float    element type (only float, printed as f32)\n"
+            "      --csv               print op,bytes,count,dtype,nranks,time_us,algbw_GBps,"
+            "busbw_GBps\n"
+            "%s",
+            prog, extra ? extra : "");
+}
+
+/* Returns 0, 1 for --help (caller exits 0), or -1 on a bad flag. */
+static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extra_help)
+{
+    static const struct option longopts[] = {
+        {"minbytes", required_argument, NULL, 'b'},
+        {"maxbytes", required_argument, NULL, 'e'},
+        {"stepfactor", required_argument, NULL, 'f'},
+        {"stepbytes", required_argument, NULL, 'i'},
+        {"iters", required_argument, NULL, 'n'},
+        {"warmup_iters", required_argument, NULL, 'w'},
+        {"check", required_argument, NULL, 'c'},
+        {"op", required_argument, NULL, 'o'},
+        {"datatype", required_argument, NULL, 'd'},
+        {"csv", no_argument, NULL, 'C'},
+        {"algo", required_argument, NULL, 'a'},
+        {"store", required_argument, NULL, 'S'},
+        {"host", required_argument, NULL, 'H'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    memset(o, 0, sizeof(*o));
+    o->min_bytes = 4096;
+    o->max_bytes = 64u << 20;
+    o->factor = 2;
+    o->iters = 20;
+    o->warmup = 5;
+    o->check = 1;
+    o->op = "sum";
+    o->dtype = "float";
+    int c;
+    while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:o:d:a:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'b': o->min_bytes = pb_parse_size(optarg); break;
+        case 'e': o->max_bytes = pb_parse_size(optarg); break;
+        case 'f': o->factor = atof(optarg); break;
+        case 'i': o->step = pb_parse_size(optarg); break;
+        case 'n': o->iters = atoi(optarg); break;
+        case 'w': o->warmup = atoi(optarg); break;
+        case 'c': o->check = atoi(optarg); break;
+        case 'o': o->op = optarg; break;
+        case 'd': o->dtype = optarg; break;
+        case 'C': o->csv = true; break;
+        case 'a': o->algo = optarg; break;
+        case 'S': o->store = optarg; break;
+        case 'H': o->host = optarg; break;
+        case 'h': pb_usage(stdout, argv[0], extra_help); return 1;
+        default: pb_usage(stderr, argv[0], extra_help); return -1;
+        }
+    }
+    if (optind < argc || o->min_bytes < 4 || o->max_bytes < o->min_bytes || o->iters < 1 ||
+        o->warmup < 0 || (o->step == 0 && o->factor <= 1)) {
+        fprintf(stderr, "%s: bad arguments (sizes >= 4 bytes, min <= max, -n >= 1, -f > 1)\n",
+                argv[0]);
+        return -1;
+    }
+    /* The check below relies on exact float sums; other ops/types are not needed to
+       compare with cohort-bench's allreduce sum float. */
+    if (!strcmp(o->dtype, "float") || !strcmp(o->dtype, "f32"))
+        o->dtype = "f32"; /* the name cohort-bench prints (coh_dtype_name) */
+    else
+        o->dtype = NULL;
+    if (strcmp(o->op, "sum") != 0 || !o->dtype) {
+        fprintf(stderr, "%s: only -o sum -d float (f32) are supported\n", argv[0]);
+        return -1;
+    }
+    return 0;
+}
+
+/* Next size of the sweep, the same progression as cohort-bench (the raw size is
+   multiplied, the reported one rounded down to whole elements); 0 when done. */
+static inline size_t pb_next_size(const pb_opts_t *o, size_t bytes)
+{
+    size_t next = o->step ? bytes + o->step : (size_t)ceil((double)bytes * o->factor);
+    return next > o->max_bytes ? 0 : next;
+}
+
+static inline double pb_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static inline int pb_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of the already max-reduced per-iteration times; sorts in place. */
+static inline double pb_median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof(*t), pb_cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Pattern for the check: small integers, so the float sum over ranks is exact and the
+   expected value is known without communication. */
+static inline float pb_value(int rank, size_t i)
+{
+    return (float)((rank + 1) * (int)(i % 13 + 1));
+}
+
+static inline float pb_expected(int nranks, size_t i)
+{
+    return (float)(nranks * (nranks + 1) / 2 * (int)(i % 13 + 1));
+}
+
+static inline void pb_fill(float *buf, size_t count, int rank)
+{
+    for (size_t i = 0; i < count; i++) buf[i] = pb_value(rank, i);
+}
+
+static inline size_t pb_count_wrong(const float *buf, size_t count, int nranks)
+{
+    size_t wrong = 0;
+    for (size_t i = 0; i < count; i++) wrong += buf[i] != pb_expected(nranks, i);
+    return wrong;
+}
+
+static inline void pb_print_header(const pb_opts_t *o, const char *what, int nranks)
+{
+    if (o->csv) {
+        printf("op,bytes,count,dtype,nranks,time_us,algbw_GBps,busbw_GBps\n");
+    } else {
+        printf("# %s: allreduce %s %s, %d ranks, %d iters, %d warm-up, check %d\n", what, o->op,
+               o->dtype, nranks, o->iters, o->warmup, o->check);
+        printf("# %12s %12s %6s %12s %10s %10s %8s\n", "size", "count", "type", "time(us)", "algbw",
+               "busbw", "#wrong");
+    }
+}
+
+/* algbw and busbw in decimal GB/s (1e9 bytes), the nccl-tests definitions. */
+static inline void pb_print_row(const pb_opts_t *o, size_t bytes, int nranks, double time_us,
+                                long long wrong)
+{
+    size_t count = bytes / sizeof(float);
+    double algbw = (double)bytes / (time_us * 1e3);
+    double busbw = algbw * 2.0 * (nranks - 1) / nranks;
+    if (o->csv) {
+        printf("%s,%zu,%zu,%s,%d,%.2f,%.4f,%.4f\n", o->op, bytes, count, o->dtype, nranks, time_us,
+               algbw, busbw);
+    } else {
+        char w[24];
+        if (wrong < 0)
+            snprintf(w, sizeof(w), "N/A");
+        else
+            snprintf(w, sizeof(w), "%lld", wrong);
+        printf("  %12zu %12zu %6s %12.2f %10.3f %10.3f %8s\n", bytes, count, o->dtype, time_us,
+               algbw, busbw, w);
+    }
+    fflush(stdout);
+}
+
+/* Rank and size from RANK/WORLD_SIZE, else cohortrun's COHORT_RANK/COHORT_WORLD_SIZE. */
+static inline bool pb_env_rank(int *rank, int *size)
+{
+    const char *r = getenv("RANK"), *s = getenv("WORLD_SIZE");
+    if (!r || !s) {
+        r = getenv("COHORT_RANK");
+        s = getenv("COHORT_WORLD_SIZE");
+    }
+    if (!r || !s) return false;
+    *rank = atoi(r);
+    *size = atoi(s);
+    return *size >= 1 && *rank >= 0 && *rank < *size;
+}
+
+#endif /* PEERS_COMMON_H */

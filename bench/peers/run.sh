@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# bench/peers/run.sh - cohort, Gloo and Open MPI allreduce side by side, in one run.
+#
+# Measures the loopback single-stream TCP throughput B, then for each rank count
+# runs cohort-bench, gloo-bench and mpi-bench with the same flags, prints one table
+# per rank count (busbw of each, cohort's ratios, cohort's fraction of the ideal
+# ring time 2(n-1)/n * S / B, the 4 KiB latencies), measures B again as a noise
+# indicator, and writes everything to a CSV (plus the console report beside it).
+# Builds nothing: configure and build first (COHORT_BENCH_PEERS=ON, the default):
+#   cmake -S . -B build && cmake --build build -j
+# Exits 1 when a benchmark fails or reports wrong results (2 for bad usage);
+# with --strict also when a target of the issue is missed.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=$ROOT/build
+RANKS="2 4"
+MINB=4K MAXB=64M FACTOR=4
+ITERS=20 WARMUP=5
+IMPLS="cohort gloo mpi"
+GLOO_ALGO=best
+TIMEOUT=300
+OUT=""
+STRICT=0
+QUICK=0
+ITERS_SET=0 WARMUP_SET=0 SIZES_SET=0
+
+usage() {
+    cat <<EOF
+usage: bench/peers/run.sh [options]
+  --quick            4K 64K 1M 16M, 10 iterations, 3 warm-up
+  --sizes MIN:MAX[:F] sweep sizes (default 4K:64M:4)
+  --iters N          timed iterations per size (default 20)
+  --warmup N         warm-up iterations per size (default 5)
+  --ranks "2 4"      rank counts (default "2 4")
+  --impls LIST       which of "cohort gloo mpi" to run (default all)
+  --gloo-algo A      gloo-bench -a: best (default), default, ring, ring_chunked,
+                     halving_doubling, bcube
+  --build DIR        build tree with bin/ (default $ROOT/build)
+  --out FILE         CSV of everything (default bench/results/peers-<date>.csv);
+                     the console report goes to FILE with .txt instead of .csv
+  --timeout SEC      per benchmark run (default 300)
+  --strict           also exit 1 when a target is missed
+EOF
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) QUICK=1 ;;
+    --sizes) IFS=: read -r MINB MAXB F <<<"$2"; FACTOR=${F:-$FACTOR}; SIZES_SET=1; shift ;;
+    --iters) ITERS=$2; ITERS_SET=1; shift ;;
+    --warmup) WARMUP=$2; WARMUP_SET=1; shift ;;
+    --ranks) RANKS=$2; shift ;;
+    --impls) IMPLS=$2; shift ;;
+    --gloo-algo) GLOO_ALGO=$2; shift ;;
+    --build) BUILD=$(cd "$2" && pwd); shift ;;
+    --out) OUT=$2; shift ;;
+    --timeout) TIMEOUT=$2; shift ;;
+    --strict) STRICT=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ "$QUICK" = 1 ]; then
+    # 4K for the latency target, 1M and 16M for the bandwidth ones.
+    [ "$SIZES_SET" = 1 ] || { MINB=4K MAXB=16M FACTOR=16; }
+    [ "$ITERS_SET" = 1 ] || ITERS=10
+    [ "$WARMUP_SET" = 1 ] || WARMUP=3
+fi
+
+BIN=$BUILD/bin
+need=(tcp-stream)
+for impl in $IMPLS; do
+    case $impl in
+    cohort) need+=(cohortrun cohort-bench) ;;
+    gloo) need+=(cohortrun gloo-bench) ;;
+    mpi) need+=(mpi-bench) ;;
+    *) echo "run.sh: unknown implementation '$impl'" >&2; exit 2 ;;
+    esac
+done
+for b in "${need[@]}"; do
+    if [ ! -x "$BIN/$b" ]; then
+        echo "run.sh: $BIN/$b not found; build first: cmake -S $ROOT -B $BUILD && cmake --build $BUILD -j" >&2
+        exit 2
+    fi
+done
+case " $IMPLS " in *" mpi "*)
+    command -v mpirun >/dev/null || { echo "run.sh: mpirun not found (apt-get install openmpi-bin)" >&2; exit 2; } ;;
+esac
+
+if [ -z "$OUT" ]; then
+    mkdir -p "$ROOT/bench/results"
+    OUT=$ROOT/bench/results/peers-$(date +%Y%m%d-%H%M%S).csv
+fi
+mkdir -p "$(dirname "$OUT")"
+TXT=${OUT%.csv}.txt
+: >"$TXT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cohort-peers.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+say() { printf '%s\n' "$*" | tee -a "$TXT"; }
+
+FAILED=0
+# run NAME CMD...: prints the exact command, keeps stdout/stderr in $WORK/NAME.*
+run() {
+    local name=$1
+    shift
+    say "\$ $*"
+    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        FAILED=1
+        say "!! $name failed (exit $rc); last lines of its stderr:"
+        tail -n 15 "$WORK/$name.err" | sed 's/^/   /' | tee -a "$TXT"
+    fi
+    return $rc
+}
+
+# Open MPI over TCP on loopback only: ob1 (not UCX/CM, which pick their own
+# transports), btl self+tcp (no vader shared memory), the lo interface over IPv4,
+# no process binding (cohortrun binds nothing either). Root needs its opt-in.
+MPIRUN=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl "self,tcp"
+    --mca btl_tcp_if_include lo --mca btl_tcp_disable_family 6)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+
+ARGS=(--csv -b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 1 -o sum -d float)
+T0=$(date +%s)
+say "# cohort peers benchmark, $(date -Is), $(uname -n), $(nproc) cpus, $(uname -r)"
+say "# git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
+    "Gloo $(dpkg-query -W -f '${Version}' libgloo-dev 2>/dev/null || echo '?')," \
+    "$(mpirun --version 2>/dev/null | head -n 1)"
+
+run tcp-start "$BIN/tcp-stream" -q -t 1.5 || true
+B0=$(tail -n 1 "$WORK/tcp-start.out" 2>/dev/null)
+say "# B (loopback TCP single stream, start) = ${B0:-?} GB/s"
+
+for n in $RANKS; do
+    for impl in $IMPLS; do
+        case $impl in
+        cohort)
+            run "cohort-$n" "$BIN/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
+                "$BIN/cohort-bench" "${ARGS[@]}" ;;
+        gloo)
+            mkdir -p "$WORK/store-$n"
+            run "gloo-$n" "$BIN/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
+                "$BIN/gloo-bench" --store "$WORK/store-$n" -a "$GLOO_ALGO" "${ARGS[@]}" ;;
+        mpi)
+            run "mpi-$n" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" \
+                "$BIN/mpi-bench" "${ARGS[@]}" ;;
+        esac
+    done
+done
+
+run tcp-end "$BIN/tcp-stream" -q -t 1.5 || true
+B1=$(tail -n 1 "$WORK/tcp-end.out" 2>/dev/null)
+say "# B (end) = ${B1:-?} GB/s"
+
+# Everything in one CSV: every row of every benchmark, with B (start) and each
+# implementation's fraction of the ideal ring time (= busbw / B).
+{
+    echo "impl,nranks,op,bytes,count,dtype,time_us,algbw_GBps,busbw_GBps,B_GBps,ideal_time_us,ideal_frac,note"
+    echo "tcp_stream_start,1,,,,,,,,${B0},,,"
+    echo "tcp_stream_end,1,,,,,,,,${B1},,,"
+    for n in $RANKS; do
+        for impl in $IMPLS; do
+            f=$WORK/$impl-$n.out
+            [ -f "$f" ] || continue
+            # gloo-bench -a best names the winner per size on stderr.
+            awk -F, -v impl="$impl" -v B="${B0:-0}" -v errf="$WORK/$impl-$n.err" '
+                BEGIN {
+                    while ((getline l < errf) > 0)
+                        if (match(l, /gloo-bench: [0-9]+ bytes best=/)) {
+                            split(l, w, /[ =]/); best[w[2]] = w[5]
+                        }
+                }
+                NF == 8 && $2 ~ /^[0-9]+$/ {
+                    n = $5; ideal = (B > 0) ? 2 * (n - 1) / n * $2 / (B * 1e3) : 0
+                    note = (impl == "gloo" && ($2 in best)) ? "algo=" best[$2] : ""
+                    printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.2f,%.4f,%s\n", impl, n, $1, $2, $3,
+                        $4, $6, $7, $8, B, ideal, (ideal > 0 && $6 > 0) ? ideal / $6 : 0, note
+                }' "$f"
+        done
+    done
+} >"$OUT"
+
+# The tables, and the targets of the issue: for S >= 1 MiB cohort busbw >= 2x Gloo,
+# >= 1.3x Open MPI, >= 0.75 of ideal; at 4 KiB with 2 ranks, time <= Open MPI's.
+awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" '
+    function human(b) {
+        if (b >= 1048576 && b % 1048576 == 0) return (b / 1048576) "M"
+        if (b >= 1024 && b % 1024 == 0) return (b / 1024) "K"
+        return b
+    }
+    function cell(v, fmt) { return v == "" ? sprintf("%" fmt "s", "-") : sprintf("%" fmt ".3f", v) }
+    NR == 1 { next }
+    $1 ~ /^tcp_stream/ { next }
+    {
+        key = $1 SUBSEP $2 SUBSEP $4
+        bus[key] = $9; tus[key] = $7; frac[key] = $12; note[key] = $13
+        if (!(($2 SUBSEP $4) in seen)) { seen[$2 SUBSEP $4] = 1; sizes[$2] = sizes[$2] " " $4 }
+    }
+    END {
+        misses = 0
+        split(ranks, rs, " ")
+        for (ri = 1; ri in rs; ri++) {
+            n = rs[ri]
+            printf "\n== allreduce sum float, %d ranks: busbw in GB/s (B = %s GB/s at start, %s at end) ==\n", n, B0, B1
+            printf "%8s %10s %10s %10s %11s %10s %12s  %s\n", "size", "cohort", "gloo", "mpi",
+                "cohort/gloo", "cohort/mpi", "cohort/ideal", "targets (>=1M: 2, 1.3, 0.75)"
+            ns = split(sizes[n], ss, " ")
+            # sort numerically (insertion sort: a handful of sizes)
+            for (i = 2; i <= ns; i++) { v = ss[i]; for (j = i - 1; j >= 1 && ss[j] + 0 > v + 0; j--) ss[j + 1] = ss[j]; ss[j + 1] = v }
+            for (i = 1; i <= ns; i++) {
+                s = ss[i]
+                c = bus["cohort" SUBSEP n SUBSEP s]; g = bus["gloo" SUBSEP n SUBSEP s]; m = bus["mpi" SUBSEP n SUBSEP s]
+                f = frac["cohort" SUBSEP n SUBSEP s]
+                rg = (c != "" && g > 0) ? c / g : ""; rm = (c != "" && m > 0) ? c / m : ""
+                verdict = ""
+                if (s + 0 >= 1048576 && c != "") {
+                    ok = (rg == "" || rg >= 2) && (rm == "" || rm >= 1.3) && (f >= 0.75)
+                    verdict = ok ? "ok" : "MISS"
+                    if (!ok) misses++
+                }
+                gn = note["gloo" SUBSEP n SUBSEP s]; sub(/^algo=/, "", gn)
+                printf "%8s %10s %10s %10s %11s %10s %12s  %s%s\n", human(s), cell(c, 10), cell(g, 10),
+                    cell(m, 10), cell(rg, 11), cell(rm, 10), cell(c != "" ? f : "", 12), verdict,
+                    gn != "" ? "  (gloo: " gn ")" : ""
+            }
+            s = 4096
+            c = tus["cohort" SUBSEP n SUBSEP s]; g = tus["gloo" SUBSEP n SUBSEP s]; m = tus["mpi" SUBSEP n SUBSEP s]
+            if (c != "" || g != "" || m != "") {
+                line = sprintf("   4 KiB latency (us): cohort %s, gloo %s, mpi %s", c == "" ? "-" : c,
+                    g == "" ? "-" : g, m == "" ? "-" : m)
+                if (n == 2 && c != "" && m != "") {
+                    ok = c + 0 <= m + 0; if (!ok) misses++
+                    line = line sprintf("  cohort/mpi time %.2f: %s", c / m, ok ? "ok" : "MISS")
+                }
+                print line
+            }
+        }
+        printf "\ntargets missed: %d\n", misses
+        exit (misses > 0 ? 3 : 0)
+    }' "$OUT" | tee -a "$TXT"
+MISSED=${PIPESTATUS[0]}
+
+say ""
+say "# total $(($(date +%s) - T0)) s; CSV: $OUT; report: $TXT"
+if [ "$FAILED" != 0 ]; then
+    say "# FAILED: a benchmark failed or its check found wrong results (see above)"
+    exit 1
+fi
+if [ "$STRICT" = 1 ] && [ "$MISSED" != 0 ]; then
+    exit 1
+fi
+exit 0
