@@ -152,6 +152,7 @@ static void op_finish(en_op_t *op)
         fin_record(rail, op->comm, op->seq, 0, NULL);
     }
     coh_request_t *req = op->req;
+    if (req->sync) rx_request_slice_stats(req, op->slice, op->bw, op->nbw);
     int status = op->state == EN_OP_DONE ? 0 : op->status;
     char why[RX_ERR_LEN];
     snprintf(why, sizeof(why), "%s", op->why);
@@ -447,6 +448,7 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
     if (op->sstate[i] == EN_STEP_WAIT) return EN_MATCH_BLOCK; /* its dependencies are not done */
     s->owner = op;
     s->step = (uint32_t)i;
+    c->t_frame_ns = rx_now_ns();
     s->esize = op->esize;
     s->dtype = op->dtype;
     s->op = op->redop;
@@ -509,6 +511,17 @@ void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
     }
     if (!s.owner) return;
     en_op_t *op = s.owner;
+    /* Frames below 64 KiB mostly measure latency, not the link. */
+    if (s.len >= 65536 && c->peer >= 0) {
+        uint64_t ns = rx_now_ns() - c->t_frame_ns;
+        int k = 0;
+        while (k < op->nbw && op->bw[k].peer != c->peer) k++;
+        if (k < RX_BW_PER_SLICE) {
+            if (k == op->nbw) op->bw[op->nbw++] = (rx_bw_t){.peer = c->peer};
+            op->bw[k].bytes += s.len;
+            op->bw[k].ns += ns;
+        }
+    }
     step_done(op, s.step);
     en_exec_kick(op);
 }

@@ -22,6 +22,7 @@
 #include "cohort.h"
 #include "engines/en_frame.h"
 #include "reactor/reactor.h"
+#include "reactor/rx_sync.h"
 #include "sched/sc_plan.h"
 
 typedef struct en_rail en_rail_t;
@@ -83,6 +84,7 @@ struct en_conn {
     uint8_t ctl[EN_MAX_ABORT];
     uint64_t bytes_in, bytes_out;
     uint32_t writes_out;
+    uint64_t t_frame_ns; /* when the current frame's header matched */
 };
 
 /* A queued frame. The payload stays owned by the op until done() runs. */
@@ -162,6 +164,11 @@ struct en_op {
     uint64_t t_progress_ns;
     uint64_t t_fail_ns;
     uint64_t bytes_in;
+    int slice; /* index of this slice in its request */
+    /* Link measurements: bytes of large frames from each peer and the time
+     * from their header to their last byte (the peer's sending rate). */
+    rx_bw_t bw[RX_BW_PER_SLICE];
+    int nbw;
 };
 
 /* Build an op for a rail (any thread). Takes ownership of plan. buf[] are

@@ -127,6 +127,12 @@ typedef struct coh_config {
                                for rank 0's store (-1 = bind it) */
     size_t sockbuf_bytes;   /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
                                (0 = kernel autotuning, the default) */
+    int sync_mode;          /* COHORT_SYNC_MODE: allreduce, partial or selective (selective) */
+    int coordinator;        /* COHORT_COORDINATOR: rank that runs the scheduler (0) */
+    int tick_ms;            /* COHORT_TICK_MS: the scheduler fiber's period (2) */
+    const char *sched;      /* COHORT_SCHED: scheduler parameters "name=value,...", see
+                               docs/sched.md (p-frac, eta, theta, dt-ms, c, ...); also
+                               COHORT_SCHED_<NAME> per parameter, e.g. COHORT_SCHED_ETA */
     int poll_us;            /* COHORT_POLL_US: a rail with ops in flight polls its sockets this
                                long before sleeping (50; 0 = always sleep in epoll) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
@@ -226,6 +232,57 @@ typedef enum coh_log_level {
 } coh_log_level;
 typedef void (*coh_log_fn)(int level, const char *msg, void *arg);
 COH_API void coh_set_log_handler(coh_log_fn fn, void *arg, int max_level);
+
+/*
+ * Partial synchronisation (data-parallel training with stragglers).
+ *
+ * A rank that finished a local step calls coh_sync(): it reports READY to the
+ * coordinator (rank COHORT_COORDINATOR, 0 by default), whose scheduler places
+ * it in a group of ready ranks; the request completes when the group's
+ * weighted average, sum(w_i * x_i) / sum(w_i) over the members i, has
+ * replaced buf. Modes:
+ *   COH_SYNC_ALLREDUCE  every live rank in every group (a plain average);
+ *   COH_SYNC_PARTIAL    the first p ready ranks, immediately (FIFO);
+ *   COH_SYNC_SELECTIVE  groups of similar bandwidth (BAG) that wait a little
+ *                       for ranks about to be ready when that pays (BPAWR),
+ *                       with a full synchronisation every c rounds.
+ * The mode and the scheduler's parameters come from the configuration
+ * (sync_mode, sched); COH_SYNC_DEFAULT uses it. All ranks must use the same
+ * mode. weight > 0 (e.g. the number of local steps since the last sync).
+ * Group information (members, wait and communication time) is read with
+ * coh_request_group() once the request is complete.
+ */
+typedef enum coh_sync_mode {
+    COH_SYNC_DEFAULT = -1,
+    COH_SYNC_ALLREDUCE = 0,
+    COH_SYNC_PARTIAL = 1,
+    COH_SYNC_SELECTIVE = 2,
+    COH_SYNC_MODE_COUNT
+} coh_sync_mode;
+
+COH_API int coh_sync(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype, uint64_t iteration,
+                     double weight, coh_request_t **req);
+COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype,
+                        uint64_t iteration, double weight, coh_sync_mode mode, coh_request_t **req);
+/* This rank will not sync again on comm: the coordinator takes it out of the
+ * schedule, so no group waits for it (call it when a rank stops training
+ * while others go on; coh_finalize does it too). A later coh_sync fails. */
+COH_API int coh_sync_leave(coh_comm_t *comm);
+COH_API const char *coh_sync_mode_name(coh_sync_mode mode);
+/* "allreduce", "partial", "selective" -> mode; COH_EINVAL otherwise. */
+COH_API int coh_sync_mode_from_name(const char *name, coh_sync_mode *mode);
+
+typedef struct coh_group_info {
+    uint64_t group_id;  /* unique per communicator */
+    int size;           /* members, this rank included */
+    const int *members; /* ranks in ring order; valid until the request is freed */
+    int full;           /* 1: every live rank took part */
+    double total_weight;
+    double wait_us; /* from READY to the plan's arrival */
+    double comm_us; /* from the plan's arrival to completion */
+} coh_group_info_t;
+/* COH_EINVAL for a request that is not a sync; COH_EAGAIN while it runs. */
+COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info);
 
 /* Convenience: submit, wait, free. Returns the collective's status. */
 COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,

@@ -140,6 +140,7 @@ struct coh_request {
     uint64_t t_done_ns;
     int nslices;
     int slice_rail[RX_MAX_RAILS]; /* the rail of each slice */
+    struct rx_syncreq *sync;      /* partial synchronisation (rx_sync.h), else NULL */
     char err[RX_ERR_LEN];
 };
 
@@ -147,5 +148,9 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices);
 /* A rail slice ended (any thread). The last one completes the request. */
 void rx_request_slice_done(coh_request_t *req, int status, const char *why);
 void rx_request_unref(coh_request_t *req);
+/* Mark complete, wake waiters, drop the runtime's reference (any thread). */
+void rx_request_complete(coh_request_t *req);
+/* Record a failure on the request (first one wins); no completion. */
+void rx_request_set_error(coh_request_t *req, int status, const char *why);
 
 #endif

@@ -92,6 +92,10 @@ COH_API int coh_config_init(coh_config_t *cfg)
     cfg->small_bytes = 64 << 10;
     cfg->rail_min_bytes = 1 << 20;
     cfg->spin_us = 0;
+    cfg->sync_mode = COH_SYNC_SELECTIVE;
+    cfg->coordinator = 0;
+    cfg->tick_ms = 2;
+    cfg->sched = "";
     cfg->poll_us = 50;
     cfg->store_fd = -1;
     cfg->sockbuf_bytes = 0;
@@ -139,6 +143,18 @@ COH_API int coh_config_init(coh_config_t *cfg)
     if (env_int("COHORT_SPIN_US", &cfg->spin_us, 0, 1000000) < 0) return COH_EINVAL;
     if (env_int("COHORT_STORE_FD", &cfg->store_fd, -1, INT_MAX) < 0) return COH_EINVAL;
     if (env_int("COHORT_POLL_US", &cfg->poll_us, 0, 1000000) < 0) return COH_EINVAL;
+    if (env_str("COHORT_SYNC_MODE")) {
+        coh_sync_mode m;
+        if (coh_sync_mode_from_name(env_str("COHORT_SYNC_MODE"), &m) < 0)
+            return rx_fail(COH_EINVAL,
+                           "COHORT_SYNC_MODE=\"%s\": expected allreduce, partial or "
+                           "selective",
+                           env_str("COHORT_SYNC_MODE"));
+        cfg->sync_mode = m;
+    }
+    if (env_int("COHORT_COORDINATOR", &cfg->coordinator, 0, INT_MAX) < 0) return COH_EINVAL;
+    if (env_int("COHORT_TICK_MS", &cfg->tick_ms, 1, 10000) < 0) return COH_EINVAL;
+    if (env_str("COHORT_SCHED")) cfg->sched = env_str("COHORT_SCHED");
     if (env_size("COHORT_SOCKBUF_BYTES", &cfg->sockbuf_bytes, 0) < 0) return COH_EINVAL;
     return 0;
 }
@@ -159,6 +175,12 @@ int rx_config_validate(const coh_config_t *cfg)
     if (cfg->chunk_bytes < 1) return rx_fail(COH_EINVAL, "chunk_bytes must be >= 1");
     if (cfg->spin_us < 0) return rx_fail(COH_EINVAL, "spin_us must be >= 0");
     if (cfg->poll_us < 0) return rx_fail(COH_EINVAL, "poll_us must be >= 0");
+    if (cfg->sync_mode < 0 || cfg->sync_mode >= COH_SYNC_MODE_COUNT)
+        return rx_fail(COH_EINVAL, "sync_mode %d is not a mode", cfg->sync_mode);
+    if (cfg->coordinator < 0 || cfg->coordinator >= cfg->world_size)
+        return rx_fail(COH_EINVAL, "coordinator %d is not a rank of %d", cfg->coordinator,
+                       cfg->world_size);
+    if (cfg->tick_ms < 1) return rx_fail(COH_EINVAL, "tick_ms must be >= 1");
     if (cfg->token && strlen(cfg->token) > 64)
         return rx_fail(COH_EINVAL, "the job token is longer than 64 bytes");
     return 0;

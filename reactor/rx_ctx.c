@@ -125,6 +125,14 @@ static void ctrl_on_stop(rx_reactor_t *rx)
 {
     struct coh_ctx *ctx = rx->owner;
     store_close_fn(rx, ctx);
+    rx_coord_stop(ctx->coord);
+    ctx->coord = NULL;
+}
+
+static int coord_start_fn(rx_reactor_t *rx, void *arg)
+{
+    struct coh_ctx *ctx = arg;
+    return rx_coord_start(ctx, rx, &ctx->coord);
 }
 
 /* Exchange addresses through the store, dial lower ranks, wait for all. */
@@ -171,6 +179,20 @@ static int connect_mesh(struct coh_ctx *ctx, uint64_t deadline)
     }
     for (int r = 0; r < ctx->nrails; r++)
         RX_CHECK_GOTO(en_rail_wait_connected(&ctx->rails[r], deadline), st, out);
+    /* The coordinator's control address. */
+    if (ctx->coord) {
+        struct sockaddr_storage a;
+        rx_coord_addr(ctx->coord, &a);
+        rx_format_addr((struct sockaddr *)&a, val, sizeof(val));
+        RX_CHECK_GOTO(rx_store_set(&sc, "ctrl", val, strlen(val), deadline), st, out);
+    }
+    {
+        int left = (int)((deadline - rx_now_ns()) / 1000000ull);
+        memset(val, 0, sizeof(val));
+        RX_CHECK_GOTO(rx_store_get(&sc, "ctrl", val, sizeof(val) - 1, NULL, left, deadline), st,
+                      out);
+        RX_CHECK_GOTO(rx_resolve_hostport(val, &ctx->coord_addr), st, out);
+    }
     /* Barrier: rank 0 holds the store until every rank is through. */
     int64_t joined = 0;
     RX_CHECK_GOTO(rx_store_add(&sc, "joined", 1, &joined, deadline), st, out);
@@ -209,14 +231,19 @@ static void ctx_free(struct coh_ctx *ctx)
     coh_free(ctx->store_s);
     coh_free(ctx->token_s);
     coh_free(ctx->nics_s);
+    coh_free(ctx->sched_s);
     coh_free(ctx);
 }
 
 static void stop_all(struct coh_ctx *ctx)
 {
+    /* The control link first (no new plans), then the rails (their ops end
+     * and hand sync attempts to the control reactor), then that reactor. */
+    rx_member_close(ctx);
     for (int r = 0; r < ctx->nrails; r++) en_rail_stop(&ctx->rails[r]);
     if (ctx->ctrl_started) rx_reactor_stop(&ctx->ctrl);
     ctx->ctrl_started = false;
+    rx_member_free(ctx);
 }
 
 COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
@@ -236,6 +263,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->store_s = dupstr(cfg_in->store);
     ctx->token_s = dupstr(cfg_in->token ? cfg_in->token : "");
     ctx->nics_s = dupstr(cfg_in->nics);
+    ctx->sched_s = dupstr(cfg_in->sched ? cfg_in->sched : "");
+    ctx->cfg.sched = ctx->sched_s;
     ctx->cfg.store = ctx->store_s;
     ctx->cfg.token = ctx->token_s;
     ctx->cfg.nics = ctx->nics_s;
@@ -243,7 +272,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->world = cfg_in->world_size;
     int st = 0;
     uint64_t deadline = rx_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
-    if (!ctx->token_s || !ctx->nics_s || (cfg_in->store && !ctx->store_s)) {
+    if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s)) {
         st = rx_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
@@ -258,10 +287,13 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         st = rx_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
-    if (ctx->world > 1 && ctx->rank == 0) {
+    if (ctx->world > 1) {
+        /* Every rank's control reactor: its link to the coordinator; rank 0's
+         * also serves the store, the coordinator's hosts the scheduler. */
         RX_CHECK_GOTO(rx_reactor_start(&ctx->ctrl, "cohort-ctrl", ctrl_on_stop, ctx), st, fail);
         ctx->ctrl_started = true;
-        RX_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, store_start_fn, ctx), st, fail);
+        if (ctx->rank == 0)
+            RX_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, store_start_fn, ctx), st, fail);
     }
     for (int r = 0; r < ctx->nrails; r++) {
         st = en_rail_start(&ctx->rails[r], ctx, r, ctx->rank, ctx->world, ctx->nrails,
@@ -275,7 +307,13 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             goto fail;
         }
     }
-    if (ctx->world > 1) RX_CHECK_GOTO(connect_mesh(ctx, deadline), st, fail);
+    if (ctx->world > 1 && ctx->rank == ctx->cfg.coordinator)
+        RX_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
+    if (ctx->world > 1) {
+        RX_CHECK_GOTO(connect_mesh(ctx, deadline), st, fail);
+        RX_CHECK_GOTO(rx_member_start(ctx), st, fail);
+        RX_CHECK_GOTO(rx_member_wait_ready(ctx, deadline), st, fail);
+    }
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
     ctx->world_comm.rank = ctx->rank;
@@ -300,6 +338,13 @@ COH_API int coh_finalize(coh_ctx_t *ctx)
     if (!reg_take(ctx))
         return rx_fail(COH_ESTATE, "coh_finalize: not a live context (finalized twice?)");
     atomic_store(&ctx->state, RX_CTX_FINALIZING);
+    /* Leave the schedule; the coordinator's rank then waits (up to the op
+     * timeout) for the others to leave too, or they would lose it mid-run. */
+    rx_member_close(ctx);
+    if (ctx->coord) {
+        uint64_t deadline = rx_now_ns() + (uint64_t)ctx->cfg.timeout_ms * 1000000ull;
+        while (rx_coord_active(ctx->coord) > 0 && rx_now_ns() < deadline) uv_sleep(5);
+    }
     /* Rails first: their running ops end (cancelled) and complete their
      * requests; then the store that may still serve late peers. */
     stop_all(ctx);

@@ -5,6 +5,7 @@
 #include "engines/engine.h"
 #include "reactor/reactor.h"
 #include "reactor/rx_store.h"
+#include "reactor/rx_sync.h"
 
 typedef enum rx_ctx_state { RX_CTX_RUNNING = 1, RX_CTX_FINALIZING = 2 } rx_ctx_state;
 
@@ -18,13 +19,16 @@ struct coh_comm {
 
 struct coh_ctx {
     coh_config_t cfg; /* strings below are this context's copies */
-    char *store_s, *token_s, *nics_s;
+    char *store_s, *token_s, *nics_s, *sched_s;
     int rank, world, nrails;
     en_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     rx_reactor_t ctrl; /* control reactor: the store (rank 0) */
     bool ctrl_started;
     rx_store_server_t *store;
+    struct rx_member *member;           /* every rank of a world > 1 */
+    struct rx_coord *coord;             /* the coordinator rank only */
+    struct sockaddr_storage coord_addr; /* where the coordinator listens */
     coh_comm_t world_comm;
     _Atomic int state;
     int event_fd;
@@ -37,5 +41,6 @@ struct coh_ctx {
 void rx_ctx_notify(struct coh_ctx *ctx, int failed);
 /* Is ctx a live context? (registry check for use-after-finalize) */
 bool rx_ctx_alive(struct coh_ctx *ctx);
+void rx_member_close(struct coh_ctx *ctx);
 
 #endif

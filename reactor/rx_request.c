@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "reactor/rx_ctx.h"
+#include "reactor/rx_sync.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -39,12 +40,19 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
 
 void rx_request_unref(coh_request_t *req)
 {
-    if (atomic_fetch_sub_explicit(&req->refs, 1, memory_order_acq_rel) == 1) coh_free(req);
+    if (atomic_fetch_sub_explicit(&req->refs, 1, memory_order_acq_rel) == 1) {
+        if (req->sync) {
+            coh_free(req->sync->scratch);
+            coh_free(req->sync->members);
+            coh_free(req->sync);
+        }
+        coh_free(req);
+    }
 }
 
 static void futex_wake_all(coh_request_t *req);
 
-static void complete(coh_request_t *req)
+void rx_request_complete(coh_request_t *req)
 {
     struct coh_ctx *ctx = req->ctx;
     req->t_done_ns = rx_now_ns();
@@ -53,6 +61,15 @@ static void complete(coh_request_t *req)
     if (atomic_load(&req->waiters) > 0) futex_wake_all(req);
     rx_ctx_notify(ctx, failed);
     rx_request_unref(req);
+}
+
+void rx_request_set_error(coh_request_t *req, int status, const char *why)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&req->err_set, &expected, 1)) {
+        snprintf(req->err, sizeof(req->err), "%s", why && *why ? why : coh_strerror(status));
+        atomic_store(&req->status, status);
+    }
 }
 
 void rx_request_slice_done(coh_request_t *req, int status, const char *why)
@@ -69,7 +86,12 @@ void rx_request_slice_done(coh_request_t *req, int status, const char *why)
                                    status, req->err);
         }
     }
-    if (atomic_fetch_sub_explicit(&req->slices, 1, memory_order_acq_rel) == 1) complete(req);
+    if (atomic_fetch_sub_explicit(&req->slices, 1, memory_order_acq_rel) == 1) {
+        if (req->sync)
+            rx_sync_attempt_done(req); /* the control reactor decides: done, or try again */
+        else
+            rx_request_complete(req);
+    }
 }
 
 void rx_ctx_notify(struct coh_ctx *ctx, int failed)

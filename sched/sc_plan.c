@@ -94,6 +94,8 @@ typedef struct bld {
     uint64_t lo, len; /* the slice */
     uint32_t k;       /* chunks per segment */
     int err;
+    uint32_t root; /* a step every later step waits for (the weighting prologue) */
+    int in;        /* buffer the input is read from: SEND, or RECV after the prologue */
 } bld_t;
 
 static int pos_rank(const bld_t *b, int pos)
@@ -116,6 +118,15 @@ static uint32_t add(bld_t *b, int kind, int src, int dst, int peer_pos, uint32_t
                    .dst_off = dst_off,
                    .count = count,
                    .factor = factor};
+    uint32_t all[8];
+    if (b->root != NONE) {
+        /* Everything after the prologue waits for it (plans pass at most 3 deps). */
+        uint32_t n = 0;
+        for (uint32_t d = 0; d < ndeps && n < 7; d++) all[n++] = deps[d];
+        all[n++] = b->root;
+        deps = all;
+        ndeps = n;
+    }
     int64_t i = sc_plan_add(b->plan, &s, deps, ndeps);
     if (i < 0) {
         b->err = COH_ENOMEM;
@@ -207,12 +218,20 @@ static void build_fence(bld_t *b)
     coh_free(mine);
 }
 
+/* The divisor of the result: an explicit one (weighted mean), nranks for
+ * avg, or 0 for none. */
+static double divisor(const bld_t *b)
+{
+    if (b->c->divide > 0) return b->c->divide;
+    return b->c->avg ? (double)b->n : 0;
+}
+
 /* ---- allreduce ---- */
 
 static void build_allreduce_ring(bld_t *b)
 {
     const int n = b->n, r = b->r;
-    const bool avg = b->c->avg;
+    const double div = divisor(b);
     b->k = chunks_for((b->len + n - 1) / n, b->c->chunk_elems);
     uint32_t *prev = coh_malloc(sizeof(uint32_t) * b->k); /* last step touching chunk k */
     if (!prev) {
@@ -230,10 +249,10 @@ static void build_allreduce_ring(bld_t *b)
             chunk_range(b, n, (uint64_t)((r - s - 1 + 2 * n) % n), k, &ro, &rc);
             uint32_t tag = tag_of(b, 0, (uint32_t)s, k);
             if (sc) /* the first step reads the caller's input, later ones the partial sums */
-                add(b, SC_SEND, s == 0 ? SC_BUF_SEND : SC_BUF_RECV, SC_BUF_RECV, r + 1, tag,
-                    b->lo + so, b->lo + so, sc, 0, DEPS(prev[k]));
+                add(b, SC_SEND, s == 0 ? b->in : SC_BUF_RECV, SC_BUF_RECV, r + 1, tag, b->lo + so,
+                    b->lo + so, sc, 0, DEPS(prev[k]));
             if (rc)
-                prev[k] = add(b, SC_RECV_REDUCE, SC_BUF_SEND, SC_BUF_RECV, r - 1, tag, b->lo + ro,
+                prev[k] = add(b, SC_RECV_REDUCE, b->in, SC_BUF_RECV, r - 1, tag, b->lo + ro,
                               b->lo + ro, rc, 0, NODEPS);
         }
     }
@@ -241,9 +260,9 @@ static void build_allreduce_ring(bld_t *b)
     for (uint32_t k = 0; k < b->k; k++) {
         uint64_t o, c;
         chunk_range(b, n, (uint64_t)((r + 1) % n), k, &o, &c);
-        if (avg && c)
+        if (div > 0 && c)
             prev[k] = add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, b->lo + o, b->lo + o, c,
-                          (double)n, DEPS(prev[k]));
+                          div, DEPS(prev[k]));
     }
     /* Allgather: at step s send segment r+1-s, receive segment r-s. */
     for (int s = 0; s < n - 1; s++) {
@@ -282,7 +301,7 @@ static void build_allreduce_rd(bld_t *b)
     const uint64_t lo = b->lo, len = b->len;
     const int P = 1 << ilog2_floor(n), rem = n - P, rounds = ilog2_floor(n);
     b->plan->scratch_count = len * (uint64_t)(rounds + 1);
-    uint32_t last = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, lo, lo, len, 0, NODEPS);
+    uint32_t last = add(b, SC_COPY, b->in, SC_BUF_RECV, LOCAL, 0, lo, lo, len, 0, NODEPS);
     int newr;
     uint32_t fold_send = NONE;
     if (r < 2 * rem) {
@@ -313,8 +332,8 @@ static void build_allreduce_rd(bld_t *b)
             last = add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, scr, lo, len, 0,
                        DEPS(sd, rv, last));
         }
-        if (b->c->avg)
-            last = add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, lo, lo, len, (double)n,
+        if (divisor(b) > 0)
+            last = add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, lo, lo, len, divisor(b),
                        DEPS(last));
         if (r < 2 * rem)
             add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r - 1, 0x7fffffffu, lo, lo, len, 0,
@@ -545,6 +564,17 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
                .lo = c->lo,
                .len = c->hi - c->lo,
                .k = 1};
+    b.root = NONE;
+    b.in = SC_BUF_SEND;
+    if (c->kind == SC_ALLREDUCE && c->scale != 0 && c->count > 0 && b.len > 0 && c->nranks > 1) {
+        /* Weighting prologue: copy the input into the recv buffer, scale it
+         * there, and run the collective in place on it. */
+        uint32_t cp =
+            add(&b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b.lo, b.lo, b.len, 0, NODEPS);
+        b.root = add(&b, SC_SCALE, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, b.lo, b.lo, b.len, c->scale,
+                     DEPS(cp));
+        b.in = SC_BUF_RECV;
+    }
     sc_algo algo = sc_plan_resolve_algo(c);
     if (c->kind == SC_BARRIER || c->count == 0) {
         /* Zero elements still meet the other ranks so a count mismatch is seen. */

@@ -92,6 +92,13 @@ typedef struct sc_coll {
     uint64_t chunk_elems; /* pipeline chunk of ring plans (>= 1) */
     uint64_t small_elems; /* SC_ALGO_AUTO threshold, in elements of the whole op */
     bool avg;             /* divide the result by nranks */
+    /* Weighted averaging (partial synchronisation), allreduce only: the
+     * input is copied into the recv buffer and multiplied there by `scale`
+     * before anything is sent (so the send buffer is only read), and the
+     * sum is divided by `divide` (0: no division). With scale = w_i and
+     * divide = sum of w over the members, the result is the weighted mean. */
+    double scale;  /* 0 = no prologue */
+    double divide; /* 0 = none; overrides avg */
     /* reduce-scatter: the input sits in the recv buffer (in place); the work
      * area is the input itself and no scratch is needed. */
     bool rs_in_place;

@@ -1,0 +1,674 @@
+/*
+ * The coordinator: one rank's control reactor hosts the scheduler fiber.
+ *
+ * It listens for every rank's control connection, turns READY / DONE /
+ * REFUSE messages and lost connections into scheduler events (sched/sched.h,
+ * pure and deterministic: the same code the simulator runs), asks the
+ * scheduler for decisions on a timer every COHORT_TICK_MS and after every
+ * event, and sends each LAUNCH out as PLANs. Everything here runs on that
+ * reactor's loop thread.
+ *
+ * Times given to the scheduler are seconds on this rank's monotonic clock
+ * since the coordinator started; compute times are measured by the ranks
+ * themselves (from the end of their previous sync to their READY).
+ */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reactor/rx_alloc.h"
+#include "reactor/rx_ctx.h"
+#include "reactor/rx_sync.h"
+#include "sched/sched.h"
+
+typedef struct co_rank {
+    rx_ctl_conn_t *conn;
+    bool lost;
+    bool left;      /* said LEAVE: out of the schedule, connection kept */
+    bool has_ready; /* a READY waits for a group */
+    bool deferred;  /* a READY arrived while its group still ran */
+    rx_ctl_ready_t ready;
+    uint64_t group; /* the running group it is in, 0 if none */
+    double bw_gbps; /* smoothed measurement of its sending rate, 0 if none */
+} co_rank_t;
+
+typedef struct co_group {
+    struct co_group *next;
+    uint64_t gid;  /* global: PLANs and DONEs carry it */
+    uint64_t sgid; /* the scheduler's id */
+    int mode;
+    int n;
+    int *members;
+    rx_ctl_ready_t *readys; /* what each member asked with (to group it again) */
+    uint8_t *done;
+    int ndone;
+    double max_duration;
+    int status;
+    double t_launch, t_first_fail;
+} co_group_t;
+
+struct rx_coord {
+    struct coh_ctx *ctx;
+    rx_reactor_t *rx;
+    uv_tcp_t listen;
+    uv_timer_t tick;
+    int handles;
+    bool closing;
+    int world;
+    co_rank_t *ranks;
+    sc_params_t params;
+    bool params_ok;
+    sc_sched_t *sched[COH_SYNC_MODE_COUNT];
+    co_group_t *groups;
+    uint64_t next_gid;
+    uint64_t t0_ns;
+    struct sockaddr_storage addr;
+    _Atomic int active; /* ranks connected and not gone or left (finalize waits) */
+    /* connections that have not said HELLO yet */
+    rx_ctl_conn_t *strangers[64];
+    int nstrangers;
+};
+
+static double now_s(rx_coord_t *c)
+{
+    return (double)(rx_now_ns() - c->t0_ns) / 1e9;
+}
+
+/* ---- parameters: defaults, COHORT_SCHED, COHORT_SCHED_<NAME> ---- */
+
+static int load_params(rx_coord_t *c)
+{
+    sc_params_t *p = &c->params;
+    sc_params_default(p);
+    const char *list = c->ctx->cfg.sched;
+    if (list && *list) {
+        char *copy = coh_strdup(list), *save = NULL;
+        if (!copy) return COH_ENOMEM;
+        for (char *kv = strtok_r(copy, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(kv, '=');
+            if (!eq) {
+                coh_free(copy);
+                return rx_fail(COH_EINVAL, "COHORT_SCHED: \"%s\" is not name=value", kv);
+            }
+            *eq = 0;
+            if (sc_params_set(p, kv, eq + 1) < 0) {
+                int st = rx_fail(COH_EINVAL, "COHORT_SCHED: bad parameter %s=%s", kv, eq + 1);
+                coh_free(copy);
+                return st;
+            }
+        }
+        coh_free(copy);
+    }
+    int n;
+    const sc_param_info_t *info = sc_params_info(&n);
+    for (int i = 0; i < n; i++) {
+        char var[96] = "COHORT_SCHED_";
+        size_t l = strlen(var);
+        for (const char *q = info[i].name; *q && l < sizeof(var) - 1; q++)
+            var[l++] = *q == '-' ? '_' : (char)toupper((unsigned char)*q);
+        var[l] = 0;
+        const char *v = getenv(var);
+        if (v && *v && sc_params_set(p, info[i].name, v) < 0)
+            return rx_fail(COH_EINVAL, "%s=\"%s\": not a valid value", var, v);
+    }
+    /* A group of one synchronises with nobody: below 7 ranks 0.3n rounds to
+     * 1 or 2, so the live default keeps groups of at least two. */
+    if (p->p == 0 && c->world >= 2) {
+        int pp = (int)lround(p->p_frac * c->world);
+        p->p = pp < 2 ? 2 : pp;
+    }
+    if (p->p > c->world) p->p = c->world;
+    c->params_ok = true;
+    return sc_params_validate(p, c->world);
+}
+
+/* Warm start: COHORT_SCHED_TRACE, a CSV "worker,bandwidth_gbps,compute_s"
+ * as cohort-sim replay reads it: each worker's compute samples become its
+ * CDF, its bandwidth the first estimate. */
+static void load_trace(rx_coord_t *c, sc_sched_t *s)
+{
+    const char *path = getenv("COHORT_SCHED_TRACE");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        rx_log(COH_LOG_WARN, "coordinator: cannot open COHORT_SCHED_TRACE %s", path);
+        return;
+    }
+    int n = c->world;
+    double **samp = coh_calloc((size_t)n, sizeof(double *));
+    int *cnt = coh_calloc((size_t)n, sizeof(int)), *cap = coh_calloc((size_t)n, sizeof(int));
+    char line[256];
+    while (samp && cnt && cap && fgets(line, sizeof(line), f)) {
+        int w;
+        double bw, cs;
+        if (sscanf(line, "%d,%lf,%lf", &w, &bw, &cs) != 3 || w < 0 || w >= n) continue;
+        if (bw > 0) sc_sched_on_bandwidth(s, w, bw);
+        if (cnt[w] == cap[w]) {
+            int nc = cap[w] ? 2 * cap[w] : 64;
+            double *ns = coh_reallocn(samp[w], (size_t)nc, sizeof(double));
+            if (!ns) continue;
+            samp[w] = ns;
+            cap[w] = nc;
+        }
+        samp[w][cnt[w]++] = cs;
+    }
+    fclose(f);
+    for (int w = 0; samp && cnt && w < n; w++) {
+        if (cnt[w]) sc_sched_load_cdf(s, w, samp[w], cnt[w]);
+        coh_free(samp[w]);
+    }
+    coh_free(samp);
+    coh_free(cnt);
+    coh_free(cap);
+}
+
+static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *first)
+{
+    if (c->sched[mode]) return c->sched[mode];
+    sc_params_t p = c->params;
+    static const sc_policy policy[] = {SC_POLICY_ALLREDUCE, SC_POLICY_PARTIAL, SC_POLICY_SELECTIVE};
+    p.policy = policy[mode];
+    /* The cost model's v is the size being synchronised. */
+    if (first->count) p.model_mb = (double)first->count * coh_dtype_size(first->dtype) / 1e6;
+    if (sc_sched_create(&p, c->world, &c->sched[mode]) < 0) return NULL;
+    sc_sched_t *s = c->sched[mode];
+    double t = now_s(c);
+    for (int r = 0; r < c->world; r++) {
+        if (c->ranks[r].lost) sc_sched_on_worker_lost(s, r);
+        if (c->ranks[r].bw_gbps > 0) sc_sched_on_bandwidth(s, r, c->ranks[r].bw_gbps);
+    }
+    load_trace(c, s);
+    (void)t;
+    return s;
+}
+
+/* ---- sending ---- */
+
+static void declare_lost(rx_coord_t *c, int r, const char *why);
+
+static void send_plan(rx_coord_t *c, int r, uint64_t gid, uint64_t attempt, int status, int full,
+                      double total_weight, const int *members, int n)
+{
+    co_rank_t *cr = &c->ranks[r];
+    uint32_t stack[64];
+    uint32_t *m32 = n <= 64 ? stack : coh_malloc(sizeof(uint32_t) * (size_t)n);
+    if (!m32) {
+        declare_lost(c, r, "out of memory planning it");
+        return;
+    }
+    for (int i = 0; i < n; i++) m32[i] = (uint32_t)members[i];
+    rx_ctl_msg_t msg = {.type = RX_CTL_PLAN};
+    msg.u.plan = (rx_ctl_plan_t){.group_id = gid,
+                                 .attempt = attempt,
+                                 .status = status,
+                                 .full = (uint32_t)full,
+                                 .total_weight = total_weight,
+                                 .nmembers = (uint32_t)n,
+                                 .members_in = m32};
+    int st = cr->conn ? rx_ctl_send(cr->conn, &msg) : COH_EPEER;
+    if (m32 != stack) coh_free(m32);
+    if (st < 0) declare_lost(c, r, "cannot send it its plan");
+}
+
+/* ---- groups ---- */
+
+static co_group_t *group_find(rx_coord_t *c, uint64_t gid)
+{
+    for (co_group_t *g = c->groups; g; g = g->next)
+        if (g->gid == gid) return g;
+    return NULL;
+}
+
+static void apply_ready(rx_coord_t *c, int r);
+
+static void group_end(rx_coord_t *c, co_group_t *g)
+{
+    co_group_t **pp = &c->groups;
+    while (*pp != g) pp = &(*pp)->next;
+    *pp = g->next;
+    sc_sched_t *s = c->sched[g->mode];
+    if (s) sc_sched_on_group_done(s, g->sgid, now_s(c), g->max_duration);
+    for (int i = 0; i < g->n; i++) {
+        co_rank_t *cr = &c->ranks[g->members[i]];
+        if (cr->group == g->gid) cr->group = 0;
+    }
+    for (int i = 0; i < g->n; i++) {
+        co_rank_t *cr = &c->ranks[g->members[i]];
+        if (cr->deferred && !cr->lost) {
+            cr->deferred = false;
+            apply_ready(c, g->members[i]);
+        }
+    }
+    coh_free(g->members);
+    coh_free(g->readys);
+    coh_free(g->done);
+    coh_free(g);
+}
+
+static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double duration)
+{
+    for (int i = 0; i < g->n; i++) {
+        if (g->members[i] != r || g->done[i]) continue;
+        g->done[i] = 1;
+        g->ndone++;
+        if (duration > g->max_duration) g->max_duration = duration;
+        if (status < 0 && g->status == 0) {
+            g->status = status;
+            g->t_first_fail = now_s(c);
+        }
+    }
+    if (g->ndone == g->n) group_end(c, g);
+}
+
+static void declare_lost(rx_coord_t *c, int r, const char *why)
+{
+    co_rank_t *cr = &c->ranks[r];
+    if (cr->lost) return;
+    cr->lost = true;
+    if (cr->conn && !cr->left) atomic_fetch_sub(&c->active, 1);
+    cr->has_ready = cr->deferred = false;
+    rx_log(COH_LOG_WARN, "coordinator: rank %d is out of the schedule: %s", r, why);
+    for (int m = 0; m < COH_SYNC_MODE_COUNT; m++)
+        if (c->sched[m]) sc_sched_on_worker_lost(c->sched[m], r);
+    if (cr->conn) rx_ctl_close(cr->conn, COH_EPEER, why);
+    co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
+    if (g) member_done(c, g, r, COH_EPEER, 0);
+}
+
+static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
+{
+    int n = d->nmembers;
+    /* Every member must be ready, in this mode, with the same count and dtype. */
+    const rx_ctl_ready_t *first = NULL;
+    bool mismatch = false, missing = false;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        co_rank_t *cr = &c->ranks[d->members[i]];
+        if (!cr->has_ready || cr->ready.mode != (uint32_t)mode) {
+            missing = true;
+            continue;
+        }
+        if (!first) first = &cr->ready;
+        mismatch |= cr->ready.count != first->count || cr->ready.dtype != first->dtype;
+        total += cr->ready.weight;
+    }
+    co_group_t *g = coh_zalloc(sizeof(*g));
+    if (g) {
+        g->members = coh_malloc(sizeof(int) * (size_t)n);
+        g->readys = coh_calloc((size_t)n, sizeof(rx_ctl_ready_t));
+        g->done = coh_calloc((size_t)n, 1);
+    }
+    if (!g || !g->members || !g->readys || !g->done) {
+        if (g) {
+            coh_free(g->members);
+            coh_free(g->readys);
+            coh_free(g->done);
+            coh_free(g);
+        }
+        sc_sched_on_group_done(c->sched[mode], d->group_id, now_s(c), 0);
+        rx_log(COH_LOG_ERROR, "coordinator: out of memory launching a group");
+        return;
+    }
+    g->gid = ++c->next_gid;
+    g->sgid = d->group_id;
+    g->mode = mode;
+    g->n = n;
+    g->t_launch = now_s(c);
+    for (int i = 0; i < n; i++) {
+        g->members[i] = d->members[i];
+        g->readys[i] = c->ranks[d->members[i]].ready;
+    }
+    if (mismatch || missing) {
+        /* Refuse the group: every member's sync fails with the reason. */
+        int st = mismatch ? COH_EMISMATCH : COH_EPROTO;
+        rx_log(COH_LOG_WARN, "coordinator: group %llu refused: %s", (unsigned long long)g->gid,
+               mismatch ? "members disagree on count or dtype" : "a member is not ready");
+        for (int i = 0; i < n; i++) {
+            co_rank_t *cr = &c->ranks[g->members[i]];
+            if (!cr->has_ready) continue;
+            cr->has_ready = false;
+            send_plan(c, g->members[i], g->gid, cr->ready.attempt, st, 0, 0, g->members, n);
+        }
+        sc_sched_on_group_done(c->sched[mode], g->sgid, now_s(c), 0);
+        coh_free(g->members);
+        coh_free(g->readys);
+        coh_free(g->done);
+        coh_free(g);
+        return;
+    }
+    g->next = c->groups;
+    c->groups = g;
+    for (int i = 0; i < n; i++) {
+        co_rank_t *cr = &c->ranks[g->members[i]];
+        cr->has_ready = false;
+        cr->group = g->gid;
+    }
+    /* Sending can declare a member lost and so end (free) the group: send
+     * from copies. */
+    uint64_t gid = g->gid;
+    int *mem = coh_malloc(sizeof(int) * (size_t)n);
+    uint64_t *att = coh_malloc(sizeof(uint64_t) * (size_t)n);
+    if (!mem || !att) {
+        coh_free(mem);
+        coh_free(att);
+        for (int i = 0; i < n; i++) declare_lost(c, d->members[i], "out of memory planning it");
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        mem[i] = g->members[i];
+        att[i] = g->readys[i].attempt;
+    }
+    for (int i = 0; i < n; i++)
+        if (!c->ranks[mem[i]].lost) send_plan(c, mem[i], gid, att[i], 0, d->full, total, mem, n);
+    coh_free(mem);
+    coh_free(att);
+}
+
+static void tick_all(rx_coord_t *c)
+{
+    double t = now_s(c);
+    for (int m = 0; m < COH_SYNC_MODE_COUNT; m++) {
+        sc_sched_t *s = c->sched[m];
+        if (!s) continue;
+        sc_tick_t out;
+        if (sc_sched_tick(s, t, &out) < 0) continue;
+        /* Decisions live until the next call on the scheduler: copy the
+         * launches first, since launching calls into it. */
+        int nl = 0;
+        for (int i = 0; i < out.ndec; i++) nl += out.dec[i].kind != SC_DEC_WAIT;
+        if (!nl) continue;
+        sc_decision_t *dec = coh_malloc(sizeof(sc_decision_t) * (size_t)nl);
+        int **mem = coh_calloc((size_t)nl, sizeof(int *));
+        if (!dec || !mem) {
+            coh_free(dec);
+            coh_free(mem);
+            continue;
+        }
+        int k = 0;
+        for (int i = 0; i < out.ndec; i++) {
+            if (out.dec[i].kind == SC_DEC_WAIT) continue;
+            dec[k] = out.dec[i];
+            mem[k] = coh_malloc(sizeof(int) * (size_t)(dec[k].nmembers ? dec[k].nmembers : 1));
+            if (mem[k]) memcpy(mem[k], dec[k].members, sizeof(int) * (size_t)dec[k].nmembers);
+            dec[k].members = mem[k];
+            k++;
+        }
+        for (int i = 0; i < k; i++) {
+            if (!mem[i]) continue;
+            if (dec[i].kind == SC_DEC_LAUNCH) {
+                char line[256];
+                if (sc_decision_explain(&dec[i], line, sizeof(line)) > 0)
+                    rx_log(COH_LOG_DEBUG, "coordinator: %s", line);
+                launch(c, m, &dec[i]);
+            } else if (dec[i].kind == SC_DEC_SUSPECT && dec[i].nmembers > 0) {
+                declare_lost(c, dec[i].members[0], "missed its fault deadline");
+            }
+            coh_free(mem[i]);
+        }
+        coh_free(mem);
+        coh_free(dec);
+    }
+}
+
+static void apply_ready(rx_coord_t *c, int r)
+{
+    co_rank_t *cr = &c->ranks[r];
+    const rx_ctl_ready_t *rd = &cr->ready;
+    sc_sched_t *s = sched_for(c, (int)rd->mode, rd);
+    int st = cr->left ? COH_ESTATE
+             : s      ? sc_sched_on_ready(s, r, now_s(c), rd->compute_s)
+                      : COH_ENOMEM;
+    if (st < 0) {
+        /* The scheduler has this rank out of the schedule (or lost): tell it
+         * rather than leave it waiting. */
+        int one[1] = {r};
+        send_plan(c, r, 0, rd->attempt, st == COH_ESTATE ? COH_EPEER : st, 0, 0, one, 1);
+        return;
+    }
+    cr->has_ready = true;
+}
+
+/* ---- messages ---- */
+
+static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
+{
+    rx_coord_t *c = conn->owner;
+    int r = conn->peer;
+    co_rank_t *cr = &c->ranks[r];
+    switch (m->type) {
+    case RX_CTL_READY: {
+        const rx_ctl_ready_t *rd = &m->u.ready;
+        if ((int)rd->rank != r || rd->mode >= COH_SYNC_MODE_COUNT || rd->dtype >= COH_DTYPE_COUNT ||
+            !(rd->weight > 0) || cr->has_ready) {
+            declare_lost(c, r, "malformed or duplicate READY");
+            return;
+        }
+        cr->ready = *rd;
+        if (cr->group) {
+            cr->deferred = true; /* its group ends when the last DONE arrives */
+            return;
+        }
+        apply_ready(c, r);
+        break;
+    }
+    case RX_CTL_DONE: {
+        const rx_ctl_done_t *d = &m->u.done;
+        if ((int)d->rank != r) {
+            declare_lost(c, r, "DONE for another rank");
+            return;
+        }
+        /* What this rank measured of its peers' links. */
+        for (uint32_t i = 0; i < d->nbw; i++) {
+            const rx_ctl_bw_t *b = &d->bw[i];
+            if (b->peer >= (uint32_t)c->world || b->seconds <= 0 || b->bytes == 0) continue;
+            double gbps = (double)b->bytes * 8 / b->seconds / 1e9;
+            co_rank_t *pr = &c->ranks[b->peer];
+            pr->bw_gbps = pr->bw_gbps > 0 ? 0.7 * pr->bw_gbps + 0.3 * gbps : gbps;
+            for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+                if (c->sched[md]) sc_sched_on_bandwidth(c->sched[md], (int)b->peer, pr->bw_gbps);
+        }
+        co_group_t *g = group_find(c, d->group_id);
+        if (g) member_done(c, g, r, d->status, d->duration_s);
+        break;
+    }
+    case RX_CTL_REFUSE: {
+        const rx_ctl_refuse_t *f = &m->u.refuse;
+        co_group_t *g = group_find(c, f->group_id);
+        if ((int)f->rank != r || !g || f->gone >= (uint32_t)c->world) return;
+        for (int i = 0; i < g->n; i++)
+            if (g->members[i] == r) {
+                cr->ready = g->readys[i]; /* group it again once this group is over */
+                cr->deferred = true;
+            }
+        char why[96];
+        snprintf(why, sizeof(why), "rank %d reported it gone", r);
+        uint64_t gid = g->gid;
+        declare_lost(c, (int)f->gone, why); /* may end the group */
+        if ((g = group_find(c, gid)) != NULL) member_done(c, g, r, 0, 0);
+        break;
+    }
+    case RX_CTL_LEAVE:
+        if (m->u.leave_rank != (uint32_t)r) {
+            declare_lost(c, r, "LEAVE for another rank");
+            return;
+        }
+        if (!cr->left && !cr->lost) {
+            /* Out of the schedule like a lost rank, but its connection stays:
+             * nobody waits for it, and a later sync is refused. */
+            cr->left = true;
+            atomic_fetch_sub(&c->active, 1);
+            cr->has_ready = cr->deferred = false;
+            for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+                if (c->sched[md]) sc_sched_on_worker_lost(c->sched[md], r);
+            co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
+            if (g) member_done(c, g, r, 0, 0);
+        }
+        break;
+    default: declare_lost(c, r, "unexpected message");
+    }
+    tick_all(c);
+}
+
+static void forget_stranger(rx_coord_t *c, rx_ctl_conn_t *conn)
+{
+    for (int i = 0; i < c->nstrangers; i++)
+        if (c->strangers[i] == conn) c->strangers[i] = c->strangers[--c->nstrangers];
+}
+
+static void on_ready(rx_ctl_conn_t *conn, int peer)
+{
+    rx_coord_t *c = conn->owner;
+    forget_stranger(c, conn);
+    if (peer < 0 || peer >= c->world || c->ranks[peer].conn || c->ranks[peer].lost) {
+        rx_ctl_close(conn, COH_EPROTO, "duplicate or unknown rank");
+        return;
+    }
+    c->ranks[peer].conn = conn;
+    atomic_fetch_add(&c->active, 1);
+}
+
+static void on_close(rx_ctl_conn_t *conn, int status, const char *why)
+{
+    (void)status;
+    rx_coord_t *c = conn->owner;
+    forget_stranger(c, conn);
+    int r = conn->peer;
+    if (r < 0 || r >= c->world || c->ranks[r].conn != conn) {
+        if (!c->closing) rx_log(COH_LOG_WARN, "coordinator: dropped a connection: %s", why);
+        return;
+    }
+    if (c->closing) {
+        c->ranks[r].conn = NULL;
+        return;
+    }
+    char msg[160];
+    snprintf(msg, sizeof(msg), "control connection closed (%s)", why);
+    declare_lost(c, r, msg); /* counts it out of `active` while conn is still set */
+    c->ranks[r].conn = NULL;
+    tick_all(c);
+}
+
+static const rx_ctl_handlers_t coord_handlers = {
+    .on_msg = on_msg, .on_ready = on_ready, .on_close = on_close};
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    rx_coord_t *c = server->data;
+    if (status < 0 || c->closing) return;
+    rx_ctl_conn_t *conn;
+    if (rx_ctl_accept(server, c->ctx->token_s, c->ctx->rank, c->world, &coord_handlers, c, &conn) !=
+        0)
+        return;
+    if (c->nstrangers == (int)(sizeof(c->strangers) / sizeof(c->strangers[0]))) {
+        rx_ctl_close(conn, COH_EAGAIN, "too many connections in handshake");
+        return;
+    }
+    c->strangers[c->nstrangers++] = conn;
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    rx_coord_t *c = t->data;
+    tick_all(c);
+    /* A connection that never says HELLO does not keep a slot. */
+    uint64_t now = rx_now_ns();
+    for (int i = c->nstrangers - 1; i >= 0; i--)
+        if (now - c->strangers[i]->t_open_ns > 10000000000ull)
+            rx_ctl_close(c->strangers[i], COH_ETIMEDOUT, "no handshake in time");
+    /* A group where someone failed and others never report (a hung rank)
+     * ends after the op timeout: the silent ones are out. */
+    double tnow = now_s(c), limit = c->ctx->cfg.timeout_ms / 1e3;
+    for (co_group_t *g = c->groups; g; g = g->next) {
+        if (g->status == 0 || tnow - g->t_first_fail < limit) continue;
+        for (int i = 0; i < g->n; i++)
+            if (!g->done[i]) {
+                declare_lost(c, g->members[i], "silent after its group failed");
+                break; /* the group may be gone now: next tick continues */
+            }
+        break;
+    }
+}
+
+static void handle_closed(uv_handle_t *h)
+{
+    rx_coord_t *c = h->data;
+    if (--c->handles > 0) return;
+    for (int m = 0; m < COH_SYNC_MODE_COUNT; m++) sc_sched_destroy(c->sched[m]);
+    while (c->groups) {
+        co_group_t *g = c->groups;
+        c->groups = g->next;
+        coh_free(g->members);
+        coh_free(g->readys);
+        coh_free(g->done);
+        coh_free(g);
+    }
+    coh_free(c->ranks);
+    coh_free(c);
+}
+
+void rx_coord_stop(rx_coord_t *c)
+{
+    if (!c || c->closing) return;
+    c->closing = true;
+    for (int r = 0; r < c->world; r++)
+        if (c->ranks[r].conn) rx_ctl_close(c->ranks[r].conn, COH_ECANCELED, "finalizing");
+    while (c->nstrangers) rx_ctl_close(c->strangers[0], COH_ECANCELED, "finalizing");
+    uv_close((uv_handle_t *)&c->tick, handle_closed);
+    uv_close((uv_handle_t *)&c->listen, handle_closed);
+}
+
+int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
+{
+    rx_coord_t *c = coh_zalloc(sizeof(*c));
+    if (!c) return rx_fail(COH_ENOMEM, "coordinator: out of memory");
+    c->ctx = ctx;
+    c->rx = rx;
+    c->world = ctx->world;
+    c->t0_ns = rx_now_ns();
+    c->ranks = coh_calloc((size_t)ctx->world, sizeof(co_rank_t));
+    if (!c->ranks) {
+        coh_free(c);
+        return rx_fail(COH_ENOMEM, "coordinator: out of memory");
+    }
+    int st = load_params(c);
+    if (st < 0) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", coh_last_error());
+        coh_free(c->ranks);
+        coh_free(c);
+        return rx_fail(st, "coordinator: %s", why);
+    }
+    uv_tcp_init(&rx->loop, &c->listen);
+    c->listen.data = c;
+    uv_timer_init(&rx->loop, &c->tick);
+    c->tick.data = c;
+    c->handles = 2;
+    struct sockaddr_storage a = ctx->rail_addr[0]; /* port 0: any */
+    int e = uv_tcp_bind(&c->listen, (struct sockaddr *)&a, 0);
+    if (!e) e = uv_listen((uv_stream_t *)&c->listen, 1024, on_connection);
+    if (e) {
+        c->closing = true;
+        uv_close((uv_handle_t *)&c->tick, handle_closed);
+        uv_close((uv_handle_t *)&c->listen, handle_closed);
+        return rx_fail(rx_uv_status(e), "coordinator: listen: %s", uv_strerror(e));
+    }
+    int len = sizeof(c->addr);
+    uv_tcp_getsockname(&c->listen, (struct sockaddr *)&c->addr, &len);
+    uint64_t period = (uint64_t)(ctx->cfg.tick_ms > 0 ? ctx->cfg.tick_ms : 2);
+    uv_timer_start(&c->tick, on_tick, period, period);
+    *out = c;
+    return 0;
+}
+
+int rx_coord_active(rx_coord_t *c)
+{
+    return atomic_load(&c->active);
+}
+
+int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr)
+{
+    *addr = c->addr;
+    return 0;
+}

@@ -1,0 +1,148 @@
+/*
+ * rx_ctl.h - the control plane: messages between ranks and the coordinator.
+ *
+ * Every rank keeps one TCP connection to the coordinator (rank
+ * COHORT_COORDINATOR), opened at init with a HELLO of kind EN_HELLO_CTRL (job
+ * token first), separate from the data rails. It carries small messages:
+ *
+ *   READY   rank -> coordinator  "I finished a step: place me in a group"
+ *   PLAN    coordinator -> rank  "your group: these members, this weight"
+ *   DONE    rank -> coordinator  "that group's op ended (status, duration,
+ *                                 what I measured of my peers' links)"
+ *   REFUSE  rank -> coordinator  "your plan names a rank I know is gone"
+ *   LEAVE   rank -> coordinator  "I will not sync again: do not wait for me"
+ *
+ * Framing: a 16-byte header, then `len` payload bytes, little-endian:
+ *   0 u32 magic "COHC"  4 u8 type  5 u8 flags (0)  6 u16 reserved (0)
+ *   8 u32 len           12 u32 comm
+ */
+#ifndef COH_RX_CTL_H
+#define COH_RX_CTL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "reactor/reactor.h"
+
+#define RX_CTL_MAGIC 0x43484f43u /* "COHC" */
+#define RX_CTL_HDR   16
+#define RX_CTL_MAX   (1u << 24) /* payload limit: plans for up to ~4M members */
+#define RX_CTL_MAXBW 64         /* link measurements per DONE */
+
+typedef enum rx_ctl_type {
+    RX_CTL_READY = 1,
+    RX_CTL_PLAN = 2,
+    RX_CTL_DONE = 3,
+    RX_CTL_REFUSE = 4,
+    RX_CTL_LEAVE = 5, /* rank -> coordinator: "I will not sync again": payload u32 rank */
+} rx_ctl_type;
+
+typedef struct rx_ctl_ready {
+    uint32_t rank;
+    uint32_t mode;      /* coh_sync_mode */
+    uint64_t iteration; /* the caller's, for traces */
+    uint64_t count;
+    uint32_t dtype;
+    double compute_s; /* time since this rank's previous sync ended */
+    double weight;
+    uint64_t attempt; /* this rank's attempt number: a PLAN answers one */
+} rx_ctl_ready_t;
+
+typedef struct rx_ctl_plan {
+    uint64_t group_id;
+    uint64_t attempt;
+    int32_t status; /* < 0: no group; the sync fails with this status */
+    uint32_t full;
+    double total_weight;
+    uint32_t nmembers;
+    const uint8_t *members;     /* nmembers little-endian u32 ranks, ring order (decode) */
+    const uint32_t *members_in; /* (encode) */
+} rx_ctl_plan_t;
+
+typedef struct rx_ctl_bw {
+    uint32_t peer;
+    uint64_t bytes;
+    double seconds;
+} rx_ctl_bw_t;
+
+typedef struct rx_ctl_done {
+    uint64_t group_id;
+    uint32_t rank;
+    int32_t status;
+    double duration_s;
+    uint32_t nbw;
+    rx_ctl_bw_t bw[RX_CTL_MAXBW];
+} rx_ctl_done_t;
+
+typedef struct rx_ctl_refuse {
+    uint64_t group_id;
+    uint64_t attempt;
+    uint32_t rank;
+    uint32_t gone; /* the member this rank knows is gone */
+} rx_ctl_refuse_t;
+
+typedef struct rx_ctl_msg {
+    uint8_t type;
+    uint32_t comm;
+    union {
+        rx_ctl_ready_t ready;
+        rx_ctl_plan_t plan;
+        rx_ctl_done_t done;
+        rx_ctl_refuse_t refuse;
+        uint32_t leave_rank;
+    } u;
+} rx_ctl_msg_t;
+
+/* Bytes the message takes when buf holds it all, 0 for "need more",
+ * COH_EPROTO for bytes that cannot be a message. Pointers in the result
+ * point into buf. */
+int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m);
+/* Encoders: the length written, or COH_EINVAL when cap is too small. */
+int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap);
+/* Bytes rx_ctl_encode needs for m. */
+size_t rx_ctl_size(const rx_ctl_msg_t *m);
+
+/* ---- a framed control connection on a reactor ---- */
+
+typedef struct rx_ctl_conn rx_ctl_conn_t;
+typedef struct rx_ctl_handlers {
+    /* A message arrived. Threading: the loop thread. */
+    void (*on_msg)(rx_ctl_conn_t *c, const rx_ctl_msg_t *m);
+    /* The handshake passed (hello has the peer's rank). */
+    void (*on_ready)(rx_ctl_conn_t *c, int peer_rank);
+    /* The connection is gone (after on_ready, or a failed handshake). The
+     * conn is freed after this returns. */
+    void (*on_close)(rx_ctl_conn_t *c, int status, const char *why);
+} rx_ctl_handlers_t;
+
+struct rx_ctl_conn {
+    uv_tcp_t tcp;
+    uv_connect_t creq;
+    const rx_ctl_handlers_t *h;
+    void *owner;
+    int peer; /* -1 until the handshake */
+    bool ready, closing, outgoing;
+    const char *token;
+    int rank, world;
+    uint8_t hello[88];
+    size_t hello_got;
+    uint8_t *buf;
+    size_t len, cap;
+    uint64_t t_open_ns;
+};
+
+/* Loop thread. Dial addr from local (port 0) and handshake as rank. */
+int rx_ctl_dial(uv_loop_t *loop, const struct sockaddr *local, const struct sockaddr *addr,
+                const char *token, int rank, int world, const rx_ctl_handlers_t *h, void *owner,
+                rx_ctl_conn_t **out);
+/* Loop thread. Take an accepted connection (server side). */
+int rx_ctl_accept(uv_stream_t *server, const char *token, int rank, int world,
+                  const rx_ctl_handlers_t *h, void *owner, rx_ctl_conn_t **out);
+/* Loop thread. Queue a message; COH_EPEER when the conn is closing. */
+int rx_ctl_send(rx_ctl_conn_t *c, const rx_ctl_msg_t *m);
+/* Loop thread. Close (on_close runs once, from here or later). */
+void rx_ctl_close(rx_ctl_conn_t *c, int status, const char *why);
+
+#endif

@@ -1,0 +1,569 @@
+/*
+ * Partial synchronisation, member side: coh_sync, the READY / PLAN / DONE
+ * exchange with the coordinator, and the group collective (a weighted ring
+ * allreduce over the members, in the order the plan gives).
+ *
+ * Threading: coh_sync runs on the caller's thread and only posts; everything
+ * else runs on this rank's control reactor, except rx_sync_attempt_done and
+ * rx_request_slice_stats, which rail threads call and which only post or
+ * write their own slot.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "reactor/rx_alloc.h"
+#include "reactor/rx_ctx.h"
+#include "reactor/rx_sync.h"
+
+struct rx_member {
+    struct coh_ctx *ctx;
+    rx_ctl_conn_t *conn; /* loop thread */
+    uv_mutex_t mu;       /* conn_state and why, for the initialising thread */
+    uv_cond_t cv;
+    int conn_state; /* 0 connecting, 1 ready, < 0 failed or lost */
+    char why[RX_ERR_LEN];
+    coh_request_t *pending; /* loop thread: the sync of this rank, one at a time */
+    uint64_t attempt;
+    uint64_t last_done_ns;
+    _Atomic int busy; /* a sync is outstanding (checked by coh_sync) */
+    _Atomic int lost; /* the coordinator is gone: syncs fail at once */
+    struct sockaddr_storage coord;
+};
+
+#define SYNC_RETRIES 3
+
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
+/* ---- finishing ---- */
+
+/* Loop thread. The sync is over: publish the result and wake the caller. */
+static void finish(rx_member_t *m, coh_request_t *req, int status, const char *why)
+{
+    rx_syncreq_t *s = req->sync;
+    if (status < 0)
+        rx_request_set_error(req, status, why);
+    else if (s->count)
+        memcpy(s->buf, s->scratch, s->count * coh_dtype_size(s->dtype));
+    s->t_done_ns = rx_now_ns();
+    if (m) {
+        m->pending = NULL;
+        m->last_done_ns = s->t_done_ns;
+        atomic_store(&m->busy, 0);
+    }
+    rx_request_complete(req);
+}
+
+static int send_ready(rx_member_t *m, coh_request_t *req)
+{
+    rx_syncreq_t *s = req->sync;
+    uint64_t now = rx_now_ns();
+    s->attempt = ++m->attempt;
+    s->t_ready_ns = now;
+    rx_ctl_msg_t msg = {.type = RX_CTL_READY, .comm = 0};
+    msg.u.ready = (rx_ctl_ready_t){.rank = (uint32_t)m->ctx->rank,
+                                   .mode = (uint32_t)s->mode,
+                                   .iteration = s->iteration,
+                                   .count = s->count,
+                                   .dtype = (uint32_t)s->dtype,
+                                   .compute_s = (double)(now - m->last_done_ns) / 1e9,
+                                   .weight = s->weight,
+                                   .attempt = s->attempt};
+    if (!m->conn || atomic_load(&m->lost)) return COH_EPEER;
+    return rx_ctl_send(m->conn, &msg);
+}
+
+/* ---- coh_sync's task on the control reactor ---- */
+
+typedef struct ready_task {
+    rx_task_t task;
+    coh_request_t *req;
+} ready_task_t;
+
+static void ready_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    ready_task_t *rt = (ready_task_t *)t;
+    coh_request_t *req = rt->req;
+    coh_free(rt);
+    rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
+    m->pending = req;
+    req->sync->t_start_ns = rx_now_ns();
+    int st = send_ready(m, req);
+    if (st < 0) finish(m, req, st, "lost the connection to the coordinator");
+}
+
+/* ---- a plan arrives ---- */
+
+static bool member_gone(struct coh_ctx *ctx, int r)
+{
+    bool gone = false;
+    for (int i = 0; i < ctx->nrails && !gone; i++) {
+        en_rail_t *rail = &ctx->rails[i];
+        uv_mutex_lock(&rail->mu);
+        gone = rail->lost[r] != 0;
+        uv_mutex_unlock(&rail->mu);
+    }
+    return gone;
+}
+
+static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
+{
+    struct coh_ctx *ctx = m->ctx;
+    coh_request_t *req = m->pending;
+    if (!req || req->sync->attempt != p->attempt || req->sync->members) {
+        rx_log(COH_LOG_WARN, "rank %d: ignoring a stale plan for group %llu", ctx->rank,
+               (unsigned long long)p->group_id);
+        return;
+    }
+    rx_syncreq_t *s = req->sync;
+    if (p->status < 0) {
+        char why[RX_ERR_LEN];
+        snprintf(why, sizeof(why), "the coordinator refused group %llu: %s",
+                 (unsigned long long)p->group_id,
+                 p->status == COH_EMISMATCH ? "its members disagree on count or dtype"
+                                            : coh_strerror(p->status));
+        finish(m, req, p->status, why);
+        return;
+    }
+    int n = (int)p->nmembers, pos = -1;
+    int *members = coh_malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!members) {
+        finish(m, req, COH_ENOMEM, "out of memory for a plan");
+        return;
+    }
+    bool bad = n < 1;
+    for (int i = 0; i < n && !bad; i++) {
+        members[i] = (int)en_get32(p->members + 4 * i);
+        bad = members[i] < 0 || members[i] >= ctx->world;
+        for (int j = 0; j < i && !bad; j++) bad = members[j] == members[i];
+        if (members[i] == ctx->rank) pos = i;
+    }
+    if (bad || pos < 0) {
+        coh_free(members);
+        finish(m, req, COH_EPROTO, "the coordinator sent a plan that does not name this rank once");
+        return;
+    }
+    uint32_t gcomm = rx_group_comm(p->group_id);
+    for (int i = 0; i < n; i++) {
+        if (members[i] == ctx->rank || !member_gone(ctx, members[i])) continue;
+        /* A rank this one knows is gone: refuse the plan (the coordinator
+         * drops that rank and groups us again), and drop whatever the
+         * others already sent for this group. */
+        rx_log(COH_LOG_WARN, "rank %d: refusing group %llu: rank %d is gone", ctx->rank,
+               (unsigned long long)p->group_id, members[i]);
+        for (int r = 0; r < ctx->nrails; r++)
+            en_rail_cancel(&ctx->rails[r], gcomm, 0, COH_EPEER, "group refused");
+        rx_ctl_msg_t msg = {.type = RX_CTL_REFUSE};
+        msg.u.refuse = (rx_ctl_refuse_t){.group_id = p->group_id,
+                                         .attempt = p->attempt,
+                                         .rank = (uint32_t)ctx->rank,
+                                         .gone = (uint32_t)members[i]};
+        coh_free(members);
+        if (rx_ctl_send(m->conn, &msg) < 0) finish(m, req, COH_EPEER, "lost the coordinator");
+        return;
+    }
+    s->members = members;
+    s->nmembers = n;
+    s->group_id = p->group_id;
+    s->full = (int)p->full;
+    s->total_weight = p->total_weight;
+    s->t_plan_ns = rx_now_ns();
+
+    /* The group's weighted ring allreduce: this rank's input (the caller's
+     * buffer) times its weight, summed over the members, divided by the
+     * total weight, into the scratch buffer. */
+    const coh_config_t *cfg = &ctx->cfg;
+    size_t es = coh_dtype_size(s->dtype);
+    uint64_t bytes = (uint64_t)s->count * es;
+    int nslices = 1, first = (int)(p->group_id % (uint64_t)ctx->nrails);
+    if (ctx->nrails > 1 && bytes >= cfg->rail_min_bytes && s->count >= (size_t)ctx->nrails)
+        nslices = ctx->nrails;
+    uint64_t chunk = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
+    uint64_t sig = fnv(fnv(fnv(1469598103934665603ull, 0x5359u), s->count), (uint64_t)s->dtype);
+    sig = fnv(fnv(sig, p->group_id), (uint64_t)nslices);
+    for (int i = 0; i < n; i++) sig = fnv(sig, (uint64_t)members[i]);
+    char desc[96];
+    snprintf(desc, sizeof(desc), "sync(group %llu of %d, count=%zu, %s)",
+             (unsigned long long)p->group_id, n, s->count, coh_dtype_name(s->dtype));
+    en_op_t *ops[RX_MAX_RAILS] = {0};
+    int st = 0;
+    for (int sl = 0; sl < nslices && st == 0; sl++) {
+        int rail = nslices == 1 ? first : sl;
+        sc_coll_t c = {.kind = SC_ALLREDUCE,
+                       .algo = SC_ALGO_AUTO,
+                       .nranks = n,
+                       .rank = pos,
+                       .order = members,
+                       .count = s->count,
+                       .lo = sc_split(s->count, (uint64_t)nslices, (uint64_t)sl),
+                       .hi = sc_split(s->count, (uint64_t)nslices, (uint64_t)sl + 1),
+                       .chunk_elems = chunk,
+                       .small_elems = cfg->small_bytes / es,
+                       .scale = s->weight,
+                       .divide = p->total_weight};
+        sc_plan_t plan;
+        sc_plan_init(&plan);
+        st = sc_plan_build(&c, &plan);
+        if (st == 0)
+            st = en_op_new(&ctx->rails[rail], req, gcomm, 0, sig, desc, s->dtype, COH_SUM, s->buf,
+                           s->scratch, &plan, &ops[sl]);
+        sc_plan_free(&plan);
+        if (st == 0) {
+            ops[sl]->slice = sl;
+            req->slice_rail[sl] = rail;
+            s->nbw[sl] = 0;
+        }
+    }
+    if (st < 0) {
+        for (int sl = 0; sl < nslices; sl++) en_op_free(ops[sl]);
+        /* The others wait for our part: tell the coordinator, and fail. */
+        rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
+        msg.u.done =
+            (rx_ctl_done_t){.group_id = p->group_id, .rank = (uint32_t)ctx->rank, .status = st};
+        rx_ctl_send(m->conn, &msg);
+        for (int r = 0; r < ctx->nrails; r++)
+            en_rail_cancel(&ctx->rails[r], gcomm, 0, st, "member could not build its plan");
+        finish(m, req, st, "cannot build the group's plan");
+        return;
+    }
+    req->comm = gcomm;
+    req->seq = 0;
+    req->nslices = nslices;
+    atomic_store(&req->slices, nslices);
+    for (int sl = 0; sl < nslices; sl++) en_rail_submit(&ctx->rails[req->slice_rail[sl]], ops[sl]);
+}
+
+/* ---- an attempt ended ---- */
+
+typedef struct done_task {
+    rx_task_t task;
+    coh_request_t *req;
+} done_task_t;
+
+static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
+{
+    done_task_t *dt = (done_task_t *)t;
+    coh_request_t *req = dt->req;
+    coh_free(dt);
+    rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
+    rx_syncreq_t *s = req->sync;
+    int status = atomic_load(&req->status);
+    uint64_t now = rx_now_ns();
+    /* Tell the coordinator how it went, and what the links looked like:
+     * bytes from each peer over the time they took, summed over the rails
+     * (they run side by side, so the longest time counts). */
+    rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
+    rx_ctl_done_t *d = &msg.u.done;
+    d->group_id = s->group_id;
+    d->rank = (uint32_t)m->ctx->rank;
+    d->status = status;
+    d->duration_s = (double)(now - s->t_plan_ns) / 1e9;
+    for (int sl = 0; sl < req->nslices; sl++)
+        for (int k = 0; k < s->nbw[sl]; k++) {
+            const rx_bw_t *b = &s->bw[sl][k];
+            uint32_t j = 0;
+            while (j < d->nbw && d->bw[j].peer != (uint32_t)b->peer) j++;
+            if (j == RX_CTL_MAXBW) continue;
+            if (j == d->nbw) d->bw[d->nbw++] = (rx_ctl_bw_t){.peer = (uint32_t)b->peer};
+            d->bw[j].bytes += b->bytes;
+            if ((double)b->ns / 1e9 > d->bw[j].seconds) d->bw[j].seconds = (double)b->ns / 1e9;
+        }
+    bool sent = m->conn && rx_ctl_send(m->conn, &msg) == 0;
+    if (status == COH_EPEER && s->retries_left > 0 && sent) {
+        /* A member died under us: the caller's buffer is untouched, so go
+         * back to the coordinator and sync with the survivors. */
+        rx_log(COH_LOG_INFO, "rank %d: group %llu lost a member (%s); trying again", m->ctx->rank,
+               (unsigned long long)s->group_id, req->err);
+        s->retries_left--;
+        coh_free(s->members);
+        s->members = NULL;
+        s->nmembers = 0;
+        req->err[0] = 0;
+        atomic_store(&req->status, 0);
+        atomic_store(&req->err_set, 0);
+        int st = send_ready(m, req);
+        if (st < 0) finish(m, req, st, "lost the connection to the coordinator");
+        return;
+    }
+    finish(m, req, status, req->err);
+}
+
+void rx_sync_attempt_done(coh_request_t *req)
+{
+    done_task_t *dt = coh_zalloc(sizeof(*dt));
+    if (!dt) {
+        /* Cannot reach the control reactor: complete here, without DONE. */
+        rx_request_set_error(req, COH_ENOMEM, "out of memory ending a sync");
+        rx_request_complete(req);
+        return;
+    }
+    dt->task.run = attempt_end;
+    dt->req = req;
+    rx_reactor_post(&req->ctx->ctrl, &dt->task);
+}
+
+void rx_request_slice_stats(coh_request_t *req, int slice, const rx_bw_t *bw, int n)
+{
+    if (!req->sync || slice < 0 || slice >= RX_MAX_RAILS) return;
+    if (n > RX_BW_PER_SLICE) n = RX_BW_PER_SLICE;
+    memcpy(req->sync->bw[slice], bw, sizeof(rx_bw_t) * (size_t)n);
+    req->sync->nbw[slice] = n;
+}
+
+/* ---- the connection to the coordinator ---- */
+
+static void set_state(rx_member_t *m, int st, const char *why)
+{
+    uv_mutex_lock(&m->mu);
+    m->conn_state = st;
+    snprintf(m->why, sizeof(m->why), "%s", why ? why : "");
+    uv_cond_broadcast(&m->cv);
+    uv_mutex_unlock(&m->mu);
+}
+
+static void on_msg(rx_ctl_conn_t *c, const rx_ctl_msg_t *msg)
+{
+    rx_member_t *m = c->owner;
+    if (msg->type == RX_CTL_PLAN) {
+        handle_plan(m, &msg->u.plan);
+    } else {
+        rx_ctl_close(c, COH_EPROTO, "unexpected message from the coordinator");
+    }
+}
+
+static void on_ready(rx_ctl_conn_t *c, int peer)
+{
+    rx_member_t *m = c->owner;
+    if (peer != m->ctx->cfg.coordinator) {
+        rx_ctl_close(c, COH_EPROTO, "the coordinator's address answered as another rank");
+        return;
+    }
+    set_state(m, 1, NULL);
+}
+
+static void on_close(rx_ctl_conn_t *c, int status, const char *why)
+{
+    rx_member_t *m = c->owner;
+    m->conn = NULL;
+    atomic_store(&m->lost, 1);
+    char msg[RX_ERR_LEN];
+    snprintf(msg, sizeof(msg), "connection to the coordinator (rank %d): %s",
+             m->ctx->cfg.coordinator, why);
+    set_state(m, status < 0 ? status : COH_EPEER, msg);
+    if (atomic_load(&m->ctx->state) == RX_CTX_RUNNING)
+        rx_log(COH_LOG_WARN, "rank %d: lost the %s", m->ctx->rank, msg);
+    /* A sync still waiting for its plan will never get one. One whose ops
+     * run ends when they do. */
+    coh_request_t *req = m->pending;
+    if (req && !req->sync->members) finish(m, req, COH_EPEER, msg);
+}
+
+static const rx_ctl_handlers_t member_handlers = {
+    .on_msg = on_msg, .on_ready = on_ready, .on_close = on_close};
+
+static int dial_fn(rx_reactor_t *rx, void *arg)
+{
+    rx_member_t *m = arg;
+    struct coh_ctx *ctx = m->ctx;
+    /* Leave through rail 0's interface. */
+    struct sockaddr_storage local = ctx->rail_addr[0];
+    return rx_ctl_dial(&rx->loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
+                       ctx->token_s, ctx->rank, ctx->world, &member_handlers, m, &m->conn);
+}
+
+int rx_member_start(struct coh_ctx *ctx)
+{
+    rx_member_t *m = coh_zalloc(sizeof(*m));
+    if (!m) return rx_fail(COH_ENOMEM, "out of memory");
+    m->ctx = ctx;
+    m->last_done_ns = rx_now_ns();
+    uv_mutex_init(&m->mu);
+    uv_cond_init(&m->cv);
+    ctx->member = m;
+    m->coord = ctx->coord_addr;
+    return rx_reactor_call(&ctx->ctrl, dial_fn, m);
+}
+
+int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns)
+{
+    rx_member_t *m = ctx->member;
+    uv_mutex_lock(&m->mu);
+    while (m->conn_state == 0) {
+        uint64_t now = rx_now_ns();
+        if (now >= deadline_ns) break;
+        uv_cond_timedwait(&m->cv, &m->mu, deadline_ns - now);
+    }
+    int st = m->conn_state;
+    char why[RX_ERR_LEN];
+    snprintf(why, sizeof(why), "%s", m->why);
+    uv_mutex_unlock(&m->mu);
+    if (st == 1) return 0;
+    if (st == 0) return rx_fail(COH_ETIMEDOUT, "timed out connecting to the coordinator");
+    return rx_fail(st, "%s", why);
+}
+
+static int close_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)rx;
+    rx_member_t *m = arg;
+    if (m->conn) rx_ctl_close(m->conn, COH_ECANCELED, "finalizing");
+    return 0;
+}
+
+void rx_member_close(struct coh_ctx *ctx)
+{
+    if (ctx->member && atomic_load(&ctx->ctrl.state) == RX_RUNNING)
+        rx_reactor_call(&ctx->ctrl, close_fn, ctx->member);
+}
+
+void rx_member_free(struct coh_ctx *ctx)
+{
+    rx_member_t *m = ctx->member;
+    if (!m) return;
+    uv_cond_destroy(&m->cv);
+    uv_mutex_destroy(&m->mu);
+    coh_free(m);
+    ctx->member = NULL;
+}
+
+/* ---- leaving the schedule ---- */
+
+static int leave_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)rx;
+    rx_member_t *m = arg;
+    if (!m->conn) return 0;
+    rx_ctl_msg_t msg = {.type = RX_CTL_LEAVE};
+    msg.u.leave_rank = (uint32_t)m->ctx->rank;
+    return rx_ctl_send(m->conn, &msg);
+}
+
+/* ---- API ---- */
+
+COH_API int coh_sync_leave(coh_comm_t *comm)
+{
+    if (!comm || !comm->ctx) return rx_fail(COH_EINVAL, "coh_sync_leave: comm is NULL");
+    struct coh_ctx *ctx = comm->ctx;
+    if (!rx_ctx_alive(ctx) || atomic_load(&ctx->state) != RX_CTX_RUNNING)
+        return rx_fail(COH_ESTATE, "coh_sync_leave: the context is not running");
+    rx_member_t *m = ctx->member;
+    if (!m) return 0;
+    if (atomic_load(&m->busy))
+        return rx_fail(COH_ESTATE, "coh_sync_leave: a sync is still outstanding");
+    int st = rx_reactor_call(&ctx->ctrl, leave_fn, m);
+    return st < 0 ? rx_fail(st, "coh_sync_leave: the coordinator is gone") : 0;
+}
+
+COH_API const char *coh_sync_mode_name(coh_sync_mode mode)
+{
+    static const char *names[] = {"allreduce", "partial", "selective"};
+    return (unsigned)mode < COH_SYNC_MODE_COUNT ? names[mode] : "default";
+}
+
+COH_API int coh_sync_mode_from_name(const char *name, coh_sync_mode *mode)
+{
+    for (int i = 0; name && mode && i < COH_SYNC_MODE_COUNT; i++)
+        if (!strcmp(name, coh_sync_mode_name((coh_sync_mode)i))) {
+            *mode = (coh_sync_mode)i;
+            return 0;
+        }
+    return rx_fail(COH_EINVAL, "unknown sync mode \"%s\" (allreduce, partial, selective)",
+                   name ? name : "(null)");
+}
+
+COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype,
+                        uint64_t iteration, double weight, coh_sync_mode mode, coh_request_t **out)
+{
+    if (!comm || !comm->ctx) return rx_fail(COH_EINVAL, "coh_sync: comm is NULL");
+    struct coh_ctx *ctx = comm->ctx;
+    if (!rx_ctx_alive(ctx) || atomic_load(&ctx->state) != RX_CTX_RUNNING)
+        return rx_fail(COH_ESTATE, "coh_sync: the context is not running");
+    if (!out) return rx_fail(COH_EINVAL, "coh_sync: req is NULL");
+    size_t es = coh_dtype_size(dtype);
+    if (!es) return rx_fail(COH_EINVAL, "coh_sync: unknown dtype %d", (int)dtype);
+    if (count && !buf) return rx_fail(COH_EINVAL, "coh_sync: NULL buffer with count %zu", count);
+    if (count > SIZE_MAX / es) return rx_fail(COH_EINVAL, "coh_sync: count overflows");
+    if (!(weight > 0) || !isfinite(weight))
+        return rx_fail(COH_EINVAL, "coh_sync: weight must be a positive number");
+    if (mode == COH_SYNC_DEFAULT) mode = (coh_sync_mode)ctx->cfg.sync_mode;
+    if ((unsigned)mode >= COH_SYNC_MODE_COUNT)
+        return rx_fail(COH_EINVAL, "coh_sync: unknown mode %d", (int)mode);
+    if (comm != &ctx->world_comm)
+        return rx_fail(COH_EUNSUPPORTED, "coh_sync: only the world communicator is scheduled");
+    rx_member_t *m = ctx->member;
+    if (m && atomic_load(&m->lost))
+        return rx_fail(COH_EPEER, "coh_sync: the coordinator (rank %d) is gone",
+                       ctx->cfg.coordinator);
+    if (m) {
+        int idle = 0;
+        if (!atomic_compare_exchange_strong(&m->busy, &idle, 1))
+            return rx_fail(COH_ESTATE, "coh_sync: a sync is already outstanding on this "
+                                       "communicator (wait for it first)");
+    }
+    coh_request_t *req = rx_request_new(ctx, 0);
+    rx_syncreq_t *s = coh_zalloc(sizeof(*s));
+    void *scratch = coh_aligned(count ? count * es : 1, 64);
+    ready_task_t *rt = coh_zalloc(sizeof(*rt));
+    if (!req || !s || !scratch || !rt) {
+        coh_free(req);
+        coh_free(s);
+        coh_free(scratch);
+        coh_free(rt);
+        if (m) atomic_store(&m->busy, 0);
+        return rx_fail(COH_ENOMEM, "coh_sync: out of memory");
+    }
+    *s = (rx_syncreq_t){.buf = buf,
+                        .scratch = scratch,
+                        .count = count,
+                        .dtype = dtype,
+                        .mode = mode,
+                        .iteration = iteration,
+                        .weight = weight,
+                        .retries_left = SYNC_RETRIES};
+    req->sync = s;
+    if (!m) {
+        /* A world of one: the group is this rank, the average its own input. */
+        s->members = coh_malloc(sizeof(int));
+        if (s->members) s->members[0] = 0;
+        s->nmembers = 1;
+        s->full = 1;
+        s->total_weight = weight;
+        s->t_start_ns = s->t_ready_ns = s->t_plan_ns = s->t_done_ns = rx_now_ns();
+        coh_free(rt);
+        rx_request_complete(req);
+        *out = req;
+        return 0;
+    }
+    rt->task.run = ready_run;
+    rt->req = req;
+    rx_reactor_post(&ctx->ctrl, &rt->task);
+    *out = req;
+    return 0;
+}
+
+COH_API int coh_sync(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype, uint64_t iteration,
+                     double weight, coh_request_t **req)
+{
+    return coh_sync_ex(comm, buf, count, dtype, iteration, weight, COH_SYNC_DEFAULT, req);
+}
+
+COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info)
+{
+    if (!req || !info) return rx_fail(COH_EINVAL, "coh_request_group: NULL argument");
+    if (!req->sync) return rx_fail(COH_EINVAL, "coh_request_group: not a sync request");
+    if (atomic_load_explicit(&req->state, memory_order_acquire) != RX_REQ_DONE) return COH_EAGAIN;
+    const rx_syncreq_t *s = req->sync;
+    *info = (coh_group_info_t){
+        .group_id = s->group_id,
+        .size = s->nmembers,
+        .members = s->members,
+        .full = s->full,
+        .total_weight = s->total_weight,
+        .wait_us = s->t_plan_ns > s->t_start_ns ? (double)(s->t_plan_ns - s->t_start_ns) / 1e3 : 0,
+        .comm_us = s->t_done_ns > s->t_plan_ns ? (double)(s->t_done_ns - s->t_plan_ns) / 1e3 : 0};
+    return 0;
+}

@@ -1,0 +1,83 @@
+/*
+ * rx_sync.h - partial synchronisation: the member side (every rank's control
+ * reactor) and the coordinator (one rank's control reactor, hosting the
+ * scheduler fiber).
+ *
+ * One sync on a rank goes:
+ *   app thread   coh_sync: request + scratch, post "ready" to the control reactor
+ *   control      READY -> coordinator; wait for the PLAN
+ *   control      PLAN: weighted ring allreduce over the group, sliced over
+ *                the rails, into the scratch buffer (the caller's buffer is
+ *                only read, so a failed attempt leaves it as it was)
+ *   rails        run the slices; the last one hands the attempt back
+ *   control      DONE -> coordinator; on success copy the result into the
+ *                caller's buffer and complete; if a member died, try again
+ *                with a new READY (the survivors are grouped again)
+ */
+#ifndef COH_RX_SYNC_H
+#define COH_RX_SYNC_H
+
+#include "reactor/reactor.h"
+#include "reactor/rx_ctl.h"
+
+struct coh_ctx;
+
+/* Link measurements one rail slice made: bytes received from a peer in
+ * large frames, and the time they took to arrive. */
+#define RX_BW_PER_SLICE 8
+typedef struct rx_bw {
+    int peer;
+    uint64_t bytes;
+    uint64_t ns;
+} rx_bw_t;
+
+/* The sync-specific part of a request. */
+typedef struct rx_syncreq {
+    void *buf; /* the caller's: read by the plan, written once at the end */
+    void *scratch;
+    size_t count;
+    coh_dtype dtype;
+    coh_sync_mode mode;
+    uint64_t iteration;
+    double weight;
+    uint64_t attempt;
+    int retries_left;
+    uint64_t t_start_ns, t_ready_ns, t_plan_ns, t_done_ns;
+    /* the group of the current attempt */
+    uint64_t group_id;
+    int *members;
+    int nmembers;
+    int full;
+    double total_weight;
+    rx_bw_t bw[RX_MAX_RAILS][RX_BW_PER_SLICE];
+    int nbw[RX_MAX_RAILS];
+} rx_syncreq_t;
+
+/* ---- member side (per context, on its control reactor) ---- */
+
+typedef struct rx_member rx_member_t;
+int rx_member_start(struct coh_ctx *ctx); /* any thread; dials the coordinator */
+int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns);
+void rx_member_free(struct coh_ctx *ctx); /* after the control reactor stopped */
+/* The last slice of a sync attempt ended (rail thread). */
+void rx_sync_attempt_done(coh_request_t *req);
+/* A slice hands over its link measurements before it ends (rail thread). */
+void rx_request_slice_stats(coh_request_t *req, int slice, const rx_bw_t *bw, int n);
+
+/* ---- coordinator (on the coordinator rank's control reactor) ---- */
+
+typedef struct rx_coord rx_coord_t;
+/* Loop thread of the control reactor. Listen next to rail 0's address. */
+int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out);
+void rx_coord_stop(rx_coord_t *c); /* loop thread: close everything */
+int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr);
+/* Ranks still connected and in the schedule (any thread). */
+int rx_coord_active(rx_coord_t *c);
+
+/* The group comm id of a group: data frames of group g carry it. */
+static inline uint32_t rx_group_comm(uint64_t gid)
+{
+    return 0x80000000u | (uint32_t)(gid & 0x7fffffffu);
+}
+
+#endif
