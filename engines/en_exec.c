@@ -127,6 +127,75 @@ static en_op_t *op_find(en_rail_t *rail, uint32_t comm, uint64_t seq)
     return NULL;
 }
 
+/* ---- frames that arrived before their receive ---- */
+
+static void stash_unlink(en_rail_t *rail, en_stash_t *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        rail->stash_head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        rail->stash_tail = e->prev;
+    rail->stash_bytes -= e->len;
+    coh_free(e->data);
+    coh_free(e);
+}
+
+/* Keep the frame c is reading, if the budget allows. */
+static int stash_or_block(en_rail_t *rail, en_conn_t *c)
+{
+    const en_hdr_t *h = &c->hdr;
+    if (h->type != EN_FRAME_DATA || rail->stash_bytes + h->len > rail->stash_limit)
+        return EN_MATCH_BLOCK;
+    en_stash_t *e = coh_zalloc(sizeof(*e));
+    uint8_t *data = coh_aligned(h->len ? h->len : 1, 64);
+    if (!e || !data) {
+        coh_free(e);
+        coh_free(data);
+        return EN_MATCH_BLOCK;
+    }
+    *e = (en_stash_t){.comm = h->comm,
+                      .seq = h->seq,
+                      .peer = c->peer,
+                      .tag = h->tag,
+                      .sig = h->sig,
+                      .len = h->len,
+                      .t_ns = rx_now_ns(),
+                      .data = data,
+                      .prev = rail->stash_tail};
+    if (rail->stash_tail)
+        rail->stash_tail->next = e;
+    else
+        rail->stash_head = e;
+    rail->stash_tail = e;
+    rail->stash_bytes += h->len;
+    en_sink_t *s = &c->sink;
+    s->mode = EN_SINK_COPY;
+    s->dst = data;
+    s->stash = e;
+    return EN_MATCH_OK;
+}
+
+static en_stash_t *stash_find(en_rail_t *rail, uint32_t comm, uint64_t seq, int peer, uint32_t tag)
+{
+    for (en_stash_t *e = rail->stash_head; e; e = e->next)
+        if (e->complete && e->seq == seq && e->comm == comm && e->peer == peer && e->tag == tag)
+            return e;
+    return NULL;
+}
+
+static void stash_drop_op(en_rail_t *rail, uint32_t comm, uint64_t seq)
+{
+    en_stash_t *next;
+    for (en_stash_t *e = rail->stash_head; e; e = next) {
+        next = e->next;
+        if (e->complete && e->seq == seq && e->comm == comm) stash_unlink(rail, e);
+    }
+}
+
 /* ---- ending ---- */
 
 static void op_unlink(en_op_t *op)
@@ -222,6 +291,7 @@ static void op_fail(en_op_t *op, int status, bool tell_peers, const char *fmt, .
     vsnprintf(op->why, sizeof(op->why), fmt, ap);
     va_end(ap);
     fin_record(rail, op->comm, op->seq, status, op->why);
+    stash_drop_op(rail, op->comm, op->seq);
     rx_log(COH_LOG_WARN, "rank %d rail %d: %s #%llu failed: %s", rail->rank, rail->index, op->desc,
            (unsigned long long)op->seq, op->why);
     for (int p = 0; p < rail->world; p++) {
@@ -275,6 +345,34 @@ static uint8_t *at(const en_op_t *op, int buf, uint64_t off)
     return op->buf[buf] + off * op->esize;
 }
 
+/* A kept frame meets its receive: check it as en_exec_match would have,
+ * then copy or reduce it into place. */
+static void stash_deliver(en_op_t *op, uint32_t i, en_stash_t *e)
+{
+    en_rail_t *rail = op->rail;
+    const sc_step_t *st = &op->plan.steps[i];
+    if (e->sig != op->sig) {
+        op_fail(op, COH_EMISMATCH, true,
+                "rank %d called a different collective as #%llu than this rank's %s "
+                "(count, dtype, op, root or COHORT_CHUNK_BYTES/COHORT_SMALL_BYTES differ)",
+                e->peer, (unsigned long long)op->seq, op->desc);
+        return;
+    }
+    if (e->len != st->count * op->esize) {
+        op_fail(op, COH_EPROTO, true, "rank %d sent %llu bytes where %s expects %llu", e->peer,
+                (unsigned long long)e->len, op->desc, (unsigned long long)(st->count * op->esize));
+        return;
+    }
+    uint8_t *dst = at(op, st->dst, st->dst_off);
+    if (st->kind == SC_RECV)
+        memcpy(dst, e->data, e->len);
+    else
+        gpu_cpu_reduce(op->dtype, op->redop, dst, at(op, st->src, st->src_off), e->data, st->count);
+    op->bytes_in += e->len;
+    stash_unlink(rail, e);
+    step_done(op, i);
+}
+
 static void start_step(en_op_t *op, uint32_t i)
 {
     en_rail_t *rail = op->rail;
@@ -314,6 +412,11 @@ static void start_step(en_op_t *op, uint32_t i)
         en_conn_t *c = rail->peers[s->peer];
         if (!c) {
             op_fail(op, COH_EPEER, true, "no connection to rank %d", s->peer);
+            return;
+        }
+        en_stash_t *e = stash_find(rail, op->comm, op->seq, s->peer, s->tag);
+        if (e) {
+            stash_deliver(op, i, e);
             return;
         }
         if (c->rstate == EN_RD_BLOCKED) rail->ops->tr_resume(c);
@@ -362,7 +465,17 @@ static void op_start(rx_task_t *t, rx_reactor_t *rx)
     op->t_progress_ns = rx_now_ns();
     en_rail_arm_timer(rail);
     struct en_fin *f = fin_find(rail, op->comm, op->seq);
-    if (f && f->status < 0) {
+    for (en_stash_t *e = rail->stash_head; e && !(f && f->status < 0); e = e->next)
+        if (e->complete && e->seq == op->seq && e->comm == op->comm && e->sig != op->sig) {
+            op_fail(op, COH_EMISMATCH, true,
+                    "rank %d called a different collective as #%llu than this rank's %s "
+                    "(count, dtype, op, root or COHORT_CHUNK_BYTES/COHORT_SMALL_BYTES differ)",
+                    e->peer, (unsigned long long)op->seq, op->desc);
+            break;
+        }
+    if (op->state != EN_OP_RUNNING) {
+        /* failed above */
+    } else if (f && f->status < 0) {
         /* A peer aborted it, or another rail's slice failed, before it got here. */
         op_fail(op, f->status, false, "%s", f->why);
     } else {
@@ -415,7 +528,7 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
     en_op_t *op = op_find(rail, h->comm, h->seq);
     if (!op) {
         struct en_fin *f = fin_find(rail, h->comm, h->seq);
-        if (!f) return EN_MATCH_BLOCK; /* not submitted here yet */
+        if (!f) return stash_or_block(rail, c); /* not submitted here yet */
         if (f->status == 0)
             rx_log(COH_LOG_WARN, "rank %d rail %d: rank %d sent data for finished op #%llu",
                    rail->rank, rail->index, c->peer, (unsigned long long)h->seq);
@@ -445,7 +558,7 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
         en_exec_kick(op);
         return EN_MATCH_OK;
     }
-    if (op->sstate[i] == EN_STEP_WAIT) return EN_MATCH_BLOCK; /* its dependencies are not done */
+    if (op->sstate[i] == EN_STEP_WAIT) return stash_or_block(rail, c); /* dependencies pending */
     s->owner = op;
     s->step = (uint32_t)i;
     c->t_frame_ns = rx_now_ns();
@@ -507,6 +620,23 @@ void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
     memset(&c->sink, 0, sizeof(c->sink));
     if (s.mode == EN_SINK_CTRL) {
         handle_abort(rail, c, &h, (size_t)s.len);
+        return;
+    }
+    if (s.stash) {
+        en_stash_t *e = s.stash;
+        e->complete = true;
+        /* Its receive may have been posted while the payload came in. */
+        en_op_t *op = op_find(rail, e->comm, e->seq);
+        struct en_fin *f = op ? NULL : fin_find(rail, e->comm, e->seq);
+        if ((op && op->state != EN_OP_RUNNING) || (f && f->status < 0)) {
+            stash_unlink(rail, e);
+        } else if (op) {
+            int64_t i = rtab_find(op, e->peer, e->tag);
+            if (i >= 0 && op->sstate[i] == EN_STEP_RUN) {
+                stash_deliver(op, (uint32_t)i, e);
+                en_exec_kick(op);
+            }
+        }
         return;
     }
     if (!s.owner) return;
@@ -579,9 +709,20 @@ void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, co
 /* Periodic check: ops without progress for timeout_ms fail; a failed op
  * whose writes do not drain (the peer stopped reading) closes those
  * connections so the writes are cancelled and the op can end. */
+void en_exec_drop_stash(en_rail_t *rail)
+{
+    while (rail->stash_head) stash_unlink(rail, rail->stash_head);
+}
+
 void en_exec_check_timeouts(en_rail_t *rail)
 {
     uint64_t now = rx_now_ns(), limit = (uint64_t)rail->timeout_ms * 1000000ull;
+    /* Frames kept for an op that never came: its peers have long failed it. */
+    en_stash_t *next;
+    for (en_stash_t *e = rail->stash_head; e; e = next) {
+        next = e->next;
+        if (e->complete && now - e->t_ns > 2 * limit) stash_unlink(rail, e);
+    }
     for (;;) {
         en_op_t *op = rail->ops_head;
         while (op && !(op->state == EN_OP_RUNNING && now - op->t_progress_ns > limit))

@@ -31,6 +31,7 @@ static void rail_on_stop(rx_reactor_t *rx)
 {
     en_rail_t *rail = rx->owner;
     en_exec_fail_all(rail, COH_ECANCELED, false, "the context was finalized");
+    en_exec_drop_stash(rail);
     uv_close((uv_handle_t *)&rail->timer, NULL);
     rail->ops->tr_shutdown(rail);
 }
@@ -54,7 +55,7 @@ static int listen_fn(rx_reactor_t *rx, void *arg)
 
 int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int world, int nrails,
                   const struct sockaddr *local, const char *token, int timeout_ms,
-                  size_t sockbuf_bytes, int poll_us)
+                  size_t sockbuf_bytes, int poll_us, size_t stash_bytes)
 {
     memset(rail, 0, sizeof(*rail));
     rail->ctx = ctx;
@@ -65,6 +66,7 @@ int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int
     rail->token = token;
     rail->timeout_ms = timeout_ms;
     rail->sockbuf_bytes = sockbuf_bytes;
+    rail->stash_limit = stash_bytes;
     rail->ops = &en_tcp_ops;
     memcpy(&rail->local, local,
            local->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));

@@ -50,7 +50,27 @@ typedef struct en_sink {
     uint32_t esize;
     en_op_t *owner; /* NULL for DISCARD and CTRL */
     uint32_t step;
+    struct en_stash *stash; /* the payload is being kept for a receive not posted yet */
 } en_sink_t;
+
+/* A frame that arrived before its receive was posted (its op not submitted
+ * here yet, or the step waiting for dependencies). Ranks may submit ops in
+ * different orders (partial synchronisation interleaves group ops with world
+ * collectives), so stopping the connection until the receive is posted could
+ * deadlock on whatever follows the frame; it is read into memory instead,
+ * up to COHORT_STASH_BYTES per rail, and delivered when the receive starts. */
+typedef struct en_stash {
+    struct en_stash *prev, *next;
+    uint32_t comm;
+    uint64_t seq;
+    int peer;
+    uint32_t tag;
+    uint64_t sig;
+    uint64_t len;
+    bool complete;
+    uint64_t t_ns;
+    uint8_t *data;
+} en_stash_t;
 
 /* Consume n bytes of payload into the sink (whole elements for REDUCE). */
 void en_sink_consume(en_sink_t *s, const uint8_t *bytes, size_t n);
@@ -212,6 +232,8 @@ struct en_rail {
     uint32_t fin_next;
     uv_timer_t timer;
     bool timer_on;
+    en_stash_t *stash_head, *stash_tail;
+    uint64_t stash_bytes, stash_limit;
     /* Bootstrap: the initialising thread waits here for every peer. */
     uv_mutex_t mu;
     uv_cond_t cv;
@@ -225,7 +247,7 @@ struct en_rail {
 /* Any thread. Start the rail's reactor, listen on local. */
 int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int world, int nrails,
                   const struct sockaddr *local, const char *token, int timeout_ms,
-                  size_t sockbuf_bytes, int poll_us);
+                  size_t sockbuf_bytes, int poll_us, size_t stash_bytes);
 /* Any thread. Connect to peer at addr (only to peers of lower rank: the
  * higher rank dials). */
 int en_rail_connect(en_rail_t *rail, int peer, const struct sockaddr *addr);
@@ -265,6 +287,7 @@ void en_exec_fail_peer(en_rail_t *rail, int peer, int status, const char *why);
 void en_exec_fail_all(en_rail_t *rail, int status, bool tell_peers, const char *why);
 void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
 void en_exec_check_timeouts(en_rail_t *rail);
+void en_exec_drop_stash(en_rail_t *rail); /* free every kept frame (the rail stops) */
 void en_rail_arm_timer(en_rail_t *rail);
 
 #endif

@@ -127,6 +127,9 @@ typedef struct coh_config {
                                for rank 0's store (-1 = bind it) */
     size_t sockbuf_bytes;   /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
                                (0 = kernel autotuning, the default) */
+    size_t stash_bytes;     /* COHORT_STASH_BYTES: frames that arrive before their receive is
+                               posted are kept in memory up to this much per rail (64 MiB);
+                               beyond it the connection pauses */
     int sync_mode;          /* COHORT_SYNC_MODE: allreduce, partial or selective (selective) */
     int coordinator;        /* COHORT_COORDINATOR: rank that runs the scheduler (0) */
     int tick_ms;            /* COHORT_TICK_MS: the scheduler fiber's period (2) */

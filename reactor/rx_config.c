@@ -92,6 +92,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     cfg->small_bytes = 64 << 10;
     cfg->rail_min_bytes = 1 << 20;
     cfg->spin_us = 0;
+    cfg->stash_bytes = 64 << 20;
     cfg->sync_mode = COH_SYNC_SELECTIVE;
     cfg->coordinator = 0;
     cfg->tick_ms = 2;
@@ -156,6 +157,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     if (env_int("COHORT_TICK_MS", &cfg->tick_ms, 1, 10000) < 0) return COH_EINVAL;
     if (env_str("COHORT_SCHED")) cfg->sched = env_str("COHORT_SCHED");
     if (env_size("COHORT_SOCKBUF_BYTES", &cfg->sockbuf_bytes, 0) < 0) return COH_EINVAL;
+    if (env_size("COHORT_STASH_BYTES", &cfg->stash_bytes, 0) < 0) return COH_EINVAL;
     return 0;
 }
 

@@ -298,7 +298,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     for (int r = 0; r < ctx->nrails; r++) {
         st = en_rail_start(&ctx->rails[r], ctx, r, ctx->rank, ctx->world, ctx->nrails,
                            (struct sockaddr *)&ctx->rail_addr[r], ctx->token_s, ctx->cfg.timeout_ms,
-                           ctx->cfg.sockbuf_bytes, ctx->cfg.poll_us);
+                           ctx->cfg.sockbuf_bytes, ctx->cfg.poll_us, ctx->cfg.stash_bytes);
         if (st < 0) {
             char why[512];
             snprintf(why, sizeof(why), "%s", coh_last_error());

@@ -38,7 +38,23 @@ static int setup(void **state)
     struct sockaddr_in a;
     uv_ip4_addr("127.0.0.1", 0, &a);
     assert_int_equal(
-        en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000, 0, 0), 0);
+        en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000, 0, 0, 0),
+        0);
+    *state = f;
+    return 0;
+}
+
+/* The same rail, keeping early frames in memory (COHORT_STASH_BYTES). */
+static int setup_stash(void **state)
+{
+    fixture_t *f = coh_zalloc(sizeof(*f));
+    f->ctx = coh_zalloc(sizeof(*f->ctx));
+    f->ctx->event_fd = -1;
+    struct sockaddr_in a;
+    uv_ip4_addr("127.0.0.1", 0, &a);
+    assert_int_equal(en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000,
+                                   0, 0, 1 << 20),
+                     0);
     *state = f;
     return 0;
 }
@@ -324,6 +340,38 @@ static void test_timeout(void **state)
     close(fd);
 }
 
+/* Ops submitted in a different order on the two sides (partial sync does
+ * that): a frame for an op not submitted yet is kept, and the frames behind
+ * it on the connection still reach the op that is waiting for them. */
+static void test_out_of_order_ops(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    float d0[4] = {1, 2, 3, 4}, d1[4] = {5, 6, 7, 8};
+    float b0[4] = {0}, b1[4] = {0};
+    coh_request_t *r0, *r1;
+    en_rail_submit(&f->rail, bcast_op(f, 1, 77, b1, &r1));
+    frame(fd, EN_FRAME_DATA, 0, 77, 0, d0, sizeof(d0)); /* op 0: not submitted */
+    frame(fd, EN_FRAME_DATA, 0, 77, 0x40000000u, NULL, 0);
+    frame(fd, EN_FRAME_DATA, 1, 77, 0, d1, sizeof(d1)); /* op 1: waiting */
+    frame(fd, EN_FRAME_DATA, 1, 77, 0x40000000u, NULL, 0);
+    assert_int_equal(coh_wait(r1, 3000), COH_OK);
+    assert_memory_equal(b1, d1, sizeof(d1));
+    en_rail_submit(&f->rail, bcast_op(f, 0, 77, b0, &r0));
+    assert_int_equal(coh_wait(r0, 3000), COH_OK);
+    assert_memory_equal(b0, d0, sizeof(d0));
+    coh_request_free(r0);
+    coh_request_free(r1);
+    /* A kept frame with another op's signature fails the op at once. */
+    frame(fd, EN_FRAME_DATA, 2, 99, 0, d0, sizeof(d0));
+    usleep(50000);
+    coh_request_t *r2;
+    en_rail_submit(&f->rail, bcast_op(f, 2, 77, b0, &r2));
+    assert_int_equal(coh_wait(r2, 3000), COH_EMISMATCH);
+    coh_request_free(r2);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +383,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_abort_before_submit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_signature_mismatch_aborts_peer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_early_frame_matched_by_seq, setup_stash, teardown),
+        cmocka_unit_test_setup_teardown(test_out_of_order_ops, setup_stash, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
