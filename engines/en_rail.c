@@ -276,6 +276,45 @@ void en_rail_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, co
     rx_reactor_post(&rail->rx, &ct->task);
 }
 
+typedef struct abort_task {
+    rx_task_t task;
+    uint32_t comm;
+    uint64_t seq;
+    int status;
+    int npeers;
+    int peers[64];
+    char why[RX_ERR_LEN];
+} abort_task_t;
+
+static void abort_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    abort_task_t *at = (abort_task_t *)t;
+    en_rail_t *rail = rx->owner;
+    en_exec_cancel(rail, at->comm, at->seq, at->status, at->why);
+    for (int i = 0; i < at->npeers; i++) {
+        int p = at->peers[i];
+        if (p >= 0 && p < rail->world && rail->peers[p])
+            en_exec_send_ctl(rail->peers[p], EN_FRAME_ABORT, at->comm, at->seq, at->status,
+                             at->why);
+    }
+    coh_free(at);
+}
+
+void en_rail_abort(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why,
+                   const int *peers, int npeers)
+{
+    abort_task_t *at = coh_zalloc(sizeof(*at));
+    if (!at) return;
+    at->task.run = abort_run;
+    at->comm = comm;
+    at->seq = seq;
+    at->status = status;
+    at->npeers = npeers < 64 ? npeers : 64;
+    memcpy(at->peers, peers, sizeof(int) * (size_t)at->npeers);
+    snprintf(at->why, sizeof(at->why), "%s", why);
+    rx_reactor_post(&rail->rx, &at->task);
+}
+
 static int bye_fn(rx_reactor_t *rx, void *arg)
 {
     (void)arg;

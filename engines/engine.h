@@ -258,6 +258,10 @@ void en_rail_submit(en_rail_t *rail, en_op_t *op);
 /* Any thread. Fail (comm, seq) on this rail if it still runs: another rail's
  * slice of the same request failed. No ABORT is sent for it. */
 void en_rail_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
+/* Any thread. (comm, seq) will not run here: drop what arrives for it and
+ * send ABORT(status, why) to these peers, so they stop waiting for us. */
+void en_rail_abort(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why,
+                   const int *peers, int npeers);
 /* Any thread. Say BYE, fail what runs with COH_ECANCELED, close, join. */
 int en_rail_stop(en_rail_t *rail);
 

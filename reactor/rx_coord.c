@@ -176,7 +176,7 @@ static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *firs
     sc_sched_t *s = c->sched[mode];
     double t = now_s(c);
     for (int r = 0; r < c->world; r++) {
-        if (c->ranks[r].lost) sc_sched_on_worker_lost(s, r);
+        if (c->ranks[r].lost || c->ranks[r].left) sc_sched_on_worker_lost(s, r);
         if (c->ranks[r].bw_gbps > 0) sc_sched_on_bandwidth(s, r, c->ranks[r].bw_gbps);
     }
     load_trace(c, s);

@@ -155,8 +155,16 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
          * others already sent for this group. */
         rx_log(COH_LOG_WARN, "rank %d: refusing group %llu: rank %d is gone", ctx->rank,
                (unsigned long long)p->group_id, members[i]);
+        /* The other members may have started: abort it for them with a
+         * status they retry on. */
+        char why[RX_ERR_LEN];
+        snprintf(why, sizeof(why), "rank %d refused group %llu: rank %d is gone", ctx->rank,
+                 (unsigned long long)p->group_id, members[i]);
+        int others[64], no = 0;
+        for (int j = 0; j < n && no < 64; j++)
+            if (members[j] != ctx->rank && members[j] != members[i]) others[no++] = members[j];
         for (int r = 0; r < ctx->nrails; r++)
-            en_rail_cancel(&ctx->rails[r], gcomm, 0, COH_EPEER, "group refused");
+            en_rail_abort(&ctx->rails[r], gcomm, 0, COH_EPEER, why, others, no);
         rx_ctl_msg_t msg = {.type = RX_CTL_REFUSE};
         msg.u.refuse = (rx_ctl_refuse_t){.group_id = p->group_id,
                                          .attempt = p->attempt,

@@ -1,0 +1,235 @@
+/*
+ * The coordinator and the member side of coh_sync, with every rank of a
+ * small world as a thread of this process (a real store, real rails, real
+ * control connections), so that a test can reach into one rank's state:
+ *
+ *   - a plan naming a rank this member knows is gone is refused, the
+ *     coordinator drops that rank and groups the others again;
+ *   - members whose counts differ get EMISMATCH from the coordinator;
+ *   - a rank that left is not waited for, even in allreduce mode;
+ *   - results are the weighted mean of the group, in every mode.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include "reactor/rx_ctx.h"
+
+#define MAXR 4
+
+typedef struct world world_t;
+typedef void (*rank_fn)(world_t *w, int r, coh_ctx_t *ctx);
+
+struct world {
+    int n;
+    int port;
+    int store_fd;
+    coh_sync_mode mode;
+    rank_fn fn;
+    uv_barrier_t barrier;
+    int status[MAXR]; /* what each rank's syncs ended with */
+    int gsize[MAXR];  /* size of each rank's last group */
+    double result[MAXR];
+};
+
+typedef struct arg {
+    world_t *w;
+    int r;
+} arg_t;
+
+static void rank_main(void *p)
+{
+    arg_t *a = p;
+    world_t *w = a->w;
+    coh_config_t cfg;
+    assert_int_equal(coh_config_init(&cfg), 0);
+    char store[64];
+    snprintf(store, sizeof(store), "127.0.0.1:%d", w->port);
+    cfg.rank = a->r;
+    cfg.world_size = w->n;
+    cfg.store = store;
+    cfg.store_fd = a->r == 0 ? w->store_fd : -1;
+    cfg.token = "unit";
+    cfg.nics = "127.0.0.1";
+    cfg.timeout_ms = 3000;
+    cfg.connect_timeout_ms = 20000;
+    cfg.sync_mode = w->mode;
+    coh_ctx_t *ctx;
+    int st = coh_init(&cfg, &ctx);
+    if (st) fail_msg("rank %d: coh_init: %s", a->r, coh_last_error());
+    uv_barrier_wait(&w->barrier);
+    w->fn(w, a->r, ctx);
+    uv_barrier_wait(&w->barrier);
+    assert_int_equal(coh_finalize(ctx), 0);
+}
+
+static void run_world(world_t *w, int n, coh_sync_mode mode, rank_fn fn)
+{
+    memset(w, 0, sizeof(*w));
+    w->n = n;
+    w->mode = mode;
+    w->fn = fn;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    uv_ip4_addr("127.0.0.1", 0, &a);
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 64), 0);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    w->port = ntohs(a.sin_port);
+    w->store_fd = fd; /* adopted by rank 0's store */
+    uv_barrier_init(&w->barrier, (unsigned)n);
+    uv_thread_t th[MAXR];
+    arg_t args[MAXR];
+    for (int r = 0; r < n; r++) {
+        args[r] = (arg_t){w, r};
+        assert_int_equal(uv_thread_create(&th[r], rank_main, &args[r]), 0);
+    }
+    for (int r = 0; r < n; r++) uv_thread_join(&th[r]);
+    uv_barrier_destroy(&w->barrier);
+}
+
+/* One sync of a single f64 x = r + 1 with weight r + 1. */
+static void sync_once(world_t *w, int r, coh_ctx_t *ctx, size_t count)
+{
+    coh_comm_t *world;
+    coh_ctx_world(ctx, &world);
+    double x[8];
+    for (size_t i = 0; i < count; i++) x[i] = r + 1;
+    coh_request_t *req;
+    assert_int_equal(coh_sync(world, x, count, COH_F64, 0, r + 1, &req), 0);
+    w->status[r] = coh_wait(req, 15000);
+    coh_group_info_t g;
+    if (w->status[r] == 0) {
+        assert_int_equal(coh_request_group(req, &g), 0);
+        w->gsize[r] = g.size;
+        w->result[r] = x[0];
+        /* sum((m+1) * (m+1)) / sum(m+1) over the members */
+        double num = 0, den = 0;
+        for (int i = 0; i < g.size; i++) {
+            num += (g.members[i] + 1.0) * (g.members[i] + 1.0);
+            den += g.members[i] + 1.0;
+        }
+        assert_true(x[0] == num / den);
+    }
+    coh_request_free(req);
+}
+
+static int run_on_rail(rx_reactor_t *rx, void *arg)
+{
+    en_rail_t *rail = rx->owner;
+    int gone = *(int *)arg;
+    uv_mutex_lock(&rail->mu);
+    rail->lost[gone] = 1;
+    uv_mutex_unlock(&rail->mu);
+    return 0;
+}
+
+static void refuse_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    if (r == 1) {
+        /* Rank 1 believes rank 2 is gone (as if its data connection died);
+         * the coordinator does not know yet. */
+        int gone = 2;
+        for (int i = 0; i < ctx->nrails; i++)
+            rx_reactor_call(&ctx->rails[i].rx, run_on_rail, &gone);
+    }
+    sync_once(w, r, ctx, 1);
+}
+
+static void test_refuse_gone_member(void **state)
+{
+    (void)state;
+    world_t w;
+    run_world(&w, 3, COH_SYNC_ALLREDUCE, refuse_fn);
+    /* Ranks 0 and 1 synchronise with each other; rank 2 is out. */
+    assert_int_equal(w.status[0], 0);
+    assert_int_equal(w.status[1], 0);
+    assert_int_equal(w.gsize[0], 2);
+    assert_int_equal(w.gsize[1], 2);
+    assert_int_not_equal(w.status[2], 0);
+}
+
+static void mismatch_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    sync_once(w, r, ctx, r ? 3 : 2);
+}
+
+static void test_mismatched_counts(void **state)
+{
+    (void)state;
+    world_t w;
+    run_world(&w, 2, COH_SYNC_ALLREDUCE, mismatch_fn);
+    assert_int_equal(w.status[0], COH_EMISMATCH);
+    assert_int_equal(w.status[1], COH_EMISMATCH);
+}
+
+static void leave_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    coh_comm_t *world;
+    coh_ctx_world(ctx, &world);
+    if (r == 2) {
+        assert_int_equal(coh_sync_leave(world), 0);
+        /* A later sync on a rank that left is refused, not left hanging. */
+        double x = 1;
+        coh_request_t *req;
+        assert_int_equal(coh_sync(world, &x, 1, COH_F64, 0, 1, &req), 0);
+        w->status[r] = coh_wait(req, 15000);
+        coh_request_free(req);
+        return;
+    }
+    usleep(100000); /* let the LEAVE land first */
+    for (int i = 0; i < 3; i++) sync_once(w, r, ctx, 4);
+}
+
+static void test_left_rank_not_waited_for(void **state)
+{
+    (void)state;
+    world_t w;
+    run_world(&w, 3, COH_SYNC_ALLREDUCE, leave_fn);
+    assert_int_equal(w.status[0], 0);
+    assert_int_equal(w.status[1], 0);
+    assert_int_equal(w.gsize[0], 2);
+    assert_int_not_equal(w.status[2], 0);
+    assert_int_not_equal(w.status[2], COH_EAGAIN);
+}
+
+static void modes_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    for (int i = 0; i < 5; i++) {
+        usleep((useconds_t)(1000 * r));
+        sync_once(w, r, ctx, 8);
+        assert_int_equal(w->status[r], 0);
+    }
+    coh_comm_t *world;
+    coh_ctx_world(ctx, &world);
+    assert_int_equal(coh_sync_leave(world), 0);
+}
+
+static void test_every_mode(void **state)
+{
+    (void)state;
+    for (int m = 0; m < COH_SYNC_MODE_COUNT; m++) {
+        world_t w;
+        run_world(&w, 4, (coh_sync_mode)m, modes_fn);
+        for (int r = 0; r < 4; r++) assert_int_equal(w.status[r], 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refuse_gone_member),
+        cmocka_unit_test(test_mismatched_counts),
+        cmocka_unit_test(test_left_rank_not_waited_for),
+        cmocka_unit_test(test_every_mode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
