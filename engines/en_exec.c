@@ -364,10 +364,13 @@ static void stash_deliver(en_op_t *op, uint32_t i, en_stash_t *e)
         return;
     }
     uint8_t *dst = at(op, st->dst, st->dst_off);
-    if (st->kind == SC_RECV)
+    if (!e->len) {
+        /* zero-length frames (barrier, fence): nothing to place */
+    } else if (st->kind == SC_RECV) {
         memcpy(dst, e->data, e->len);
-    else
+    } else {
         gpu_cpu_reduce(op->dtype, op->redop, dst, at(op, st->src, st->src_off), e->data, st->count);
+    }
     op->bytes_in += e->len;
     stash_unlink(rail, e);
     step_done(op, i);
