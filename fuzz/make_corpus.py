@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""Write the seed corpora of the fuzz targets (fuzz/corpus/<target>/).
+
+Run from anywhere with Debian's python3 (needs python3-msgpack):
+    /usr/bin/python3 fuzz/make_corpus.py
+Seeds are a few valid inputs of every kind and the boundary cases next to
+them. Inputs found by fuzzing that crashed are kept beside them as
+crash-<what> files (regressions) and are never regenerated.
+"""
+import os
+import struct
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def ffi():
+    t = "ffi_request_fuzzer"
+    p = msgpack.packb
+    addr = {"addr": 0x7F0000001000, "nbytes": 16}
+    reqs = {
+        "allreduce_addr": {"v": 1, "type": "allreduce", "dtype": "f32", "op": "sum", "buf": addr,
+                           "id": 1},
+        "allreduce_inline": {"type": "allreduce", "dtype": "i32", "op": "max",
+                             "buf": b"\x01\x00\x00\x00\xff\xff\xff\xff"},
+        "allreduce_send_recv": {"type": "allreduce", "dtype": "float64", "send": b"\x00" * 16,
+                                "recv": addr, "async": True, "count": 2},
+        "allreduce_send_only": {"type": "allreduce", "dtype": "bf16", "op": "avg",
+                                "send": b"\x80\x3f" * 3, "recv": None},
+        "broadcast": {"type": "broadcast", "dtype": "u8", "root": 1, "buf": b"abc",
+                      "timeout_ms": 100},
+        "allgather_send": {"type": "allgather", "dtype": "f16", "send": b"\x00\x3c"},
+        "allgather_inplace": {"type": "allgather", "dtype": "i64", "recv": b"\x00" * 48},
+        "reduce_scatter": {"type": "reduce_scatter", "dtype": "i64", "op": "prod",
+                           "send": b"\x01" * 48, "recv": b"\x00" * 16},
+        "reduce_scatter_inplace": {"type": "reduce_scatter", "dtype": "float32",
+                                   "recv": {"addr": 4096, "nbytes": 24}},
+        "barrier": {"type": "barrier", "timeout_ms": -1, "async": False},
+        "sync": {"type": "sync", "dtype": "f32", "buf": addr, "iteration": 12, "weight": 0.5,
+                 "mode": "selective"},
+        "sync_int_weight": {"type": "sync", "dtype": "f32", "buf": b"", "iteration": 0,
+                            "weight": 3, "mode": "partial"},
+        "info": {"type": "info", "id": -7},
+        "stats": {"type": "stats"},
+        "event_clear": {"type": "event_clear", "v": 1},
+        "logs": {"type": "logs", "id": 2**63 - 1},
+        # boundary and bad
+        "empty_map": {},
+        "unknown_field": {"type": "info", "dtpye": "f32"},
+        "wrong_types": {"type": 3, "dtype": 1.5, "buf": "x", "async": "yes"},
+        "v2": {"v": 2, "type": "info"},
+        "negative_count": {"type": "allreduce", "dtype": "f32", "buf": addr, "count": -1},
+        "null_addr": {"type": "allreduce", "dtype": "f32", "buf": {"addr": 0, "nbytes": 8}},
+        "huge_addr": {"type": "allreduce", "dtype": "f32",
+                      "buf": {"addr": 2**64 - 8, "nbytes": 2**63}},
+        "misaligned": {"type": "allreduce", "dtype": "f64", "buf": b"\x00" * 12},
+        "config": {"rank": 0, "world_size": 2, "store": "127.0.0.1:29500", "token": "t",
+                   "nics": "lo,lo", "timeout_ms": 1000, "connect_timeout_ms": 2000,
+                   "chunk_bytes": "1M", "small_bytes": 65536, "rail_min_bytes": "0",
+                   "spin_us": 0, "store_fd": -1, "sockbuf_bytes": 0, "poll_us": 50,
+                   "log_level": "debug"},
+        "config_bad": {"rank": 3, "world_size": 2, "log_level": 9, "chunk_bytes": "1Q"},
+    }
+    for name, r in reqs.items():
+        write(t, name + ".mp", p(r))
+    full = p(reqs["allreduce_send_recv"])
+    write(t, "truncated.mp", full[: len(full) // 2])
+    write(t, "trailing.mp", full + b"\xc0")
+    write(t, "array_2e32.mp", b"\xdd\xff\xff\xff\xff")
+    write(t, "map_2e32.mp", b"\xdf\xff\xff\xff\xff")
+    write(t, "str32_past_end.mp", b"\x81\xa4type\xdb\xff\xff\xff\xf0ab")
+    write(t, "reserved_c1.mp", b"\x81\xa4type\xc1")
+    write(t, "deep.mp", b"\x91" * 40 + b"\x01")
+    write(t, "ext.mp", p({"type": msgpack.ExtType(5, b"abc")}))
+    write(t, "dup_key.mp", b"\x82\xa4type\xa4info\xa4type\xa5stats")
+
+
+def hdr(typ, comm=0, tag=0, seq=0, sig=0, off=0, ln=0, flags=0, magic=b"COHF"):
+    return magic + struct.pack("<BBHIIQQQQ", typ, flags, 0, comm, tag, seq, sig, off, ln)
+
+
+def frame():
+    t = "frame_fuzzer"
+    write(t, "data", hdr(1, 1, 7, 42, 0xDEADBEEF, 0, 8) + b"payload!")
+    write(t, "abort", hdr(2, 0, 0, 3, 0, 0, 9) + struct.pack("<i", -5) + b"lost")
+    write(t, "bye", hdr(3))
+    write(t, "stream", hdr(1, ln=4) + b"abcd" + hdr(1, seq=1, ln=2) + b"ef" + hdr(3))
+    write(t, "bad_magic", hdr(1, magic=b"COHX"))
+    write(t, "bad_flags", hdr(1, flags=1))
+    write(t, "bad_type", hdr(9))
+    write(t, "abort_too_long", hdr(2, ln=100000))
+    write(t, "data_huge_len", hdr(1, ln=2**62))
+    write(t, "prefix", hdr(1)[:20])
+
+
+def hello(kind=1, rank=0, world=2, rail=0, nrails=1, token=b"", version=1, magic=b"COHH"):
+    return magic + struct.pack("<HHIIII", version, kind, rank, world, rail, nrails) + \
+        token.ljust(64, b"\0")
+
+
+def hellos():
+    t = "hello_fuzzer"
+    # byte 0: length of the expected token; then the token; then the HELLO.
+    write(t, "data_ok", b"\x05" + b"sekret"[:5] + hello(token=b"sekre"))
+    write(t, "data_wrong_token", b"\x05secre" + hello(token=b"sekre"))
+    write(t, "store_no_token", b"\x00" + hello(kind=2, rank=3, world=4))
+    write(t, "ctrl_64", b"\x40" + b"k" * 64 + hello(kind=3, token=b"k" * 64))
+    write(t, "bad_version", b"\x00" + hello(version=2))
+    write(t, "rank_ge_world", b"\x00" + hello(rank=2, world=2))
+    write(t, "zero_world", b"\x00" + hello(world=0))
+    write(t, "bad_kind", b"\x00" + hello(kind=7))
+    write(t, "prefix", b"\x00" + hello()[:30])
+    write(t, "bad_magic", b"\x00" + hello(magic=b"COHF"))
+
+
+def store_msg(typ, status=0, arg=0, key=b"", val=b"", magic=b"COHS"):
+    return magic + struct.pack("<BBHII", typ, status, len(key), len(val), arg) + key + val
+
+
+def store():
+    t = "store_fuzzer"
+    write(t, "set", store_msg(1, key=b"addr/0/0", val=b"127.0.0.1:4000"))
+    write(t, "get", store_msg(2, key=b"ctrl"))
+    write(t, "wait", store_msg(3, arg=5000, key=b"joined"))
+    write(t, "add", store_msg(4, arg=1, key=b"joined"))
+    write(t, "resp_ok", store_msg(0x80, 0, key=b"", val=b"3"))
+    write(t, "resp_notfound", store_msg(0x80, 1))
+    write(t, "stream", store_msg(1, key=b"a", val=b"b") + store_msg(2, key=b"a") +
+          store_msg(0x80, 2))
+    write(t, "key_too_long", store_msg(1, key=b"k" * 600))
+    write(t, "get_with_value", store_msg(2, key=b"k", val=b"v"))
+    write(t, "req_status", store_msg(1, status=1, key=b"k"))
+    write(t, "empty_key", store_msg(1))
+    write(t, "prefix", store_msg(1, key=b"abc", val=b"def")[:18])
+
+
+if __name__ == "__main__":
+    ffi()
+    frame()
+    hellos()
+    store()
+    print("corpora written under", os.path.join(HERE, "corpus"))
