@@ -390,6 +390,10 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
     coh_request_time_us(req, &us);
     uint32_t extra = 4;
     for (int t = 0; t < FF_NTENSORS; t++) extra += op->owned[t] && t != FF_T_SEND;
+    /* A sync's group is the scheduler's: who took part, how long this rank
+     * waited for the group and how long the exchange took. */
+    coh_group_info_t gi;
+    bool sync_group = op->type == FF_SYNC && st == 0 && coh_request_group(req, &gi) == 0;
     ff_out_t o;
     msgpack_packer pk;
     ff_out_init(&o, &pk);
@@ -398,9 +402,23 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
     ff_pack_kv_double(&pk, "time_us", us);
     ff_pack_kv_double(&pk, "abi_us", op->abi_us);
     ff_pack_str(&pk, "group");
-    msgpack_pack_map(&pk, 2);
-    ff_pack_kv_int(&pk, "rank", op->rank);
-    ff_pack_kv_int(&pk, "size", op->size);
+    if (sync_group) {
+        msgpack_pack_map(&pk, 8);
+        ff_pack_kv_int(&pk, "rank", op->rank);
+        ff_pack_kv_int(&pk, "size", gi.size);
+        ff_pack_str(&pk, "members");
+        msgpack_pack_array(&pk, gi.size > 0 ? (size_t)gi.size : 0);
+        for (int i = 0; i < gi.size; i++) msgpack_pack_int(&pk, gi.members[i]);
+        ff_pack_kv_bool(&pk, "full", gi.full != 0);
+        ff_pack_kv_double(&pk, "total_weight", gi.total_weight);
+        ff_pack_kv_double(&pk, "wait_us", gi.wait_us);
+        ff_pack_kv_double(&pk, "comm_us", gi.comm_us);
+        ff_pack_kv_uint(&pk, "group_id", gi.group_id);
+    } else {
+        msgpack_pack_map(&pk, 2);
+        ff_pack_kv_int(&pk, "rank", op->rank);
+        ff_pack_kv_int(&pk, "size", op->size);
+    }
     for (int t = 0; t < FF_NTENSORS; t++) {
         if (!op->owned[t] || t == FF_T_SEND) continue;
         ff_pack_str(&pk, ff_tensor_names[t]);
@@ -475,16 +493,17 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
         st = coh_reduce_scatter(w, ptr[FF_T_SEND], ptr[FF_T_RECV], s->count, r->dtype, r->op, req);
         break;
     case FF_BARRIER: st = coh_barrier(w, req); break;
-    case FF_SYNC:
-        /* The request is decoded and checked in full above; the C API's
-         * coh_sync (partial / selective synchronisation) is not there yet.
-         * When it is: coh_sync(w, ptr[FF_T_BUF], s->count, r->dtype,
-         * r->iteration, r->weight, req), and pack_done() adds the group's
-         * members, wait_us and comm_us. */
-        return ff_fail(e, COH_EUNSUPPORTED, "type",
-                       "sync (iteration %lld, mode %s): partial / selective synchronisation is "
-                       "not available in this build yet (the C API has no coh_sync)",
-                       (long long)r->iteration, ff_sync_mode_name(r->mode));
+    case FF_SYNC: {
+        static const coh_sync_mode modes[FF_SYNC_MODE_COUNT] = {
+            [FF_SYNC_DEFAULT] = COH_SYNC_DEFAULT,
+            [FF_SYNC_ALLREDUCE] = COH_SYNC_ALLREDUCE,
+            [FF_SYNC_PARTIAL] = COH_SYNC_PARTIAL,
+            [FF_SYNC_SELECTIVE] = COH_SYNC_SELECTIVE,
+        };
+        st = coh_sync_ex(w, ptr[FF_T_BUF], s->count, r->dtype, (uint64_t)r->iteration, r->weight,
+                         modes[r->mode], req);
+        break;
+    }
     default: return ff_fail(e, COH_EINTERNAL, "type", "no collective for this type");
     }
     if (st < 0) return ff_fail(e, st, "", "%s", coh_last_error());
@@ -541,6 +560,11 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
     case FF_LOGS:
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 2);
         pack_logs(&pk);
+        break;
+    case FF_SYNC_LEAVE:
+        st = coh_sync_leave(fc->world);
+        if (st < 0) ff_fail(&e, st, "", "%s", coh_last_error());
+        ff_pack_head(&pk, st, &e, r->type, has_id, r->id, 0);
         break;
     default:
         st = ff_fail(&e, COH_EINTERNAL, "type", "not a simple request");

@@ -20,8 +20,8 @@
 const char *const ff_tensor_names[FF_NTENSORS] = {"buf", "send", "recv"};
 
 static const char *const type_names[FF_TYPE_COUNT] = {
-    "allreduce", "broadcast", "allgather", "reduce_scatter", "barrier",
-    "sync",      "info",      "stats",     "event_clear",    "logs"};
+    "allreduce", "broadcast", "allgather",   "reduce_scatter", "barrier",   "sync",
+    "info",      "stats",     "event_clear", "logs",           "sync_leave"};
 
 const char *ff_type_name(ff_type t)
 {
@@ -259,6 +259,7 @@ static const uint32_t allowed[FF_TYPE_COUNT] = {
     [FF_STATS] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_EVENT_CLEAR] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_LOGS] = FF_F_V | FF_F_TYPE | FF_F_ID,
+    [FF_SYNC_LEAVE] = FF_F_V | FF_F_TYPE | FF_F_ID,
 };
 
 static const char *field_name(uint32_t bit)
@@ -309,8 +310,8 @@ static int decode_field(const field_t *fd, const msgpack_object *v, const void *
     case FF_F_ITERATION: return get_int(v, f, 0, INT64_MAX, &r->iteration, e);
     case FF_F_WEIGHT:
         if (get_double(v, f, &r->weight, e) < 0) return e->status;
-        if (r->weight < 0)
-            return ff_fail(e, COH_EINVAL, f, "field 'weight': %g is negative", r->weight);
+        if (!(r->weight > 0))
+            return ff_fail(e, COH_EINVAL, f, "field 'weight': %g is not > 0", r->weight);
         return 0;
     case FF_F_MODE:
         if (get_enum(v, f, mode_names, FF_SYNC_MODE_COUNT, &k, e) < 0) return e->status;
@@ -532,7 +533,7 @@ int ff_resolve(const ff_req_t *r, int size, ff_shape_t *s, ff_err_t *e)
 
 /* ---- config ---- */
 
-enum cfg_kind { C_INT, C_SIZE, C_STR, C_LOG, C_V };
+enum cfg_kind { C_INT, C_SIZE, C_STR, C_LOG, C_V, C_MODE };
 typedef struct cfg_field {
     const char *name;
     enum cfg_kind kind;
@@ -558,6 +559,11 @@ static const cfg_field_t cfg_fields[] = {
     CF(spin_us, C_INT, 0, 1000000),
     CF(store_fd, C_INT, -1, INT_MAX),
     CF(sockbuf_bytes, C_SIZE, 0, 0),
+    CF(stash_bytes, C_SIZE, 0, 0),
+    CF(sync_mode, C_MODE, 0, COH_SYNC_MODE_COUNT - 1),
+    CF(coordinator, C_INT, 0, (1 << 20) - 1),
+    CF(tick_ms, C_INT, 1, 10000),
+    CF(sched, C_STR, 0, FF_MAX_STR - 1),
     CF(poll_us, C_INT, 0, 1000000),
     {"log_level", C_LOG, 0, -1, 3},
     {"v", C_V, 0, 0, 0},
@@ -574,6 +580,7 @@ static int cfg_string(const cfg_field_t *fd, const msgpack_object *v, ff_config_
         return ff_fail(e, COH_EINVAL, fd->name, "field '%s': empty", fd->name);
     char **slot = fd->off == offsetof(coh_config_t, store)   ? &c->store
                   : fd->off == offsetof(coh_config_t, token) ? &c->token
+                  : fd->off == offsetof(coh_config_t, sched) ? &c->sched
                                                              : &c->nics;
     char *s = coh_strdup(tmp);
     if (!s) return ff_fail(e, COH_ENOMEM, fd->name, "field '%s': out of memory", fd->name);
@@ -623,6 +630,19 @@ static int cfg_field(const cfg_field_t *fd, const msgpack_object *v, ff_config_t
         return 0;
     }
     case C_STR: return cfg_string(fd, v, c, e);
+    case C_MODE: /* a coh_sync_mode name, or its number */
+        if (v->type == MSGPACK_OBJECT_STR) {
+            int k;
+            if (get_enum(v, f, mode_names + 1, FF_SYNC_MODE_COUNT - 1, &k, e) < 0) return e->status;
+            coh_sync_mode m;
+            if (coh_sync_mode_from_name(mode_names[k + 1], &m) < 0)
+                return ff_fail(e, COH_EINTERNAL, f, "field '%s': no such mode in the C API", f);
+            c->cfg.sync_mode = (int)m;
+            return 0;
+        }
+        if (get_int(v, f, fd->lo, fd->hi, &i64, e) < 0) return e->status;
+        c->cfg.sync_mode = (int)i64;
+        return 0;
     case C_LOG:
         if (v->type == MSGPACK_OBJECT_STR) {
             if (str_is(v, "off")) {
@@ -683,6 +703,10 @@ int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *e)
     if (st == 0 && c->cfg.rank >= c->cfg.world_size)
         st = ff_fail(e, COH_EINVAL, "rank", "field 'rank': %d is not below world_size %d",
                      c->cfg.rank, c->cfg.world_size);
+    if (st == 0 && c->cfg.coordinator >= c->cfg.world_size)
+        st = ff_fail(e, COH_EINVAL, "coordinator",
+                     "field 'coordinator': %d is not below world_size %d", c->cfg.coordinator,
+                     c->cfg.world_size);
     if (st < 0) ff_config_fini(c);
     return st;
 }
@@ -692,7 +716,8 @@ void ff_config_fini(ff_config_t *c)
     coh_free(c->store);
     coh_free(c->token);
     coh_free(c->nics);
-    c->store = c->token = c->nics = NULL;
+    coh_free(c->sched);
+    c->store = c->token = c->nics = c->sched = NULL;
 }
 
 /* ---- responses ---- */

@@ -82,12 +82,13 @@ typedef enum ff_type {
     FF_STATS,       /* coh_ctx_stats */
     FF_EVENT_CLEAR, /* coh_ctx_event_clear */
     FF_LOGS,        /* drain the messages captured by the config's log_level */
+    FF_SYNC_LEAVE,  /* coh_sync_leave: this rank stops synchronising */
     FF_TYPE_COUNT
 } ff_type;
 const char *ff_type_name(ff_type t);
 
 /* Partial-synchronisation modes of a sync request (the names of the C API's
- * coh_sync_mode, planned in issue 4). */
+ * coh_sync_mode; "default" is the context's sync_mode). */
 typedef enum ff_sync_mode {
     FF_SYNC_DEFAULT = 0, /* the context's configured mode */
     FF_SYNC_ALLREDUCE,   /* every live rank (a weighted average of all) */
@@ -172,7 +173,7 @@ int ff_resolve(const ff_req_t *req, int comm_size, ff_shape_t *shape, ff_err_t *
 
 typedef struct ff_config {
     coh_config_t cfg; /* string fields point at the copies below */
-    char *store, *token, *nics;
+    char *store, *token, *nics, *sched;
     int log_level; /* -2: not given (leave the log handler alone); -1: "off" */
 } ff_config_t;
 

@@ -392,7 +392,10 @@ static void test_field_errors(void **state)
                      COH_EINVAL, "iteration", "-1 is outside");
     expect_req_error(mp(&b, "m5 s s s s s b s u s d", 5, "type", "sync", "dtype", "f32", "buf", x,
                         sizeof(x), "iteration", U(1), "weight", -2.0),
-                     COH_EINVAL, "weight", "negative");
+                     COH_EINVAL, "weight", "-2 is not > 0");
+    expect_req_error(mp(&b, "m5 s s s s s b s u s u", 5, "type", "sync", "dtype", "f32", "buf", x,
+                        sizeof(x), "iteration", U(1), "weight", U(0)),
+                     COH_EINVAL, "weight", "0 is not > 0");
     expect_req_error(mp(&b, "m5 s s s s s b s u s d", 5, "type", "sync", "dtype", "f32", "buf", x,
                         sizeof(x), "iteration", U(1), "weight", NAN),
                      COH_EINVAL, "weight", "not a finite number");
@@ -466,11 +469,13 @@ static void test_config(void **state)
     mpbuf_t b;
     ff_config_t c;
     ff_err_t e = {0};
-    mp(&b, "m16 s u s u s u s s s s s s s u s u s u s s s u s u s i s u s u s s", 16, "v", U(1),
-       "rank", U(1), "world_size", U(3), "store", "127.0.0.1:9", "token", "sekret", "nics", "lo,lo",
-       "timeout_ms", U(1234), "connect_timeout_ms", U(5678), "chunk_bytes", U(4096), "small_bytes",
-       "8K", "rail_min_bytes", U(0), "spin_us", U(7), "store_fd", I(-1), "sockbuf_bytes", U(65536),
-       "poll_us", U(0), "log_level", "debug");
+    mp(&b,
+       "m21 s u s u s u s s s s s s s u s u s u s s s u s u s i s u s u s s s u s s s u s u s s",
+       21, "v", U(1), "rank", U(1), "world_size", U(3), "store", "127.0.0.1:9", "token", "sekret",
+       "nics", "lo,lo", "timeout_ms", U(1234), "connect_timeout_ms", U(5678), "chunk_bytes",
+       U(4096), "small_bytes", "8K", "rail_min_bytes", U(0), "spin_us", U(7), "store_fd", I(-1),
+       "sockbuf_bytes", U(65536), "poll_us", U(0), "log_level", "debug", "stash_bytes", U(1 << 20),
+       "sync_mode", "partial", "coordinator", U(2), "tick_ms", U(5), "sched", "eta=0.5,c=4");
     int st = ff_decode_config(b.data, b.len, &c, &e);
     if (st) fail_msg("config: %s", e.msg);
     assert_int_equal(c.cfg.rank, 1);
@@ -488,6 +493,11 @@ static void test_config(void **state)
     assert_int_equal(c.cfg.sockbuf_bytes, 65536);
     assert_int_equal(c.cfg.poll_us, 0);
     assert_int_equal(c.log_level, 3);
+    assert_int_equal(c.cfg.stash_bytes, 1 << 20);
+    assert_int_equal(c.cfg.sync_mode, COH_SYNC_PARTIAL);
+    assert_int_equal(c.cfg.coordinator, 2);
+    assert_int_equal(c.cfg.tick_ms, 5);
+    assert_string_equal(c.cfg.sched, "eta=0.5,c=4");
     ff_config_fini(&c);
 
     /* Empty: the defaults (and environment). */
@@ -513,6 +523,12 @@ static void test_config(void **state)
             "0123456789012345678901234567890123456789012345678901234567890123456789"),
          "token", "longer than the limit of 64"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "nics", ""), "nics", "empty"},
+        {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "sync_mode", "fast"), "sync_mode",
+         "unknown value 'fast' (one of allreduce, partial, selective)"},
+        {mp(&(mpbuf_t){.len = 0}, "m1 s u", 1, "sync_mode", U(3)), "sync_mode", "3 is outside"},
+        {mp(&(mpbuf_t){.len = 0}, "m2 s u s u", 2, "world_size", U(2), "coordinator", U(2)),
+         "coordinator", "2 is not below world_size 2"},
+        {mp(&(mpbuf_t){.len = 0}, "m1 s u", 1, "tick_ms", U(0)), "tick_ms", "0 is outside"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "chunk_bytes", "12Q"), "chunk_bytes",
          "is not a size"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s u", 1, "chunk_bytes", U(0)), "chunk_bytes", "0 is outside"},
@@ -554,6 +570,8 @@ typedef struct answer {
     char bin[256];
     size_t bin_len;
     int group_size;
+    int nmembers, members[8];
+    bool has_wait_us;
 } answer_t;
 
 static void read_answer(const void *resp, size_t len, answer_t *a)
@@ -600,10 +618,18 @@ static void read_answer(const void *resp, size_t len, answer_t *a)
         } else if (!strcmp(key, "context")) {
             a->context = v->via.u64;
         } else if (!strcmp(key, "group")) {
-            for (uint32_t j = 0; j < v->via.map.size; j++)
-                if (v->via.map.ptr[j].key.via.str.size == 4 &&
-                    !memcmp(v->via.map.ptr[j].key.via.str.ptr, "size", 4))
-                    a->group_size = (int)v->via.map.ptr[j].val.via.u64;
+            for (uint32_t j = 0; j < v->via.map.size; j++) {
+                const msgpack_object *gk = &v->via.map.ptr[j].key, *gv = &v->via.map.ptr[j].val;
+                if (gk->via.str.size == 4 && !memcmp(gk->via.str.ptr, "size", 4))
+                    a->group_size = (int)gv->via.u64;
+                if (gk->via.str.size == 7 && !memcmp(gk->via.str.ptr, "wait_us", 7))
+                    a->has_wait_us = true;
+                if (gk->via.str.size == 7 && !memcmp(gk->via.str.ptr, "members", 7)) {
+                    assert_int_equal(gv->type, MSGPACK_OBJECT_ARRAY);
+                    for (uint32_t m = 0; m < gv->via.array.size && m < 8; m++)
+                        a->members[a->nmembers++] = (int)gv->via.array.ptr[m].via.u64;
+                }
+            }
         } else if (v->type == MSGPACK_OBJECT_BIN) {
             a->bin_name = !strcmp(key, "buf") ? "buf" : !strcmp(key, "recv") ? "recv" : "?";
             a->bin_len = v->via.bin.size;
@@ -722,13 +748,18 @@ static void test_abi_collectives(void **state)
                    "addr", U(0), "nbytes", U(0)));
     assert_int_equal(a.status, 0);
 
-    /* sync: checked in full, then not supported until coh_sync exists. */
-    a = call(h,
-             mp(&b, "m5 s s s s s m2 s u s u s u s s", 5, "type", "sync", "dtype", "f32", "buf", 2,
-                "addr", ADDR(x), "nbytes", U(sizeof(x)), "iteration", U(3), "mode", "partial"));
-    assert_int_equal(a.status, COH_EUNSUPPORTED);
-    assert_string_equal(a.code, "EUNSUPPORTED");
-    assert_non_null(strstr(a.error, "coh_sync"));
+    /* sync: a group of one here; the answer says who was in it. */
+    float y[5] = {1, 2, 3, 4, 5};
+    a = call(h, mp(&b, "m6 s s s s s m2 s u s u s u s s s d", 6, "type", "sync", "dtype", "f32",
+                   "buf", 2, "addr", ADDR(y), "nbytes", U(sizeof(y)), "iteration", U(3), "mode",
+                   "partial", "weight", 2.0));
+    assert_int_equal(a.status, 0);
+    assert_string_equal(a.type, "sync");
+    assert_int_equal(a.group_size, 1);
+    assert_int_equal(a.nmembers, 1);
+    assert_int_equal(a.members[0], 0);
+    assert_true(a.has_wait_us);
+    assert_true(y[2] == 3); /* the weighted average of one */
     a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "sync", "dtype", "f32", "buf", 2,
                    "addr", ADDR(x), "nbytes", U(sizeof(x)), "iteration", "three"));
     assert_int_equal(a.status, COH_EINVAL);
@@ -747,6 +778,10 @@ static void test_abi_collectives(void **state)
     a = call(h, mp(&b, "m1 s s", 1, "type", "logs"));
     assert_int_equal(a.status, 0);
     a = call(h, mp(&b, "m1 s s", 1, "type", "event_clear"));
+    assert_int_equal(a.status, 0);
+    /* sync_leave reaches coh_sync_leave (a no-op in a world of one, which
+     * has no coordinator; python.n2/n3 check that later syncs fail). */
+    a = call(h, mp(&b, "m1 s s", 1, "type", "sync_leave"));
     assert_int_equal(a.status, 0);
 
     void *resp;

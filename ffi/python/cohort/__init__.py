@@ -30,6 +30,7 @@ __all__ = [
     "init", "finalize", "is_initialized", "get_context", "rank", "world_size", "get_rank",
     "get_world_size", "allreduce", "all_reduce", "broadcast", "allgather",
     "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier", "sync",
+    "sync_leave",
     "stats", "Context", "Work", "Result", "CohortError", "InvalidArgumentError", "DtypeError",
     "UnsupportedError", "TimeoutError", "PeerError", "MismatchError", "CanceledError",
     "StateError", "OPS", "SYNC_MODES", "SUPPORTED_DTYPES", "SCHEMA", "library_path", "errors",
@@ -127,6 +128,10 @@ def barrier(async_op=False):
 def sync(arr, iteration, weight=1.0, mode=None, async_op=False, dtype=None):
     return get_context().sync(arr, iteration, weight=weight, mode=mode, async_op=async_op,
                               dtype=dtype)
+
+
+def sync_leave():
+    return get_context().sync_leave()
 
 
 def stats():

@@ -38,7 +38,7 @@ class Result:
     """The outcome of a completed collective."""
 
     __slots__ = ("type", "time_us", "abi_us", "rank", "size", "members", "wait_us", "comm_us",
-                 "response")
+                 "full", "total_weight", "group_id", "response")
 
     def __init__(self, resp):
         self.response = resp
@@ -51,8 +51,12 @@ class Result:
         self.members = g.get("members")
         if self.members is None and self.size is not None:
             self.members = list(range(self.size))
+        # sync only: the scheduler's group
         self.wait_us = g.get("wait_us")
         self.comm_us = g.get("comm_us")
+        self.full = g.get("full")
+        self.total_weight = g.get("total_weight")
+        self.group_id = g.get("group_id")
 
     def __repr__(self):
         return "Result(type=%r, time_us=%.1f, abi_us=%.1f, group=%r)" % (
@@ -445,9 +449,12 @@ class Context:
     def sync(self, arr, iteration, weight=1.0, mode=None, async_op=False, dtype=None):
         """Partial / selective synchronisation of arr (in place) for training
         step `iteration`: this rank joins the group the scheduler forms, which
-        averages its members' arrays with their weights. The Result says who
-        was in the group (members), how long this rank waited for it (wait_us)
-        and how long the exchange took (comm_us)."""
+        averages its members' arrays with their weights (weight > 0, e.g. the
+        local steps since the last sync). mode: default (the context's
+        sync_mode), allreduce, partial or selective; every rank must use the
+        same. The Result says who was in the group (members, full), how long
+        this rank waited for it (wait_us) and how long the exchange took
+        (comm_us)."""
         what = "sync"
         if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) \
                 or iteration < 0:
@@ -462,6 +469,11 @@ class Context:
         if mode is not None:
             req["mode"] = mode
         return self._submit(req, (arr,), what, async_op)
+
+    def sync_leave(self):
+        """This rank will not sync again: the coordinator stops waiting for it
+        (call it when a rank stops training while others go on)."""
+        self.call({"type": "sync_leave"})
 
     # ---- asyncio ----
     async def _aio_wait(self, work):

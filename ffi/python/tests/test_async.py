@@ -110,8 +110,8 @@ def test_asyncio(ctx, rank, size):
 def test_asyncio_error_propagates(ctx, rank, size):
     async def main():
         # refused at submission, before any future exists
-        with pytest.raises(cohort.UnsupportedError):
-            cohort.sync(np.ones(2, np.float32), iteration=0, async_op=True)
+        with pytest.raises(cohort.DtypeError):
+            cohort.allreduce(np.ones(2, np.int8), async_op=True)
         if size > 1:
             # ranks disagree on the count: the request fails on every rank,
             # and the failure comes out of the await

@@ -77,6 +77,9 @@ def test_bad_arguments(ctx, size):
         cohort.sync(np.zeros(2, np.float32), iteration=-1)
     with pytest.raises(cohort.InvalidArgumentError, match="unknown mode"):
         cohort.sync(np.zeros(2, np.float32), iteration=1, mode="eager")
+    with pytest.raises(cohort.InvalidArgumentError, match="'weight': 0 is not > 0") as e:
+        cohort.sync(np.zeros(2, np.float32), iteration=1, weight=0.0)
+    assert e.value.field == "weight"
 
 
 def raw(ctx, data):
@@ -159,31 +162,6 @@ def test_stale_and_made_up_handles(ctx):
         assert lib.call(bad, msgpack.packb({"type": "info"}))["field"] == "context"
     with pytest.raises(cohort.CohortError):
         lib.event_fd(12345)
-
-
-def test_sync_is_not_there_yet(ctx):
-    a = np.ones(8, np.float32)
-    with pytest.raises(cohort.UnsupportedError, match="coh_sync") as e:
-        cohort.sync(a, iteration=3)
-    assert e.value.code == "EUNSUPPORTED" and isinstance(e.value, NotImplementedError)
-    assert np.all(a == 1)  # nothing was touched
-
-
-@pytest.mark.xfail(strict=True, raises=cohort.UnsupportedError,
-                   reason="the ABI answers EUNSUPPORTED until coh_sync (issue 4) is wired in "
-                          "ffi/ff_abi.c; then this must pass and the marker go")
-def test_sync_semantics(ctx, rank, size):
-    """What cohort.sync must do once coh_sync lands: this rank ends in a group
-    of ready ranks (itself included) whose weighted average replaced arr."""
-    for it in range(3):
-        a = np.full(16, float(rank + 1), np.float32)
-        res = cohort.sync(a, iteration=it, weight=1.0, mode="allreduce")
-        assert rank in res.members and res.size == len(res.members) >= 1
-        assert res.wait_us >= 0 and res.comm_us >= 0
-        want = np.mean([m + 1 for m in res.members])
-        np.testing.assert_allclose(a, want, rtol=1e-6)
-    w = cohort.sync(np.ones(4, np.float32), iteration=3, async_op=True)
-    assert rank in w.wait().members
 
 
 def test_not_initialized_and_finalized():

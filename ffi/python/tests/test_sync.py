@@ -1,0 +1,88 @@
+"""cohort.sync: partial / selective synchronisation (coh_sync) from Python.
+
+A rank's array after a sync is the weighted average of its group's arrays,
+and the result says who was in the group. In partial and selective modes a
+rank that has done its steps must leave (sync_leave) so that no group waits
+for it, and a context that was left cannot sync again: each mode runs in a
+fresh context, where ranks take different numbers of steps as stragglers
+would. The session context's own syncs (allreduce mode: every rank in every
+group) come after, and the file ends with its sync_leave.
+"""
+import asyncio
+import socket
+
+import numpy as np
+import pytest
+
+import cohort
+
+
+def fresh_context(ctx, **cfg):
+    """A second context over the same ranks, with its own store (rank 0
+    picks a free port and tells the others through the session context)."""
+    port = np.zeros(1, np.int64)
+    if ctx.rank == 0:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port[0] = s.getsockname()[1]
+        s.close()
+    ctx.broadcast(port, src=0)
+    return cohort.Context(store="127.0.0.1:%d" % port[0], store_fd=-1, **cfg)
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "partial", "selective"])
+def test_sync_groups(ctx, rank, size, mode):
+    with fresh_context(ctx, sync_mode=mode) as c:
+        for it in range(3 + rank):  # rank r takes 3 + r steps
+            a = np.full(16, float(rank + 1), np.float32)
+            res = c.sync(a, iteration=it, weight=1.0)
+            assert res.type == "sync"
+            assert rank in res.members and res.size == len(res.members) >= 1
+            assert res.wait_us >= 0 and res.comm_us >= 0 and res.total_weight > 0
+            if mode == "allreduce" and it < 3:  # before anyone left: everyone
+                assert sorted(res.members) == list(range(size)) and res.full
+            want = np.mean([m + 1 for m in res.members])
+            np.testing.assert_allclose(a, want, rtol=1e-6)
+        c.sync_leave()
+        if size > 1:  # a world of one has no coordinator to leave
+            with pytest.raises(cohort.CohortError):
+                c.sync(np.ones(2, np.float32), iteration=99)
+        c.barrier()  # the coordinator (rank 0) stays until everyone is done
+
+
+def test_sync_weights(ctx, rank, size):
+    a = np.full(5, float(rank), np.float64)
+    res = cohort.sync(a, iteration=10, weight=float(rank + 1), mode="allreduce")
+    w = {m: m + 1.0 for m in res.members}
+    want = sum(m * w[m] for m in res.members) / sum(w.values())
+    np.testing.assert_allclose(a, want, rtol=1e-12)
+    assert res.total_weight == pytest.approx(sum(w.values()))
+
+
+def test_sync_async_and_asyncio(ctx, rank, size):
+    w = cohort.sync(np.ones(4, np.float32), iteration=20, mode="allreduce", async_op=True)
+    assert rank in w.wait().members
+
+    async def main():
+        a = np.full(4, float(rank), np.float32)
+        res = await cohort.sync(a, iteration=21, mode="allreduce", async_op=True)
+        assert rank in res.members
+        np.testing.assert_allclose(a, np.mean(res.members))
+
+    asyncio.run(main())
+
+
+def test_sync_inline_through_the_abi(ctx, rank, size):
+    r = ctx.call({"type": "sync", "dtype": "f64", "iteration": 30, "mode": "allreduce",
+                  "buf": np.float64([rank]).tobytes()})
+    g = r["group"]
+    assert sorted(g["members"]) == list(range(size)) and g["size"] == size
+    assert set(g) >= {"members", "size", "wait_us", "comm_us", "full", "total_weight", "group_id"}
+    assert np.frombuffer(r["buf"], np.float64)[0] == pytest.approx(np.mean(range(size)))
+
+
+def test_sync_leave_is_last(ctx, rank, size):
+    cohort.sync_leave()
+    if size > 1:
+        with pytest.raises(cohort.CohortError):
+            cohort.sync(np.ones(2, np.float32), iteration=99, mode="allreduce")
