@@ -507,7 +507,13 @@ static void op_start(rx_task_t *t, rx_reactor_t *rx)
 void en_rail_submit(en_rail_t *rail, en_op_t *op)
 {
     op->task.run = op_start;
-    rx_reactor_post(&rail->rx, &op->task);
+    /* A small op starts right here when the loop is free: no wake-up on the
+     * latency path. A large one is posted, so the caller is not held up by
+     * its first sends and copies (it may want to compute meanwhile). */
+    if (op->small)
+        rx_reactor_run_or_post(&rail->rx, &op->task);
+    else
+        rx_reactor_post(&rail->rx, &op->task);
 }
 
 int en_exec_match(en_rail_t *rail, en_conn_t *c)

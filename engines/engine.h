@@ -184,7 +184,8 @@ struct en_op {
     uint64_t t_progress_ns;
     uint64_t t_fail_ns;
     uint64_t bytes_in;
-    int slice; /* index of this slice in its request */
+    int slice;  /* index of this slice in its request */
+    bool small; /* start it inline on the submitting thread when the loop is free */
     /* Link measurements: bytes of large frames from each peer and the time
      * from their header to their last byte (the peer's sending rate). */
     rx_bw_t bw[RX_BW_PER_SLICE];

@@ -121,8 +121,9 @@ typedef struct coh_config {
     size_t small_bytes;     /* COHORT_SMALL_BYTES: at or below, latency-optimal
                                algorithms are used (65536) */
     size_t rail_min_bytes;  /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
-    int spin_us;            /* COHORT_SPIN_US: coh_wait spins this long before sleeping (0:
-                               a spinner takes the core an oversubscribed host needs) */
+    int spin_us;            /* COHORT_SPIN_US: coh_wait runs the request's rail loops itself this
+                               long before sleeping (-1 = auto: 100 when the host has a core
+                               per local rank, else 0) */
     int store_fd;           /* COHORT_STORE_FD: listening socket inherited from cohortrun
                                for rank 0's store (-1 = bind it) */
     size_t sockbuf_bytes;   /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
@@ -267,9 +268,10 @@ COH_API int coh_sync(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype,
                      double weight, coh_request_t **req);
 COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype,
                         uint64_t iteration, double weight, coh_sync_mode mode, coh_request_t **req);
-/* This rank will not sync again on comm: the coordinator takes it out of the
- * schedule, so no group waits for it (call it when a rank stops training
- * while others go on; coh_finalize does it too). A later coh_sync fails. */
+/* This rank stops syncing on comm for now: the coordinator takes it out of
+ * the schedule, so no group waits for it (call it when a rank is done with a
+ * phase of training while others go on; coh_finalize does it too). Its next
+ * coh_sync brings it back into the schedule. */
 COH_API int coh_sync_leave(coh_comm_t *comm);
 COH_API const char *coh_sync_mode_name(coh_sync_mode mode);
 /* "allreduce", "partial", "selective" -> mode; COH_EINVAL otherwise. */

@@ -8,8 +8,10 @@
  * environment, bootstrap (rank discovery, the rank-0 key-value store, the
  * job-token handshake) and, later, the coordinator's scheduler fiber.
  *
- * Threading: a reactor's loop and every handle on it belong to its thread.
- * Other threads reach it only through rx_reactor_post().
+ * Threading: a reactor's loop and every handle on it are touched only by the
+ * thread that holds its run_mu: the reactor's own thread, or a thread waiting
+ * for a request that runs a pass of the loop itself (rx_reactor_help). Other
+ * threads reach it only through rx_reactor_post().
  */
 #ifndef COH_REACTOR_H
 #define COH_REACTOR_H
@@ -92,6 +94,8 @@ typedef struct rx_reactor {
     void *owner;
     uv_sem_t started;
     int start_status;
+    uv_mutex_t run_mu;   /* held by whichever thread runs the loop right now */
+    _Atomic int helpers; /* waiters driving the loop: its thread sleeps meanwhile */
 } rx_reactor_t;
 
 /* Start the loop thread. on_stop may be NULL. */
@@ -101,6 +105,9 @@ int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reac
  * the loop keeps polling for poll_ns before it blocks in epoll again. */
 int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
                              void *owner, bool (*busy)(rx_reactor_t *), uint64_t poll_ns);
+/* Any thread but the loop's: run the task right here if nobody runs the
+ * loop (keeping the order of posted tasks), else post it. */
+void rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task);
 /* Any thread: queue a task for the loop thread. Never blocks. */
 void rx_reactor_post(rx_reactor_t *rx, rx_task_t *task);
 /* Any thread but the loop's: run fn(arg) on the loop thread and wait for it.
@@ -109,11 +116,18 @@ int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *a
 /* Ask the loop to stop (on_stop runs on the loop), join the thread, close
  * the loop. Safe on a reactor that never started. */
 int rx_reactor_stop(rx_reactor_t *rx);
-bool rx_on_loop(const rx_reactor_t *rx);
+/* Any thread but the loop's: if nobody is running the loop, run one
+ * non-blocking pass of it here (progress for a waiter). False if busy. */
+bool rx_reactor_help(rx_reactor_t *rx);
+/* Bracket a series of rx_reactor_help calls: while a helper is active the
+ * reactor's own thread sleeps instead of waking on every event. */
+void rx_reactor_help_begin(rx_reactor_t *rx);
+void rx_reactor_help_end(rx_reactor_t *rx, bool wake);
 
 /* ---- configuration (rx_config.c) ---- */
 
 int rx_config_validate(const coh_config_t *cfg);
+int rx_config_spin_us(const coh_config_t *cfg);
 
 /* ---- requests ---- */
 

@@ -136,7 +136,10 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
         /* The sequence number is spent: peers will time out on this op. */
         return rx_fail(st, "%s: cannot build the plan: %s", fn, coh_strerror(st));
     }
-    for (int s = 0; s < nslices; s++) en_rail_submit(&ctx->rails[req->slice_rail[s]], ops[s]);
+    for (int s = 0; s < nslices; s++) {
+        ops[s]->small = bytes <= cfg->small_bytes;
+        en_rail_submit(&ctx->rails[req->slice_rail[s]], ops[s]);
+    }
     *out = req;
     return 0;
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Parse an integer or a size with an optional K/M/G suffix (powers of 2). */
 static int parse_size(const char *s, uint64_t *out)
@@ -91,7 +92,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     cfg->chunk_bytes = 1 << 20;
     cfg->small_bytes = 64 << 10;
     cfg->rail_min_bytes = 1 << 20;
-    cfg->spin_us = 0;
+    cfg->spin_us = -1; /* auto: see rx_config_spin_us */
     cfg->stash_bytes = 64 << 20;
     cfg->sync_mode = COH_SYNC_SELECTIVE;
     cfg->coordinator = 0;
@@ -141,7 +142,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     if (env_size("COHORT_CHUNK_BYTES", &cfg->chunk_bytes, 1) < 0) return COH_EINVAL;
     if (env_size("COHORT_SMALL_BYTES", &cfg->small_bytes, 0) < 0) return COH_EINVAL;
     if (env_size("COHORT_RAIL_MIN_BYTES", &cfg->rail_min_bytes, 0) < 0) return COH_EINVAL;
-    if (env_int("COHORT_SPIN_US", &cfg->spin_us, 0, 1000000) < 0) return COH_EINVAL;
+    if (env_int("COHORT_SPIN_US", &cfg->spin_us, -1, 1000000) < 0) return COH_EINVAL;
     if (env_int("COHORT_STORE_FD", &cfg->store_fd, -1, INT_MAX) < 0) return COH_EINVAL;
     if (env_int("COHORT_POLL_US", &cfg->poll_us, 0, 1000000) < 0) return COH_EINVAL;
     if (env_str("COHORT_SYNC_MODE")) {
@@ -175,7 +176,7 @@ int rx_config_validate(const coh_config_t *cfg)
     if (cfg->timeout_ms < 1) return rx_fail(COH_EINVAL, "timeout_ms must be >= 1");
     if (cfg->connect_timeout_ms < 1) return rx_fail(COH_EINVAL, "connect_timeout_ms must be >= 1");
     if (cfg->chunk_bytes < 1) return rx_fail(COH_EINVAL, "chunk_bytes must be >= 1");
-    if (cfg->spin_us < 0) return rx_fail(COH_EINVAL, "spin_us must be >= 0");
+    if (cfg->spin_us < -1) return rx_fail(COH_EINVAL, "spin_us must be >= -1 (auto)");
     if (cfg->poll_us < 0) return rx_fail(COH_EINVAL, "poll_us must be >= 0");
     if (cfg->sync_mode < 0 || cfg->sync_mode >= COH_SYNC_MODE_COUNT)
         return rx_fail(COH_EINVAL, "sync_mode %d is not a mode", cfg->sync_mode);
@@ -186,6 +187,29 @@ int rx_config_validate(const coh_config_t *cfg)
     if (cfg->token && strlen(cfg->token) > 64)
         return rx_fail(COH_EINVAL, "the job token is longer than 64 bytes");
     return 0;
+}
+
+/* How long coh_wait drives the loop before sleeping. Auto (-1): 100 us when
+ * this host has a core per local rank, else 0: a waiter that spins on an
+ * oversubscribed host takes the core its peers need (measured: 4 ranks on 2
+ * cores, 4 KiB allreduce 230 us without, 400-1200 us with). The local rank
+ * count comes from the launcher (COHORT_LOCAL_SIZE, torchrun's
+ * LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE). */
+int rx_config_spin_us(const coh_config_t *cfg)
+{
+    if (cfg->spin_us >= 0) return cfg->spin_us;
+    static const char *const vars[] = {"COHORT_LOCAL_SIZE", "LOCAL_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    long local = 1;
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atol(v) > 0) {
+            local = atol(v);
+            break;
+        }
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 && local <= cpus ? 100 : 0;
 }
 
 /* Exposed for the launcher and the benchmark's size flags. */

@@ -446,6 +446,13 @@ static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
             return;
         }
         cr->ready = *rd;
+        if (cr->left) {
+            /* A rank that left syncs again: back in the schedule. */
+            cr->left = false;
+            atomic_fetch_add(&c->active, 1);
+            for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+                if (c->sched[md]) sc_sched_on_worker_back(c->sched[md], r, now_s(c));
+        }
         if (cr->group) {
             cr->deferred = true; /* its group ends when the last DONE arrives */
             return;

@@ -269,6 +269,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->cfg.token = ctx->token_s;
     ctx->cfg.nics = ctx->nics_s;
     ctx->rank = cfg_in->rank;
+    ctx->spin_us = rx_config_spin_us(cfg_in);
     ctx->world = cfg_in->world_size;
     int st = 0;
     uint64_t deadline = rx_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;

@@ -21,6 +21,7 @@ struct coh_ctx {
     coh_config_t cfg; /* strings below are this context's copies */
     char *store_s, *token_s, *nics_s, *sched_s;
     int rank, world, nrails;
+    int spin_us; /* resolved from cfg.spin_us (auto) */
     en_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     rx_reactor_t ctrl; /* control reactor: the store (rank 0) */

@@ -6,10 +6,15 @@
 #include "reactor/reactor.h"
 
 #include <mimalloc.h>
+#include <linux/futex.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 void rx_mpsc_init(rx_mpsc_t *q)
 {
@@ -70,24 +75,75 @@ static void thread_main(void *arg)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     uv_sem_post(&rx->started);
-    if (!rx->busy) {
-        uv_run(&rx->loop, UV_RUN_DEFAULT);
-        return;
-    }
-    /* Busy polling: while the owner has work in flight, look at the sockets
-     * again right away instead of sleeping in epoll, for up to poll_ns after
-     * the last sign of life. A frame or a submission that lands inside the
-     * window is seen without a wake-up (a context switch and, in a VM, an
-     * inter-processor interrupt). sched_yield() keeps the poller from taking
-     * a core that another thread could use. */
+    /*
+     * The loop is embedded: this thread waits for readiness on the loop's
+     * backend fd without holding the loop, then takes run_mu and runs one
+     * non-blocking pass. A thread waiting for a request (coh_wait) can take
+     * run_mu in between and run the pass itself (rx_reactor_help): on a
+     * small op the waiter then sends, receives and completes on its own,
+     * with no wake-up of this thread and none of the waiter, which is what
+     * small-message latency is made of on an oversubscribed host. One thread
+     * at a time runs the loop; run_mu is what makes it "the" loop thread.
+     */
+    int fd = uv_backend_fd(&rx->loop);
     for (;;) {
-        if (uv_run(&rx->loop, UV_RUN_ONCE) == 0) return;
-        uint64_t until = rx_now_ns() + rx->poll_ns;
-        while (rx->busy(rx) && rx_now_ns() < until) {
+        uv_mutex_lock(&rx->run_mu);
+        int alive = uv_run(&rx->loop, UV_RUN_NOWAIT);
+        /* Busy polling (COHORT_POLL_US): while the owner has work in flight,
+         * run again soon instead of sleeping, so that a frame landing inside
+         * the window is seen without a wake-up. */
+        uint64_t until = rx->busy ? rx_now_ns() + rx->poll_ns : 0;
+        while (alive && rx->busy && rx->busy(rx) && rx_now_ns() < until) {
+            uv_mutex_unlock(&rx->run_mu);
             sched_yield();
-            if (uv_run(&rx->loop, UV_RUN_NOWAIT) == 0) return;
+            uv_mutex_lock(&rx->run_mu);
+            alive = uv_run(&rx->loop, UV_RUN_NOWAIT);
         }
+        int timeout = alive ? uv_backend_timeout(&rx->loop) : 0;
+        uv_mutex_unlock(&rx->run_mu);
+        if (!alive) return;
+        /* A helper may have armed a timer this pass did not see: look again
+         * at least every 50 ms. */
+        if (timeout < 0 || timeout > 50) timeout = 50;
+        int h = atomic_load(&rx->helpers);
+        if (h > 0) {
+            /* A waiter is running the loop: do not wake on every event it is
+             * handling; sleep until it leaves (or the timeout). */
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000L};
+            syscall(SYS_futex, (int *)&rx->helpers, FUTEX_WAIT_PRIVATE, h, &ts, NULL, 0);
+            continue;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, timeout);
     }
+}
+
+void rx_reactor_help_begin(rx_reactor_t *rx)
+{
+    atomic_fetch_add(&rx->helpers, 1);
+}
+
+void rx_reactor_help_end(rx_reactor_t *rx, bool wake)
+{
+    /* The loop thread sleeps (at most 1 ms) while helpers run the loop. When
+     * the last helper leaves with work still in flight (it gave up waiting),
+     * wake the thread now; when the work is done, let it wake on its own. */
+    if (atomic_fetch_sub(&rx->helpers, 1) == 1 && wake)
+        syscall(SYS_futex, (int *)&rx->helpers, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+bool rx_reactor_help(rx_reactor_t *rx)
+{
+    if (uv_mutex_trylock(&rx->run_mu) != 0) return false;
+    bool ran = atomic_load(&rx->state) == RX_RUNNING;
+    if (ran) {
+        /* Submissions first: the wake-up they sent may not have been seen. */
+        rx_task_t *t;
+        while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
+        uv_run(&rx->loop, UV_RUN_NOWAIT);
+    }
+    uv_mutex_unlock(&rx->run_mu);
+    return ran;
 }
 
 int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
@@ -115,7 +171,14 @@ int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)
         return rx_fail(rx_uv_status(e), "%s: uv_async_init: %s", name, uv_strerror(e));
     }
     rx->wake.data = rx;
+    if (uv_mutex_init(&rx->run_mu) != 0) {
+        uv_close((uv_handle_t *)&rx->wake, NULL);
+        uv_run(&rx->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&rx->loop);
+        return rx_fail(COH_ESYS, "%s: uv_mutex_init failed", name);
+    }
     if (uv_sem_init(&rx->started, 0) != 0) {
+        uv_mutex_destroy(&rx->run_mu);
         uv_close((uv_handle_t *)&rx->wake, NULL);
         uv_run(&rx->loop, UV_RUN_DEFAULT);
         uv_loop_close(&rx->loop);
@@ -128,6 +191,7 @@ int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)
     if (e) {
         atomic_store(&rx->state, RX_INIT);
         uv_sem_destroy(&rx->started);
+        uv_mutex_destroy(&rx->run_mu);
         uv_close((uv_handle_t *)&rx->wake, NULL);
         uv_run(&rx->loop, UV_RUN_DEFAULT);
         uv_loop_close(&rx->loop);
@@ -143,10 +207,21 @@ void rx_reactor_post(rx_reactor_t *rx, rx_task_t *task)
     uv_async_send(&rx->wake);
 }
 
-bool rx_on_loop(const rx_reactor_t *rx)
+void rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
 {
-    uv_thread_t self = uv_thread_self();
-    return atomic_load(&rx->state) == RX_RUNNING && uv_thread_equal(&self, &rx->thread);
+    /* Nobody runs the loop right now: run the task here, after whatever was
+     * posted before it (order is kept). No wake-up of the loop thread. */
+    if (uv_mutex_trylock(&rx->run_mu) == 0) {
+        if (atomic_load(&rx->state) == RX_RUNNING) {
+            rx_task_t *t;
+            while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
+            task->run(task, rx);
+            uv_mutex_unlock(&rx->run_mu);
+            return;
+        }
+        uv_mutex_unlock(&rx->run_mu);
+    }
+    rx_reactor_post(rx, task);
 }
 
 typedef struct call_task {
@@ -209,5 +284,6 @@ int rx_reactor_stop(rx_reactor_t *rx)
         status = rx_fail(COH_EINTERNAL, "reactor %s: handles left open at stop", rx->name);
     }
     uv_sem_destroy(&rx->started);
+    uv_mutex_destroy(&rx->run_mu);
     return status;
 }

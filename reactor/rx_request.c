@@ -34,7 +34,7 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
     atomic_init(&r->slices, nslices);
     atomic_init(&r->state, RX_REQ_RUNNING);
     r->t_submit_ns = rx_now_ns();
-    r->spin_us = ctx->cfg.spin_us;
+    r->spin_us = ctx->spin_us;
     return r;
 }
 
@@ -142,18 +142,28 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
 {
     if (!req) return rx_fail(COH_EINVAL, "coh_wait: request is NULL");
     if (is_done(req)) return atomic_load(&req->status);
+    struct coh_ctx *ctx = req->ctx;
     uint64_t start = rx_now_ns();
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
-    /* An optional short spin catches completions that come within
-     * microseconds; off by default because on an oversubscribed host the
-     * spinner takes the core the completing rail thread needs. */
     uint64_t spin_end = start + (uint64_t)req->spin_us * 1000ull;
     if (spin_end > deadline) spin_end = deadline;
-    while (rx_now_ns() < spin_end) {
-        for (int i = 0; i < 64; i++) cpu_relax();
-        if (is_done(req)) return atomic_load(&req->status);
-        sched_yield();
+    /* Drive the loops of the request's rails meanwhile: the waiter does the
+     * work itself instead of waking a rail thread and being woken by it. */
+    /* A running request keeps its context alive (finalize completes every
+     * request before it stops the rails). */
+    int nh = spin_end > start && atomic_load(&ctx->state) == RX_CTX_RUNNING ? req->nslices : 0;
+    for (int s = 0; s < nh; s++) rx_reactor_help_begin(&ctx->rails[req->slice_rail[s]].rx);
+    while (rx_now_ns() < spin_end && !is_done(req)) {
+        bool helped = false;
+        for (int s = 0; s < nh; s++) helped |= rx_reactor_help(&ctx->rails[req->slice_rail[s]].rx);
+        if (!helped) {
+            for (int i = 0; i < 64; i++) cpu_relax();
+            sched_yield();
+        }
     }
+    bool done = is_done(req);
+    for (int s = 0; s < nh; s++) rx_reactor_help_end(&ctx->rails[req->slice_rail[s]].rx, !done);
+    if (is_done(req)) return atomic_load(&req->status);
     atomic_fetch_add(&req->waiters, 1); /* seq_cst: see complete() */
     while (!is_done(req)) {
         uint64_t now = rx_now_ns();

@@ -598,6 +598,20 @@ int sc_sched_on_worker_lost(sc_sched_t *s, int w)
     return 0;
 }
 
+int sc_sched_on_worker_back(sc_sched_t *s, int w, double t)
+{
+    if (bad_worker(s, w) || !isfinite(t)) return COH_EINVAL;
+    sc_worker_t *x = &s->w[w];
+    if (x->state != SC_W_LOST) return 0;
+    if (x->slot != -1) return COH_ESTATE; /* still linked to a running group */
+    x->state = SC_W_COMPUTING;
+    x->t_start = t;
+    x->suspected = 0;
+    s->n_live++;
+    s->dirty = true;
+    return 0;
+}
+
 int sc_sched_load_cdf(sc_sched_t *s, int w, const double *samples, int count)
 {
     if (!s || w < -1 || w >= s->n) return COH_EINVAL;

@@ -230,6 +230,9 @@ int sc_sched_on_bandwidth(sc_sched_t *s, int w, double gbps);
 /* w is gone: never planned, waited for or counted again. A lost member of a
  * running group stays in it until the group is done. */
 int sc_sched_on_worker_lost(sc_sched_t *s, int w);
+/* w, lost or left, takes part again: computing from t (a rank that left the
+ * schedule and syncs again). COH_ESTATE while it is still in a running group. */
+int sc_sched_on_worker_back(sc_sched_t *s, int w, double t);
 /* Warm start: replace the CDF of worker w (w = -1: the pooled CDF used for
  * every worker without enough samples of its own) by these samples, and
  * freeze it (later observations do not change it). */

@@ -317,7 +317,7 @@ int main(int argc, char **argv)
     while (environ[nenv]) nenv++;
     static const char *const ours[] = {
         "COHORT_RANK=",     "COHORT_WORLD_SIZE=", "COHORT_LOCAL_RANK=", "COHORT_STORE=",
-        "COHORT_STORE_FD=", "COHORT_TOKEN=",      "COHORT_NICS="};
+        "COHORT_STORE_FD=", "COHORT_TOKEN=",      "COHORT_NICS=",       "COHORT_LOCAL_SIZE="};
     g.ranks = calloc((size_t)g.n, sizeof(rank_t));
     for (int r = 0; r < g.n; r++) {
         rank_t *rk = &g.ranks[r];
@@ -335,6 +335,7 @@ int main(int argc, char **argv)
         env[e++] = xasprintf("COHORT_RANK=%d", r);
         env[e++] = xasprintf("COHORT_WORLD_SIZE=%d", g.n);
         env[e++] = xasprintf("COHORT_LOCAL_RANK=%d", r);
+        env[e++] = xasprintf("COHORT_LOCAL_SIZE=%d", g.n);
         env[e++] =
             xasprintf(sa.ss_family == AF_INET ? "COHORT_STORE=%s:%d" : "COHORT_STORE=[%s]:%d",
                       g.store_host, port);

@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "cohort.h"
+#include "reactor/reactor.h"
 
 static const char *const VARS[] = {
     "COHORT_RANK",
@@ -42,6 +44,9 @@ static const char *const VARS[] = {
     "COHORT_SMALL_BYTES",
     "COHORT_RAIL_MIN_BYTES",
     "COHORT_SPIN_US",
+    "COHORT_LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
     "COHORT_STORE_FD",
     "COHORT_POLL_US",
     "COHORT_SOCKBUF_BYTES",
@@ -109,7 +114,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.chunk_bytes, 1 << 20);
     assert_int_equal(cfg.small_bytes, 64 << 10);
     assert_int_equal(cfg.rail_min_bytes, 1 << 20);
-    assert_int_equal(cfg.spin_us, 0); /* cohort.h: 0, a spinner takes a core */
+    assert_int_equal(cfg.spin_us, -1); /* cohort.h: auto (100 us with a core per local rank) */
     assert_int_equal(cfg.poll_us, 50);
     assert_int_equal(cfg.store_fd, -1);
     assert_int_equal(cfg.sockbuf_bytes, 0);
@@ -354,6 +359,27 @@ static void test_sizes(void **state)
     }
 }
 
+/* spin_us = -1 resolves by the local rank count against the cores. */
+static void test_spin_auto(void **state)
+{
+    (void)state;
+    coh_config_t cfg;
+    assert_int_equal(coh_config_init(&cfg), 0);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    char many[32];
+    snprintf(many, sizeof(many), "%ld", cpus + 1);
+    set("COHORT_LOCAL_SIZE", "1");
+    assert_int_equal(rx_config_spin_us(&cfg), 100);
+    set("COHORT_LOCAL_SIZE", many);
+    assert_int_equal(rx_config_spin_us(&cfg), 0);
+    unsetenv("COHORT_LOCAL_SIZE");
+    set("LOCAL_WORLD_SIZE", many);
+    assert_int_equal(rx_config_spin_us(&cfg), 0);
+    unsetenv("LOCAL_WORLD_SIZE");
+    cfg.spin_us = 7;
+    assert_int_equal(rx_config_spin_us(&cfg), 7);
+}
+
 static void test_invalid_ints(void **state)
 {
     (void)state;
@@ -368,7 +394,7 @@ static void test_invalid_ints(void **state)
         {"COHORT_TIMEOUT_MS", "2147483648"},
         {"COHORT_TIMEOUT_MS", "99999999999999999999"},
         {"COHORT_CONNECT_TIMEOUT_MS", "0"},
-        {"COHORT_SPIN_US", "-1"},
+        {"COHORT_SPIN_US", "-2"},
         {"COHORT_SPIN_US", "1000001"},
         {"COHORT_POLL_US", "-1"},
         {"COHORT_POLL_US", "fast"},
@@ -426,6 +452,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_precedence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_ints, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_spin_auto, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (size_t i = 0; i < NVARS; i++) {
