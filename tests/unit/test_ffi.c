@@ -500,6 +500,14 @@ static void test_config(void **state)
     assert_string_equal(c.cfg.sched, "eta=0.5,c=4");
     ff_config_fini(&c);
 
+    /* Every coh_config_t field is settable from the map: when the struct
+     * grows, add the field to cfg_fields in ffi/ff_codec.c (and to
+     * docs/ffi.md), then update this size. */
+    if (sizeof(coh_config_t) != 440)
+        fail_msg("coh_config_t is %zu bytes, was 440 when ffi/ff_codec.c last listed every field: "
+                 "add the new field to cfg_fields there",
+                 sizeof(coh_config_t));
+
     /* Empty: the defaults (and environment). */
     assert_int_equal(ff_decode_config(NULL, 0, &c, &e), 0);
     assert_int_equal(c.log_level, -2);
