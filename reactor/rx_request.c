@@ -151,7 +151,12 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
      * work itself instead of waking a rail thread and being woken by it. */
     /* A running request keeps its context alive (finalize completes every
      * request before it stops the rails). */
-    int nh = spin_end > start && atomic_load(&ctx->state) == RX_CTX_RUNNING ? req->nslices : 0;
+    /* A sync request learns its slices from the coordinator's plan, on the
+     * control thread: it is not helped (its completion goes through that
+     * thread anyway). */
+    int nh = spin_end > start && !req->sync && atomic_load(&ctx->state) == RX_CTX_RUNNING
+                 ? req->nslices
+                 : 0;
     for (int s = 0; s < nh; s++) rx_reactor_help_begin(&ctx->rails[req->slice_rail[s]].rx);
     while (rx_now_ns() < spin_end && !is_done(req)) {
         bool helped = false;
