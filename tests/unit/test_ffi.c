@@ -787,8 +787,8 @@ static void test_abi_collectives(void **state)
     assert_int_equal(a.status, 0);
     a = call(h, mp(&b, "m1 s s", 1, "type", "event_clear"));
     assert_int_equal(a.status, 0);
-    /* sync_leave reaches coh_sync_leave (a no-op in a world of one, which
-     * has no coordinator; python.n2/n3 check that later syncs fail). */
+    /* sync_leave reaches coh_sync_leave (python.n2/n3 check that ranks that
+     * left are not waited for, and come back with their next sync). */
     a = call(h, mp(&b, "m1 s s", 1, "type", "sync_leave"));
     assert_int_equal(a.status, 0);
 

@@ -471,8 +471,9 @@ class Context:
         return self._submit(req, (arr,), what, async_op)
 
     def sync_leave(self):
-        """This rank will not sync again: the coordinator stops waiting for it
-        (call it when a rank stops training while others go on)."""
+        """This rank stops syncing for now: the coordinator takes it out of the
+        schedule so no group waits for it (call it when a rank is done with a
+        phase of training while others go on). Its next sync brings it back."""
         self.call({"type": "sync_leave"})
 
     # ---- asyncio ----
