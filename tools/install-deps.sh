@@ -8,9 +8,13 @@ pkgs=(
   libibverbs-dev librdmacm-dev                 # verbs engine (compiled when present)
   libcmocka-dev clang llvm                     # unit tests, clang build, libFuzzer
   python3 python3-numpy python3-pytest python3-msgpack python3-matplotlib python3-pip  # bindings, plots
+  python3-venv python3-setuptools python3-wheel  # pip install of ffi/python into a venv (python.install)
   iproute2 nftables                            # namespace cluster tests
   libgloo-dev openmpi-bin libopenmpi-dev       # side-by-side benchmarks
 )
+# The DDP hook's test (ffi/python/tests/test_torch.py) runs when torch imports;
+# python3-torch is ~560 MB with its 160 dependencies, so only on request.
+if [ "${COHORT_DEPS_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
