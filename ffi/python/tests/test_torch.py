@@ -6,6 +6,8 @@ import os
 import numpy as np
 import pytest
 
+if os.environ.get("COHORT_SKIP_TORCH"):
+    pytest.skip(os.environ["COHORT_SKIP_TORCH"], allow_module_level=True)
 torch = pytest.importorskip("torch", reason="torch is not installed (apt-get install python3-torch)")
 
 import cohort  # noqa: E402
