@@ -10,10 +10,13 @@
  * the context; it dies when its last reference goes.
  *
  * Locks: the global context table has a mutex; each context has an rwlock
- * (read: calls that reach the coh_ctx_t; write: destroy) and a mutex for its
- * request table. Nothing blocks while holding a lock except destroy, which
- * holds the write lock across coh_finalize so no submission can race it.
- * Waiting (coh_wait) holds no lock at all.
+ * (read: calls that reach the coh_ctx_t, coh_wait included; write: destroy)
+ * and a mutex for its request table. coh_wait runs in slices of at most
+ * FF_WAIT_SLICE_MS under the read lock, because it may touch the context
+ * after its request completed and coh_finalize frees the context right after
+ * completing the requests: no thread may be inside coh_wait then. Destroy
+ * first raises `closing`, so waiters leave at the end of their slice and
+ * wait for the destroy to end; then they answer the (cancelled) request.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -106,10 +109,15 @@ typedef struct ff_op {
     size_t owned_n[FF_NTENSORS];
 } ff_op_t;
 
+#define FF_WAIT_SLICE_MS 50
+
 typedef struct ff_ctx {
     _Atomic int refs;
+    _Atomic int closing; /* destroy has begun: no new coh_* call on ctx */
     uv_rwlock_t api;
     uv_mutex_t mu;
+    uv_cond_t gone; /* signalled (under mu) when destroyed turns true */
+    bool destroyed;
     ff_table_t ops;
     coh_ctx_t *ctx; /* NULL once destroyed */
     coh_comm_t *world;
@@ -161,6 +169,7 @@ static void ctx_put(ff_ctx_t *fc)
     /* Destroy dropped every op already; nothing else can reach fc now. */
     table_fini(&fc->ops);
     uv_rwlock_destroy(&fc->api);
+    uv_cond_destroy(&fc->gone);
     uv_mutex_destroy(&fc->mu);
     coh_free(fc);
 }
@@ -177,9 +186,38 @@ static int no_ctx(uint64_t h, ff_err_t *e)
 static int api_enter(ff_ctx_t *fc, ff_err_t *e)
 {
     uv_rwlock_rdlock(&fc->api);
-    if (fc->ctx) return 0;
+    if (fc->ctx && !atomic_load(&fc->closing)) return 0;
     uv_rwlock_rdunlock(&fc->api);
     return ff_fail(e, COH_ESTATE, "context", "the context is being destroyed");
+}
+
+/* coh_wait(req, timeout_ms) in slices under the read lock (see the top of
+ * this file). When the context is being destroyed, wait for the destroy to
+ * end: then the request is complete (cancelled) and nothing touches it. */
+static int ff_wait(ff_ctx_t *fc, coh_request_t *req, int timeout_ms)
+{
+    uint64_t deadline =
+        timeout_ms < 0 ? UINT64_MAX : rx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int st = coh_request_status(req); /* reads the request only */
+        if (st != COH_EAGAIN) return st;
+        uint64_t now = rx_now_ns();
+        if (now >= deadline && timeout_ms != 0) return COH_EAGAIN;
+        int slice = FF_WAIT_SLICE_MS;
+        if (deadline != UINT64_MAX && (deadline - now) / 1000000ull < (uint64_t)slice)
+            slice = (int)((deadline - now) / 1000000ull);
+        uv_rwlock_rdlock(&fc->api);
+        if (!fc->ctx || atomic_load(&fc->closing)) {
+            uv_rwlock_rdunlock(&fc->api);
+            uv_mutex_lock(&fc->mu);
+            while (!fc->destroyed) uv_cond_wait(&fc->gone, &fc->mu);
+            uv_mutex_unlock(&fc->mu);
+            return coh_request_status(req);
+        }
+        st = coh_wait(req, slice);
+        uv_rwlock_rdunlock(&fc->api);
+        if (st != COH_EAGAIN || timeout_ms == 0) return st;
+    }
 }
 
 static double since_us(uint64_t t0)
@@ -284,6 +322,7 @@ COH_API int coh_ffi_create(const void *config, size_t len, uint64_t *out, void *
     atomic_init(&fc->refs, 1); /* the table's */
     uv_rwlock_init(&fc->api);
     uv_mutex_init(&fc->mu);
+    uv_cond_init(&fc->gone);
     fc->ctx = ctx;
     coh_ctx_world(ctx, &fc->world);
     coh_comm_rank(fc->world, &fc->rank);
@@ -328,7 +367,10 @@ COH_API int coh_ffi_destroy(uint64_t h, void **resp, size_t *resp_len)
         no_ctx(h, &e);
         return ff_error_response(&e, -1, false, 0, resp, resp_len);
     }
-    uv_rwlock_wrlock(&fc->api); /* submissions in progress end first */
+    /* Waiters leave coh_wait within a slice, submissions end, then no thread
+     * is inside the C API on this context while it is finalized. */
+    atomic_store(&fc->closing, 1);
+    uv_rwlock_wrlock(&fc->api);
     int st = coh_finalize(fc->ctx);
     fc->ctx = NULL;
     uv_rwlock_wrunlock(&fc->api);
@@ -340,6 +382,8 @@ COH_API int coh_ffi_destroy(uint64_t h, void **resp, size_t *resp_len)
         op_put(fc->ops.slots[i].p);
         fc->ops.slots[i].p = NULL;
     }
+    fc->destroyed = true;
+    uv_cond_broadcast(&fc->gone);
     uv_mutex_unlock(&fc->mu);
     ctx_put(fc);
     if (st < 0) return ff_error_response(&e, -1, false, 0, resp, resp_len);
@@ -428,9 +472,10 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
     return finish(&o, st, resp, resp_len);
 }
 
-/* The answer while a request runs: its handle. */
-static int pack_pending(const ff_op_t *op, uint64_t h, int st, const ff_err_t *e, void **resp,
-                        size_t *resp_len)
+/* The answer while a request runs: its handle. abi_us is read only once
+ * op->req was seen (it is written before op->req is published). */
+static int pack_pending(const ff_op_t *op, uint64_t h, int st, const ff_err_t *e, double abi_us,
+                        void **resp, size_t *resp_len)
 {
     ff_out_t o;
     msgpack_packer pk;
@@ -438,7 +483,7 @@ static int pack_pending(const ff_op_t *op, uint64_t h, int st, const ff_err_t *e
     ff_pack_head(&pk, st, e, op->type, op->has_id, op->id, 3);
     ff_pack_kv_bool(&pk, "done", false);
     ff_pack_kv_uint(&pk, "request", h);
-    ff_pack_kv_double(&pk, "abi_us", op->abi_us);
+    ff_pack_kv_double(&pk, "abi_us", abi_us);
     return finish(&o, st, resp, resp_len);
 }
 
@@ -636,10 +681,11 @@ COH_API int coh_ffi_call(uint64_t h, const void *buf, size_t len, void **resp, s
         uv_rwlock_rdunlock(&fc->api);
     }
     if (st < 0) goto fail_tabled;
-    atomic_store(&op->req, req);
+    /* Publish the request last: a thread that sees op->req sees the rest. */
     op->abi_us = since_us(t0);
+    atomic_store(&op->req, req);
     if (!r.async) {
-        st = coh_wait(req, r.timeout_ms);
+        st = ff_wait(fc, req, r.timeout_ms);
         if (st != COH_EAGAIN) {
             uv_mutex_lock(&fc->mu);
             ff_op_t *mine = table_take(&fc->ops, rh);
@@ -652,7 +698,7 @@ COH_API int coh_ffi_call(uint64_t h, const void *buf, size_t len, void **resp, s
         }
         ff_fail(&e, COH_EAGAIN, "", "not complete after %d ms: wait on 'request'", r.timeout_ms);
     }
-    st = pack_pending(op, rh, r.async ? 0 : COH_EAGAIN, &e, resp, resp_len);
+    st = pack_pending(op, rh, r.async ? 0 : COH_EAGAIN, &e, op->abi_us, resp, resp_len);
     op_put(op);
     ctx_put(fc);
     return st;
@@ -694,10 +740,10 @@ static int wait_request(uint64_t h, uint64_t rh, int timeout_ms, void **resp, si
     coh_request_t *req = atomic_load(&op->req);
     if (!req) { /* another thread is still submitting it */
         ff_fail(&e, COH_EAGAIN, "", "the request is being submitted");
-        st = pack_pending(op, rh, COH_EAGAIN, &e, resp, resp_len);
-    } else if (coh_wait(req, timeout_ms) == COH_EAGAIN) {
+        st = pack_pending(op, rh, COH_EAGAIN, &e, 0, resp, resp_len);
+    } else if (ff_wait(fc, req, timeout_ms) == COH_EAGAIN) {
         ff_fail(&e, COH_EAGAIN, "", "not complete after %d ms", timeout_ms);
-        st = pack_pending(op, rh, COH_EAGAIN, &e, resp, resp_len);
+        st = pack_pending(op, rh, COH_EAGAIN, &e, op->abi_us, resp, resp_len);
     } else {
         uv_mutex_lock(&fc->mu);
         ff_op_t *mine = table_take(&fc->ops, rh);

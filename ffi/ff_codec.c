@@ -556,7 +556,7 @@ static const cfg_field_t cfg_fields[] = {
     CF(chunk_bytes, C_SIZE, 1, 0),
     CF(small_bytes, C_SIZE, 0, 0),
     CF(rail_min_bytes, C_SIZE, 0, 0),
-    CF(spin_us, C_INT, 0, 1000000),
+    CF(spin_us, C_INT, -1, 1000000),
     CF(store_fd, C_INT, -1, INT_MAX),
     CF(sockbuf_bytes, C_SIZE, 0, 0),
     CF(stash_bytes, C_SIZE, 0, 0),

@@ -549,7 +549,8 @@ static void test_config(void **state)
          * byte in an error message a binding must decode as text). */
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "chunk_bytes", "\x10M\xff"), "chunk_bytes",
          "'?M?' is not a size"},
-        {mp(&(mpbuf_t){.len = 0}, "m1 s i", 1, "spin_us", I(-5)), "spin_us", "-5 is outside"},
+        {mp(&(mpbuf_t){.len = 0}, "m1 s i", 1, "spin_us", I(-5)), "spin_us",
+         "-5 is outside [-1, 1000000]"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "log_level", "loud"), "log_level",
          "unknown value 'loud'"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s t", 1, "store"), "store",

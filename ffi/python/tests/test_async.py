@@ -87,21 +87,27 @@ def test_asyncio(ctx, rank, size):
         for i, x in enumerate(arrs):
             assert np.all(x == i)
         await cohort.barrier(async_op=True)
-        # Other coroutines run while a collective is in flight.
+        # Other coroutines run while a collective is in flight: rank 0 awaits
+        # a barrier that the others join 0.2 s late.
         ticks = 0
 
         async def ticker():
             nonlocal ticks
             while True:
                 ticks += 1
-                await asyncio.sleep(0)
+                await asyncio.sleep(0.001)
 
         t = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        if rank != 0:
+            time.sleep(0.2)
+        await cohort.barrier(async_op=True)
+        t.cancel()
+        if rank == 0 and size > 1:
+            assert ticks > before + 10
         big = np.ones(4 << 20, np.float32)
         await cohort.allreduce(big, async_op=True)
-        t.cancel()
-        if size > 1:  # in a world of one there is nothing to wait for
-            assert ticks > 0
         assert np.all(big == size)
 
     asyncio.run(main())
