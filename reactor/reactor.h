@@ -116,6 +116,8 @@ int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *a
 /* Ask the loop to stop (on_stop runs on the loop), join the thread, close
  * the loop. Safe on a reactor that never started. */
 int rx_reactor_stop(rx_reactor_t *rx);
+/* After stop, when the reactor's memory is about to go. */
+void rx_reactor_destroy(rx_reactor_t *rx);
 /* Any thread but the loop's: if nobody is running the loop, run one
  * non-blocking pass of it here (progress for a waiter). False if busy. */
 bool rx_reactor_help(rx_reactor_t *rx);
@@ -162,6 +164,8 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices);
 /* A rail slice ended (any thread). The last one completes the request. */
 void rx_request_slice_done(coh_request_t *req, int status, const char *why);
 void rx_request_unref(coh_request_t *req);
+/* Free a request that was never handed out (an error path of a submit). */
+void rx_request_discard(coh_request_t *req);
 /* Mark complete, wake waiters, drop the runtime's reference (any thread). */
 void rx_request_complete(coh_request_t *req);
 /* Record a failure on the request (first one wins); no completion. */

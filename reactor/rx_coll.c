@@ -132,7 +132,7 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     }
     if (st < 0) {
         for (int s = 0; s < nslices; s++) en_op_free(ops[s]);
-        coh_free(req);
+        rx_request_discard(req);
         /* The sequence number is spent: peers will time out on this op. */
         return rx_fail(st, "%s: cannot build the plan: %s", fn, coh_strerror(st));
     }

@@ -226,6 +226,8 @@ static void describe(struct coh_ctx *ctx)
 
 static void ctx_free(struct coh_ctx *ctx)
 {
+    for (int r = 0; ctx->rails && r < ctx->nrails; r++) rx_reactor_destroy(&ctx->rails[r].rx);
+    rx_reactor_destroy(&ctx->ctrl);
     if (ctx->event_fd >= 0) close(ctx->event_fd);
     coh_free(ctx->rails);
     coh_free(ctx->store_s);
@@ -268,6 +270,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->cfg.store = ctx->store_s;
     ctx->cfg.token = ctx->token_s;
     ctx->cfg.nics = ctx->nics_s;
+    atomic_init(&ctx->refs, 1);
     ctx->rank = cfg_in->rank;
     ctx->spin_us = rx_config_spin_us(cfg_in);
     ctx->world = cfg_in->world_size;
@@ -333,12 +336,21 @@ fail : {
 }
 }
 
+static int cancel_all_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)arg;
+    en_exec_fail_all(rx->owner, COH_ECANCELED, true, "the context was finalized");
+    return 0;
+}
+
 COH_API int coh_finalize(coh_ctx_t *ctx)
 {
     if (!ctx) return rx_fail(COH_EINVAL, "coh_finalize: ctx is NULL");
     if (!reg_take(ctx))
         return rx_fail(COH_ESTATE, "coh_finalize: not a live context (finalized twice?)");
     atomic_store(&ctx->state, RX_CTX_FINALIZING);
+    /* What still runs ends now, cancelled (not after its timeout). */
+    for (int r = 0; r < ctx->nrails; r++) rx_reactor_call(&ctx->rails[r].rx, cancel_all_fn, NULL);
     /* Leave the schedule; the coordinator's rank then waits (up to the op
      * timeout) for the others to leave too, or they would lose it mid-run. */
     rx_member_close(ctx);
@@ -349,8 +361,18 @@ COH_API int coh_finalize(coh_ctx_t *ctx)
     /* Rails first: their running ops end (cancelled) and complete their
      * requests; then the store that may still serve late peers. */
     stop_all(ctx);
-    ctx_free(ctx);
+    rx_ctx_unref(ctx);
     return 0;
+}
+
+void rx_ctx_ref(struct coh_ctx *ctx)
+{
+    atomic_fetch_add(&ctx->refs, 1);
+}
+
+void rx_ctx_unref(struct coh_ctx *ctx)
+{
+    if (atomic_fetch_sub(&ctx->refs, 1) == 1) ctx_free(ctx);
 }
 
 static int ctx_ok(coh_ctx_t *ctx, const char *fn)

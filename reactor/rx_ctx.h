@@ -32,6 +32,7 @@ struct coh_ctx {
     struct sockaddr_storage coord_addr; /* where the coordinator listens */
     coh_comm_t world_comm;
     _Atomic int state;
+    _Atomic int refs; /* finalize's, plus one per request not yet freed */
     int event_fd;
     _Atomic int event_fd_used; /* written only once the application asked for it */
     _Atomic uint64_t n_completed, n_failed;
@@ -43,5 +44,9 @@ void rx_ctx_notify(struct coh_ctx *ctx, int failed);
 /* Is ctx a live context? (registry check for use-after-finalize) */
 bool rx_ctx_alive(struct coh_ctx *ctx);
 void rx_member_close(struct coh_ctx *ctx);
+/* The context's memory lives until finalize and every request are done with
+ * it: a waiter may touch its rails after its request completed. */
+void rx_ctx_ref(struct coh_ctx *ctx);
+void rx_ctx_unref(struct coh_ctx *ctx);
 
 #endif

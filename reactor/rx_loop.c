@@ -284,6 +284,13 @@ int rx_reactor_stop(rx_reactor_t *rx)
         status = rx_fail(COH_EINTERNAL, "reactor %s: handles left open at stop", rx->name);
     }
     uv_sem_destroy(&rx->started);
-    uv_mutex_destroy(&rx->run_mu);
+    /* run_mu stays: a waiter may still try it (and find the loop stopped)
+     * until the reactor's memory goes (rx_reactor_destroy). */
     return status;
+}
+
+void rx_reactor_destroy(rx_reactor_t *rx)
+{
+    int st = atomic_load(&rx->state);
+    if (st == RX_STOPPED) uv_mutex_destroy(&rx->run_mu);
 }

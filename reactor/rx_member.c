@@ -517,7 +517,7 @@ COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dty
     void *scratch = coh_aligned(count ? count * es : 1, 64);
     ready_task_t *rt = coh_zalloc(sizeof(*rt));
     if (!req || !s || !scratch || !rt) {
-        coh_free(req);
+        if (req) rx_request_discard(req);
         coh_free(s);
         coh_free(scratch);
         coh_free(rt);

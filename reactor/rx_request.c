@@ -29,6 +29,7 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
     coh_request_t *r = coh_zalloc(sizeof(*r));
     if (!r) return NULL;
     r->ctx = ctx;
+    rx_ctx_ref(ctx);
     r->nslices = nslices;
     atomic_init(&r->refs, 2); /* the caller's and the runtime's */
     atomic_init(&r->slices, nslices);
@@ -46,11 +47,19 @@ void rx_request_unref(coh_request_t *req)
             coh_free(req->sync->members);
             coh_free(req->sync);
         }
+        struct coh_ctx *ctx = req->ctx;
         coh_free(req);
+        rx_ctx_unref(ctx);
     }
 }
 
 static void futex_wake_all(coh_request_t *req);
+
+void rx_request_discard(coh_request_t *req)
+{
+    atomic_store(&req->refs, 1);
+    rx_request_unref(req);
+}
 
 void rx_request_complete(coh_request_t *req)
 {

@@ -39,6 +39,7 @@ struct world {
     int gsize[MAXR];  /* size of each rank's last group */
     double result[MAXR];
     _Atomic int finished;
+    coh_request_t *pending; /* a request left running into finalize */
 };
 
 typedef struct arg {
@@ -229,13 +230,39 @@ static void test_every_mode(void **state)
     }
 }
 
+/* Rank 0 finalizes with an allreduce that rank 1 never joins: the request
+ * ends cancelled at finalize, not after its op timeout, and stays readable
+ * after the context is gone. */
+static void pending_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    if (r != 0) return;
+    coh_comm_t *world;
+    coh_ctx_world(ctx, &world);
+    static float x[16];
+    assert_int_equal(coh_allreduce(world, NULL, x, 16, COH_F32, COH_SUM, &w->pending), 0);
+    usleep(100000);
+    int done = 1;
+    assert_int_equal(coh_test(w->pending, &done), 0);
+    assert_int_equal(done, 0);
+}
+
+static void test_finalize_cancels(void **state)
+{
+    (void)state;
+    world_t w;
+    run_world(&w, 2, COH_SYNC_ALLREDUCE, pending_fn);
+    assert_non_null(w.pending);
+    assert_int_equal(coh_wait(w.pending, 0), COH_ECANCELED);
+    assert_non_null(strstr(coh_request_error(w.pending), "finalized"));
+    coh_request_free(w.pending);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refuse_gone_member),
-        cmocka_unit_test(test_mismatched_counts),
-        cmocka_unit_test(test_left_rank_not_waited_for),
-        cmocka_unit_test(test_every_mode),
+        cmocka_unit_test(test_refuse_gone_member),       cmocka_unit_test(test_mismatched_counts),
+        cmocka_unit_test(test_left_rank_not_waited_for), cmocka_unit_test(test_every_mode),
+        cmocka_unit_test(test_finalize_cancels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

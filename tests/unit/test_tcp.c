@@ -35,6 +35,7 @@ static int setup(void **state)
     fixture_t *f = coh_zalloc(sizeof(*f));
     f->ctx = coh_zalloc(sizeof(*f->ctx));
     f->ctx->event_fd = -1;
+    atomic_init(&f->ctx->refs, 1); /* the test holds the context */
     struct sockaddr_in a;
     uv_ip4_addr("127.0.0.1", 0, &a);
     assert_int_equal(
@@ -50,6 +51,7 @@ static int setup_stash(void **state)
     fixture_t *f = coh_zalloc(sizeof(*f));
     f->ctx = coh_zalloc(sizeof(*f->ctx));
     f->ctx->event_fd = -1;
+    atomic_init(&f->ctx->refs, 1); /* the test holds the context */
     struct sockaddr_in a;
     uv_ip4_addr("127.0.0.1", 0, &a);
     assert_int_equal(en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000,
