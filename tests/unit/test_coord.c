@@ -252,9 +252,14 @@ static void test_finalize_cancels(void **state)
     world_t w;
     run_world(&w, 2, COH_SYNC_ALLREDUCE, pending_fn);
     assert_non_null(w.pending);
-    assert_int_equal(coh_wait(w.pending, 0), COH_ECANCELED);
-    assert_non_null(strstr(coh_request_error(w.pending), "finalized"));
+    /* Cancelled by its own finalize, or failed because rank 1 finalized
+     * first: either way at finalize, never by the 3 s op timeout. */
+    int st = coh_wait(w.pending, 0);
+    char why[256];
+    snprintf(why, sizeof(why), "%s", coh_request_error(w.pending));
+    int ok = (st == COH_ECANCELED || st == COH_EPEER) && strstr(why, "finalized") != NULL;
     coh_request_free(w.pending);
+    if (!ok) fail_msg("pending request ended with %s: %s", coh_status_name(st), why);
 }
 
 int main(void)
