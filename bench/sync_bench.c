@@ -30,7 +30,7 @@
 #include "cohort.h"
 #include "sched/sc_sim.h"
 
-enum { F_GID, F_SIZE, F_COMM, F_WAIT, F_COMPUTE, F_END, NF };
+enum { F_GID, F_SIZE, F_COMM, F_WAIT, F_COMPUTE, F_END, F_MASK, NF };
 
 static double now_s(void)
 {
@@ -45,12 +45,19 @@ static void die(const char *what, int st)
     exit(1);
 }
 
+static void log_stderr(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "cohort[%d]: %s\n", level, msg);
+}
+
 static void usage(void)
 {
     fprintf(stderr,
             "usage: cohortrun -n N -- cohort-syncbench [--mode allreduce|partial|selective]\n"
             "  [--duration S] [--model-mb M] [--dist cnn|transformer] [--compute-scale X]\n"
-            "  [--seed K] [--bw-list G0,G1,...] [--replay-out FILE] [--csv]\n");
+            "  [--seed K] [--bw-list G0,G1,...] [--replay-out FILE] [--groups-out FILE]\n"
+            "  [--csv]\n");
     exit(2);
 }
 
@@ -58,6 +65,7 @@ int main(int argc, char **argv)
 {
     double duration = 30, model_mb = 4, scale = 1;
     const char *dist_name = "transformer", *bw_list = NULL, *replay = NULL, *mode_name = NULL;
+    const char *groups_out = NULL;
     uint64_t seed = 1;
     int csv = 0;
     for (int i = 1; i < argc; i++) {
@@ -84,6 +92,8 @@ int main(int argc, char **argv)
             replay = v;
         else if (!strcmp(a, "--mode"))
             mode_name = v;
+        else if (!strcmp(a, "--groups-out"))
+            groups_out = v;
         else
             usage();
     }
@@ -92,6 +102,7 @@ int main(int argc, char **argv)
     coh_sync_mode mode = COH_SYNC_DEFAULT;
     if (mode_name && coh_sync_mode_from_name(mode_name, &mode) < 0) usage();
 
+    if (getenv("COHORT_LOG")) coh_set_log_handler(log_stderr, NULL, atoi(getenv("COHORT_LOG")));
     coh_ctx_t *ctx;
     int st = coh_init(NULL, &ctx);
     if (st) die("coh_init", st);
@@ -123,8 +134,7 @@ int main(int argc, char **argv)
             return 1;
         }
         coh_group_info_t g;
-        coh_request_group(req, &g);
-        coh_request_free(req);
+        coh_request_group(req, &g); /* g.members lives as long as req */
         if (nrec == cap) {
             cap *= 2;
             rec = realloc(rec, sizeof(double) * NF * cap);
@@ -136,6 +146,10 @@ int main(int argc, char **argv)
         r[F_WAIT] = g.wait_us / 1e6;
         r[F_COMPUTE] = c;
         r[F_END] = now_s() - t0;
+        double mask = 0; /* members as a bit set (exact in a double up to 52 ranks) */
+        for (int i = 0; i < g.size && n <= 52; i++) mask += ldexp(1.0, g.members[i]);
+        r[F_MASK] = mask;
+        coh_request_free(req);
     }
     coh_sync_leave(w);
 
@@ -228,6 +242,32 @@ int main(int argc, char **argv)
                     fprintf(f, "%d,%.6f,%.6f\n", r, r < nb ? bw[r] : 10.0,
                             b[1 + NF * i + F_COMPUTE]);
                 }
+            fclose(f);
+        }
+        if (groups_out) {
+            /* One line per group: id, end time, members (for the cluster test
+             * that checks selective groups ranks of similar bandwidth). */
+            FILE *f = fopen(groups_out, "w");
+            if (!f) {
+                perror(groups_out);
+                return 1;
+            }
+            fprintf(f, "group_id,end_s,members\n");
+            for (int r = 0; r < n; r++) {
+                const double *b = all + per * (size_t)r;
+                for (size_t i = 0; i < (size_t)b[0]; i++) {
+                    const double *x = b + 1 + NF * i;
+                    /* Each group once: reported by its lowest member. */
+                    double mask = x[F_MASK];
+                    int low = 0;
+                    while (low < 52 && fmod(floor(mask / ldexp(1.0, low)), 2.0) == 0) low++;
+                    if (low != r) continue;
+                    fprintf(f, "%.0f,%.3f,", x[F_GID], x[F_END]);
+                    for (int q = 0; q < n && q < 52; q++)
+                        if (fmod(floor(mask / ldexp(1.0, q)), 2.0) == 1) fprintf(f, "%d ", q);
+                    fprintf(f, "\n");
+                }
+            }
             fclose(f);
         }
         free(gid);

@@ -30,8 +30,10 @@ typedef struct co_rank {
     bool has_ready; /* a READY waits for a group */
     bool deferred;  /* a READY arrived while its group still ran */
     rx_ctl_ready_t ready;
-    uint64_t group; /* the running group it is in, 0 if none */
-    double bw_gbps; /* smoothed measurement of its sending rate, 0 if none */
+    uint64_t group;    /* the running group it is in, 0 if none */
+    double bw_gbps;    /* estimate of its link's rate, 0 if none */
+    double bw_hist[8]; /* the last measurements of its sending rate */
+    int bw_n;
 } co_rank_t;
 
 typedef struct co_group {
@@ -472,7 +474,17 @@ static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
             if (b->peer >= (uint32_t)c->world || b->seconds <= 0 || b->bytes == 0) continue;
             double gbps = (double)b->bytes * 8 / b->seconds / 1e9;
             co_rank_t *pr = &c->ranks[b->peer];
-            pr->bw_gbps = pr->bw_gbps > 0 ? 0.7 * pr->bw_gbps + 0.3 * gbps : gbps;
+            /* A frame from `peer` crosses both ends' links, so it measures the
+             * slower of the two, not peer's own. The peer's rate is the best it
+             * showed lately: the largest of its last 8 measurements (a slow
+             * partner pulls one measurement down, not the estimate). */
+            pr->bw_hist[pr->bw_n++ % 8] = gbps;
+            double best = 0;
+            for (int k = 0; k < 8 && k < pr->bw_n; k++)
+                if (pr->bw_hist[k] > best) best = pr->bw_hist[k];
+            pr->bw_gbps = best;
+            rx_log(COH_LOG_DEBUG, "coordinator: rank %u sent at %.3f Gbps, estimate %.3f", b->peer,
+                   gbps, best);
             for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
                 if (c->sched[md]) sc_sched_on_bandwidth(c->sched[md], (int)b->peer, pr->bw_gbps);
         }
