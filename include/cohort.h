@@ -122,7 +122,7 @@ typedef struct coh_config {
                                algorithms are used (65536) */
     size_t rail_min_bytes;  /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
     int spin_us;            /* COHORT_SPIN_US: coh_wait runs the request's rail loops itself this
-                               long before sleeping (-1 = auto: 100 when the host has a core
+                               long before sleeping (-1 = auto: 2000 when the host has a core
                                per local rank, else 0) */
     int store_fd;           /* COHORT_STORE_FD: listening socket inherited from cohortrun
                                for rank 0's store (-1 = bind it) */

@@ -189,10 +189,13 @@ int rx_config_validate(const coh_config_t *cfg)
     return 0;
 }
 
-/* How long coh_wait drives the loop before sleeping. Auto (-1): 100 us when
+/* How long coh_wait drives the loop before sleeping. Auto (-1): 2 ms when
  * this host has a core per local rank, else 0: a waiter that spins on an
  * oversubscribed host takes the core its peers need (measured: 4 ranks on 2
- * cores, 4 KiB allreduce 230 us without, 400-1200 us with). The local rank
+ * cores, 4 KiB allreduce 230 us without, 400-1200 us with). 2 ms covers ops up
+ * to a few MiB: a waiter that gives up earlier hands the op back to the loop
+ * thread mid-way, and that hand-off cost 256 KiB on 2 ranks half its
+ * bandwidth at 100 us. The local rank
  * count comes from the launcher (COHORT_LOCAL_SIZE, torchrun's
  * LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE). */
 int rx_config_spin_us(const coh_config_t *cfg)
@@ -209,7 +212,7 @@ int rx_config_spin_us(const coh_config_t *cfg)
         }
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus > 0 && local <= cpus ? 100 : 0;
+    return cpus > 0 && local <= cpus ? 2000 : 0;
 }
 
 /* Exposed for the launcher and the benchmark's size flags. */

@@ -114,7 +114,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.chunk_bytes, 1 << 20);
     assert_int_equal(cfg.small_bytes, 64 << 10);
     assert_int_equal(cfg.rail_min_bytes, 1 << 20);
-    assert_int_equal(cfg.spin_us, -1); /* cohort.h: auto (100 us with a core per local rank) */
+    assert_int_equal(cfg.spin_us, -1); /* cohort.h: auto (2 ms with a core per local rank) */
     assert_int_equal(cfg.poll_us, 50);
     assert_int_equal(cfg.store_fd, -1);
     assert_int_equal(cfg.sockbuf_bytes, 0);
@@ -369,7 +369,7 @@ static void test_spin_auto(void **state)
     char many[32];
     snprintf(many, sizeof(many), "%ld", cpus + 1);
     set("COHORT_LOCAL_SIZE", "1");
-    assert_int_equal(rx_config_spin_us(&cfg), 100);
+    assert_int_equal(rx_config_spin_us(&cfg), 2000);
     set("COHORT_LOCAL_SIZE", many);
     assert_int_equal(rx_config_spin_us(&cfg), 0);
     unsetenv("COHORT_LOCAL_SIZE");
