@@ -313,6 +313,15 @@ static void op_fail(en_op_t *op, int status, bool tell_peers, const char *fmt, .
     op->progressing = held;
 }
 
+/* A peer's frame carries another signature: the ranks disagree. */
+static void fail_mismatch(en_op_t *op, int peer)
+{
+    op_fail(op, COH_EMISMATCH, true,
+            "rank %d called a different collective as #%llu than this rank's %s "
+            "(count, dtype, op, root or COHORT_CHUNK_BYTES/COHORT_SMALL_BYTES differ)",
+            peer, (unsigned long long)op->seq, op->desc);
+}
+
 /* ---- running steps ---- */
 
 static void step_done(en_op_t *op, uint32_t i)
@@ -352,10 +361,7 @@ static void stash_deliver(en_op_t *op, uint32_t i, en_stash_t *e)
     en_rail_t *rail = op->rail;
     const sc_step_t *st = &op->plan.steps[i];
     if (e->sig != op->sig) {
-        op_fail(op, COH_EMISMATCH, true,
-                "rank %d called a different collective as #%llu than this rank's %s "
-                "(count, dtype, op, root or COHORT_CHUNK_BYTES/COHORT_SMALL_BYTES differ)",
-                e->peer, (unsigned long long)op->seq, op->desc);
+        fail_mismatch(op, e->peer);
         return;
     }
     if (e->len != st->count * op->esize) {
@@ -470,10 +476,7 @@ static void op_start(rx_task_t *t, rx_reactor_t *rx)
     struct en_fin *f = fin_find(rail, op->comm, op->seq);
     for (en_stash_t *e = rail->stash_head; e && !(f && f->status < 0); e = e->next)
         if (e->complete && e->seq == op->seq && e->comm == op->comm && e->sig != op->sig) {
-            op_fail(op, COH_EMISMATCH, true,
-                    "rank %d called a different collective as #%llu than this rank's %s "
-                    "(count, dtype, op, root or COHORT_CHUNK_BYTES/COHORT_SMALL_BYTES differ)",
-                    e->peer, (unsigned long long)op->seq, op->desc);
+            fail_mismatch(op, e->peer);
             break;
         }
     if (op->state != EN_OP_RUNNING) {
@@ -549,10 +552,7 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
         return EN_MATCH_OK;
     }
     if (h->sig != op->sig) {
-        op_fail(op, COH_EMISMATCH, true,
-                "rank %d called a different collective as #%llu than this rank's %s "
-                "(count, dtype, op, root or COHORT_CHUNK_BYTES/COHORT_SMALL_BYTES differ)",
-                c->peer, (unsigned long long)op->seq, op->desc);
+        fail_mismatch(op, c->peer);
         s->mode = EN_SINK_DISCARD;
         en_exec_kick(op);
         return EN_MATCH_OK;

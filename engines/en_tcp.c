@@ -254,6 +254,28 @@ static void stop_reading(tcp_conn_t *t)
     t->reading = false;
 }
 
+/* Find where the frame whose header c holds goes. False when reading must
+ * stop here: the connection closed (a refused frame), or the frame waits for
+ * its receive (paused). */
+static bool match(tcp_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    int m = en_exec_match(c->rail, c);
+    if (c->state != EN_CONN_READY) return false;
+    if (m < 0) {
+        atomic_fetch_add(&c->rail->stat_bad_frames, 1);
+        conn_close(t, m, "frame refused");
+        return false;
+    }
+    if (m == EN_MATCH_BLOCK) {
+        c->rstate = EN_RD_BLOCKED;
+        stop_reading(t);
+        return false;
+    }
+    c->rstate = EN_RD_PAYLOAD;
+    return true;
+}
+
 /* Parse and deliver what the staging buffer holds. */
 static void process(tcp_conn_t *t)
 {
@@ -261,20 +283,7 @@ static void process(tcp_conn_t *t)
     en_rail_t *rail = c->rail;
     for (;;) {
         if (c->state != EN_CONN_READY) return;
-        if (c->rstate == EN_RD_BLOCKED) {
-            int m = en_exec_match(rail, c);
-            if (c->state != EN_CONN_READY) return;
-            if (m < 0) {
-                atomic_fetch_add(&rail->stat_bad_frames, 1);
-                conn_close(t, m, "frame refused");
-                return;
-            }
-            if (m == EN_MATCH_BLOCK) {
-                stop_reading(t);
-                return;
-            }
-            c->rstate = EN_RD_PAYLOAD;
-        }
+        if (c->rstate == EN_RD_BLOCKED && !match(t)) return;
         size_t avail = t->s_end - t->s_start;
         if (c->rstate == EN_RD_HDR) {
             if (avail == 0) break;
@@ -287,19 +296,7 @@ static void process(tcp_conn_t *t)
             }
             t->s_start += EN_HDR_SIZE;
             avail -= EN_HDR_SIZE;
-            int m = en_exec_match(rail, c);
-            if (c->state != EN_CONN_READY) return;
-            if (m < 0) {
-                atomic_fetch_add(&rail->stat_bad_frames, 1);
-                conn_close(t, m, "frame refused");
-                return;
-            }
-            if (m == EN_MATCH_BLOCK) {
-                c->rstate = EN_RD_BLOCKED;
-                stop_reading(t);
-                return;
-            }
-            c->rstate = EN_RD_PAYLOAD;
+            if (!match(t)) return;
         }
         /* EN_RD_PAYLOAD */
         en_sink_t *s = &c->sink;

@@ -44,6 +44,12 @@ int rx_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3
 int rx_uv_status(int uverr);
 
 uint64_t rx_now_ns(void); /* monotonic */
+/* FNV-1a over the 8 bytes of v: op signatures every rank computes alike. */
+static inline uint64_t rx_fnv64(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+}
 /* Hand a message to the application's log handler, if any (any thread). */
 void rx_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int rx_parse_size(const char *s, uint64_t *out);

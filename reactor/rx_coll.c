@@ -21,12 +21,6 @@ typedef struct coll_args {
     bool rs_in_place;
 } coll_args_t;
 
-static uint64_t fnv(uint64_t h, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-    return h;
-}
-
 static bool overlap(const void *a, size_t an, const void *b, size_t bn)
 {
     const char *x = a, *y = b;
@@ -74,15 +68,16 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     /* The signature covers everything that shapes the plan, so ranks that
      * disagree fail with EMISMATCH instead of exchanging wrong frames. */
     uint64_t sig = 1469598103934665603ull;
-    sig = fnv(sig, (uint64_t)a->kind);
-    sig = fnv(sig, a->kind == SC_BARRIER ? 0 : (uint64_t)a->dtype);
-    sig = fnv(sig, (a->kind == SC_ALLREDUCE || a->kind == SC_REDUCE_SCATTER) ? (uint64_t)a->op : 0);
-    sig = fnv(sig, a->count);
-    sig = fnv(sig, (uint64_t)a->root);
-    sig = fnv(sig, (uint64_t)comm->size);
-    sig = fnv(sig, (uint64_t)nslices);
-    sig = fnv(sig, chunk_elems);
-    sig = fnv(sig, small_elems);
+    sig = rx_fnv64(sig, (uint64_t)a->kind);
+    sig = rx_fnv64(sig, a->kind == SC_BARRIER ? 0 : (uint64_t)a->dtype);
+    sig = rx_fnv64(sig,
+                   (a->kind == SC_ALLREDUCE || a->kind == SC_REDUCE_SCATTER) ? (uint64_t)a->op : 0);
+    sig = rx_fnv64(sig, a->count);
+    sig = rx_fnv64(sig, (uint64_t)a->root);
+    sig = rx_fnv64(sig, (uint64_t)comm->size);
+    sig = rx_fnv64(sig, (uint64_t)nslices);
+    sig = rx_fnv64(sig, chunk_elems);
+    sig = rx_fnv64(sig, small_elems);
 
     char desc[96];
     if (a->kind == SC_BARRIER)

@@ -33,12 +33,6 @@ struct rx_member {
 
 #define SYNC_RETRIES 3
 
-static uint64_t fnv(uint64_t h, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-    return h;
-}
-
 /* ---- finishing ---- */
 
 /* Loop thread. The sync is over: publish the result and wake the caller. */
@@ -191,9 +185,10 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
     if (ctx->nrails > 1 && bytes >= cfg->rail_min_bytes && s->count >= (size_t)ctx->nrails)
         nslices = ctx->nrails;
     uint64_t chunk = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
-    uint64_t sig = fnv(fnv(fnv(1469598103934665603ull, 0x5359u), s->count), (uint64_t)s->dtype);
-    sig = fnv(fnv(sig, p->group_id), (uint64_t)nslices);
-    for (int i = 0; i < n; i++) sig = fnv(sig, (uint64_t)members[i]);
+    uint64_t sig =
+        rx_fnv64(rx_fnv64(rx_fnv64(1469598103934665603ull, 0x5359u), s->count), (uint64_t)s->dtype);
+    sig = rx_fnv64(rx_fnv64(sig, p->group_id), (uint64_t)nslices);
+    for (int i = 0; i < n; i++) sig = rx_fnv64(sig, (uint64_t)members[i]);
     char desc[96];
     snprintf(desc, sizeof(desc), "sync(group %llu of %d, count=%zu, %s)",
              (unsigned long long)p->group_id, n, s->count, coh_dtype_name(s->dtype));
