@@ -142,9 +142,37 @@ def store():
     write(t, "prefix", store_msg(1, key=b"abc", val=b"def")[:18])
 
 
+def ctl_msg(typ, payload, comm=0, magic=b"COHC"):
+    return magic + struct.pack("<BBHII", typ, 0, 0, len(payload), comm) + payload
+
+
+def ctl():
+    t = "ctl_fuzzer"
+    ready = struct.pack("<IIQQIIddQ", 3, 2, 17, 1 << 20, 0, 0, 0.42, 1.0, 5)
+    plan = struct.pack("<QQiIdII", 7, 5, 0, 0, 3.0, 3, 0) + struct.pack("<3I", 2, 0, 1)
+    plan_err = struct.pack("<QQiIdII", 8, 6, -6, 0, 0.0, 1, 0) + struct.pack("<I", 3)
+    done = struct.pack("<QIidII", 7, 3, 0, 0.125, 2, 0) + \
+        struct.pack("<IIQd", 0, 0, 1 << 20, 0.01) + struct.pack("<IIQd", 1, 0, 1 << 20, 0.02)
+    refuse = struct.pack("<QQII", 7, 5, 1, 3)
+    write(t, "ready", ctl_msg(1, ready))
+    write(t, "plan", ctl_msg(2, plan))
+    write(t, "plan_error", ctl_msg(2, plan_err))
+    write(t, "done", ctl_msg(3, done))
+    write(t, "refuse", ctl_msg(4, refuse))
+    write(t, "leave", ctl_msg(5, struct.pack("<I", 2)))
+    write(t, "stream", ctl_msg(1, ready) + ctl_msg(2, plan) + ctl_msg(3, done))
+    write(t, "ready_nan_weight", ctl_msg(1, struct.pack("<IIQQIIddQ", 3, 2, 17, 4, 0, 0, 0.1,
+                                                         float("nan"), 5)))
+    write(t, "plan_short", ctl_msg(2, plan[:-2]))
+    write(t, "done_too_many", ctl_msg(3, struct.pack("<QIidII", 7, 3, 0, 0.1, 65, 0)))
+    write(t, "unknown_type", ctl_msg(9, b""))
+    write(t, "prefix", ctl_msg(1, ready)[:20])
+
+
 if __name__ == "__main__":
     ffi()
     frame()
     hellos()
     store()
+    ctl()
     print("corpora written under", os.path.join(HERE, "corpus"))
