@@ -59,4 +59,44 @@ static inline size_t fuzz_split_next(fuzz_split_t *sp)
     return 1 + (size_t)(sp->s % 16);
 }
 
+/*
+ * The checks every resumable message parser gets (store, control plane):
+ * the whole input; prefixes of random lengths, which must give the same
+ * message or "need more", and whose refusal must stick; and the input as a
+ * stream of messages back to back. parse returns the bytes of one message, 0
+ * for "need more" or a negative status; check verifies a parsed message.
+ */
+typedef int (*fuzz_parse_fn)(const uint8_t *buf, size_t len, void *msg);
+typedef void (*fuzz_check_fn)(const uint8_t *buf, size_t len, int n, const void *msg);
+
+static inline void fuzz_message_stream(const uint8_t *data, size_t size, void *msg,
+                                       fuzz_parse_fn parse, fuzz_check_fn check, int refused)
+{
+    uint8_t *all = fuzz_copy(data, size);
+    int fst = parse(all, size, msg);
+    FUZZ_CHECK(fst >= 0 || fst == refused);
+    if (fst > 0) check(all, size, fst, msg);
+    fuzz_split_t sp;
+    fuzz_split_init(&sp, data, size);
+    for (size_t n = 0; n <= size; n += fuzz_split_next(&sp)) {
+        uint8_t *pre = fuzz_copy(data, n);
+        int st = parse(pre, n, msg);
+        if (st > 0) {
+            check(pre, n, st, msg);
+            FUZZ_CHECK(st == fst);
+        }
+        free(pre);
+        if (st == refused) FUZZ_CHECK(fst == refused);
+        if (st != 0) break;
+    }
+    size_t off = 0;
+    while (off < size) {
+        int st = parse(all + off, size - off, msg);
+        if (st <= 0) break;
+        check(all + off, size - off, st, msg);
+        off += (size_t)st;
+    }
+    free(all);
+}
+
 #endif

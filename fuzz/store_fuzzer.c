@@ -24,35 +24,19 @@ static void check_msg(const uint8_t *buf, size_t len, int n, const rx_store_msg_
     free(re);
 }
 
+static int parse(const uint8_t *buf, size_t len, void *m)
+{
+    return rx_store_parse(buf, len, m);
+}
+
+static void check(const uint8_t *buf, size_t len, int n, const void *m)
+{
+    check_msg(buf, len, n, m);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    uint8_t *all = fuzz_copy(data, size);
-    rx_store_msg_t full;
-    int fst = rx_store_parse(all, size, &full);
-    FUZZ_CHECK(fst >= 0 || fst == COH_EPROTO);
-    if (fst > 0) check_msg(all, size, fst, &full);
-    fuzz_split_t sp;
-    fuzz_split_init(&sp, data, size);
-    for (size_t n = 0; n <= size; n += fuzz_split_next(&sp)) {
-        uint8_t *pre = fuzz_copy(data, n);
-        rx_store_msg_t m;
-        int st = rx_store_parse(pre, n, &m);
-        if (st > 0) {
-            check_msg(pre, n, st, &m);
-            FUZZ_CHECK(st == fst);
-        }
-        free(pre);
-        if (st == COH_EPROTO) FUZZ_CHECK(fst == COH_EPROTO);
-        if (st != 0) break;
-    }
-    size_t off = 0;
-    while (off < size) {
-        rx_store_msg_t m;
-        int st = rx_store_parse(all + off, size - off, &m);
-        if (st <= 0) break;
-        check_msg(all + off, size - off, st, &m);
-        off += (size_t)st;
-    }
-    free(all);
+    rx_store_msg_t m;
+    fuzz_message_stream(data, size, &m, parse, check, COH_EPROTO);
     return 0;
 }
