@@ -269,6 +269,18 @@ static const char *field_name(uint32_t bit)
     return "?";
 }
 
+/* Field "v": the schema version this library speaks, in requests and configs. */
+static int check_version(const msgpack_object *v, const char *f, ff_err_t *e)
+{
+    int64_t i64;
+    if (get_int(v, f, 0, INT32_MAX, &i64, e) < 0) return e->status;
+    if (i64 != FF_SCHEMA)
+        return ff_fail(e, COH_EUNSUPPORTED, f,
+                       "field 'v': schema version %lld is not supported (this library speaks %d)",
+                       (long long)i64, FF_SCHEMA);
+    return 0;
+}
+
 static int decode_field(const field_t *fd, const msgpack_object *v, const void *buf, size_t len,
                         ff_req_t *r, ff_err_t *e)
 {
@@ -276,14 +288,7 @@ static int decode_field(const field_t *fd, const msgpack_object *v, const void *
     int64_t i64;
     int k;
     switch (fd->bit) {
-    case FF_F_V:
-        if (get_int(v, f, 0, INT32_MAX, &i64, e) < 0) return e->status;
-        if (i64 != FF_SCHEMA)
-            return ff_fail(e, COH_EUNSUPPORTED, f,
-                           "field 'v': schema version %lld is not supported (this library "
-                           "speaks %d)",
-                           (long long)i64, FF_SCHEMA);
-        return 0;
+    case FF_F_V: return check_version(v, f, e);
     case FF_F_TYPE:
         if (get_enum(v, f, type_names, FF_TYPE_COUNT, &k, e) < 0) return e->status;
         r->type = (ff_type)k;
@@ -595,14 +600,7 @@ static int cfg_field(const cfg_field_t *fd, const msgpack_object *v, ff_config_t
     const char *f = fd->name;
     int64_t i64;
     switch (fd->kind) {
-    case C_V:
-        if (get_int(v, f, 0, INT32_MAX, &i64, e) < 0) return e->status;
-        if (i64 != FF_SCHEMA)
-            return ff_fail(e, COH_EUNSUPPORTED, f,
-                           "field 'v': schema version %lld is not supported (this library "
-                           "speaks %d)",
-                           (long long)i64, FF_SCHEMA);
-        return 0;
+    case C_V: return check_version(v, f, e);
     case C_INT:
         if (get_int(v, f, fd->lo, fd->hi, &i64, e) < 0) return e->status;
         *(int *)((char *)&c->cfg + fd->off) = (int)i64;
