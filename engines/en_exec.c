@@ -12,7 +12,6 @@
  *
  * Threading: loop thread of the op's rail, except en_op_new / en_op_free.
  */
-#include "reactor/rx_alloc.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,14 +21,14 @@
 
 /* ---- construction ---- */
 
-int en_op_new(en_rail_t *rail, coh_request_t *req, uint32_t comm, uint64_t seq, uint64_t sig,
+int en_op_new(en_completion_t *comp, int slice, uint32_t comm, uint64_t seq, uint64_t sig,
               const char *desc, coh_dtype dtype, coh_redop redop, void *sendbuf, void *recvbuf,
               sc_plan_t *plan, en_op_t **out)
 {
     en_op_t *op = coh_zalloc(sizeof(*op));
     if (!op) return COH_ENOMEM;
-    op->rail = rail;
-    op->req = req;
+    op->comp = comp;
+    op->slice = slice;
     op->comm = comm;
     op->seq = seq;
     op->sig = sig;
@@ -68,7 +67,7 @@ int en_op_new(en_rail_t *rail, coh_request_t *req, uint32_t comm, uint64_t seq, 
     return 0;
 nomem:
     en_op_free(op);
-    return rx_fail(COH_ENOMEM, "out of memory building an op of %u steps", n);
+    return bs_fail(COH_ENOMEM, "out of memory building an op of %u steps", n);
 }
 
 void en_op_free(en_op_t *op)
@@ -163,7 +162,7 @@ static int stash_or_block(en_rail_t *rail, en_conn_t *c)
                       .tag = h->tag,
                       .sig = h->sig,
                       .len = h->len,
-                      .t_ns = rx_now_ns(),
+                      .t_ns = bs_now_ns(),
                       .data = data,
                       .prev = rail->stash_tail};
     if (rail->stash_tail)
@@ -212,6 +211,8 @@ static void op_unlink(en_op_t *op)
     op->prev = op->next = NULL;
 }
 
+/* The op has ended and nothing of it is in flight: free it, then tell its
+ * completion (which may free the buffers the op used). */
 static void op_finish(en_op_t *op)
 {
     en_rail_t *rail = op->rail;
@@ -220,13 +221,18 @@ static void op_finish(en_op_t *op)
         op->state = EN_OP_DONE;
         fin_record(rail, op->comm, op->seq, 0, NULL);
     }
-    coh_request_t *req = op->req;
-    if (req->sync) rx_request_slice_stats(req, op->slice, op->bw, op->nbw);
-    int status = op->state == EN_OP_DONE ? 0 : op->status;
-    char why[RX_ERR_LEN];
-    snprintf(why, sizeof(why), "%s", op->why);
+    char why[BS_ERR_LEN];
+    en_bw_t bw[EN_BW_PER_SLICE];
+    en_result_t r = {.slice = op->slice,
+                     .status = op->state == EN_OP_DONE ? 0 : op->status,
+                     .why = why,
+                     .bw = bw,
+                     .nbw = op->nbw};
+    snprintf(why, sizeof(why), "%s", op->state == EN_OP_DONE ? "" : op->why);
+    memcpy(bw, op->bw, sizeof(en_bw_t) * (size_t)op->nbw);
+    en_completion_t *c = op->comp;
     en_op_free(op);
-    rx_request_slice_done(req, status, why);
+    c->fn(c, &r);
 }
 
 /* End the op if nothing of it is in flight. Only at the outermost level:
@@ -243,7 +249,7 @@ static void ctl_done(en_wreq_t *w, int status)
 {
     (void)status;
     en_rail_t *rail = w->conn->rail;
-    if (w->hdr[4] == EN_FRAME_BYE) atomic_fetch_sub(&rail->bye_pending, 1);
+    if (w->hdr[4] == EN_FRAME_BYE) en_rail_bye_sent(rail);
     coh_free(w);
 }
 
@@ -285,14 +291,14 @@ static void op_fail(en_op_t *op, int status, bool tell_peers, const char *fmt, .
     op->progressing = true;
     op->state = EN_OP_FAILED;
     op->status = status;
-    op->t_fail_ns = rx_now_ns();
+    op->t_fail_ns = bs_now_ns();
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(op->why, sizeof(op->why), fmt, ap);
     va_end(ap);
     fin_record(rail, op->comm, op->seq, status, op->why);
     stash_drop_op(rail, op->comm, op->seq);
-    rx_log(COH_LOG_WARN, "rank %d rail %d: %s #%llu failed: %s", rail->rank, rail->index, op->desc,
+    bs_log(COH_LOG_WARN, "rank %d rail %d: %s #%llu failed: %s", rail->rank, rail->index, op->desc,
            (unsigned long long)op->seq, op->why);
     for (int p = 0; p < rail->world; p++) {
         en_conn_t *c = rail->peers[p];
@@ -328,7 +334,7 @@ static void step_done(en_op_t *op, uint32_t i)
 {
     op->sstate[i] = EN_STEP_DONE;
     op->left--;
-    op->t_progress_ns = rx_now_ns();
+    op->t_progress_ns = bs_now_ns();
     const sc_plan_t *p = &op->plan;
     for (uint32_t d = p->rdep_off[i]; d < p->rdep_off[i + 1]; d++) {
         uint32_t j = p->rdeps[d];
@@ -460,10 +466,9 @@ void en_exec_kick(en_op_t *op)
 
 /* ---- entry points ---- */
 
-static void op_start(rx_task_t *t, rx_reactor_t *rx)
+void en_rail_start_op(en_rail_t *rail, en_op_t *op)
 {
-    en_op_t *op = (en_op_t *)t;
-    en_rail_t *rail = rx->owner;
+    op->rail = rail;
     op->prev = rail->ops_tail;
     if (rail->ops_tail)
         rail->ops_tail->next = op;
@@ -471,7 +476,7 @@ static void op_start(rx_task_t *t, rx_reactor_t *rx)
         rail->ops_head = op;
     rail->ops_tail = op;
     op->state = EN_OP_RUNNING;
-    op->t_progress_ns = rx_now_ns();
+    op->t_progress_ns = bs_now_ns();
     en_rail_arm_timer(rail);
     struct en_fin *f = fin_find(rail, op->comm, op->seq);
     for (en_stash_t *e = rail->stash_head; e && !(f && f->status < 0); e = e->next)
@@ -481,6 +486,8 @@ static void op_start(rx_task_t *t, rx_reactor_t *rx)
         }
     if (op->state != EN_OP_RUNNING) {
         /* failed above */
+    } else if (rail->closing) {
+        op_fail(op, COH_ECANCELED, false, "the context was finalized");
     } else if (f && f->status < 0) {
         /* A peer aborted it, or another rail's slice failed, before it got here. */
         op_fail(op, f->status, false, "%s", f->why);
@@ -507,18 +514,6 @@ static void op_start(rx_task_t *t, rx_reactor_t *rx)
     en_exec_kick(op);
 }
 
-void en_rail_submit(en_rail_t *rail, en_op_t *op)
-{
-    op->task.run = op_start;
-    /* A small op starts right here when the loop is free: no wake-up on the
-     * latency path. A large one is posted, so the caller is not held up by
-     * its first sends and copies (it may want to compute meanwhile). */
-    if (op->small)
-        rx_reactor_run_or_post(&rail->rx, &op->task);
-    else
-        rx_reactor_post(&rail->rx, &op->task);
-}
-
 int en_exec_match(en_rail_t *rail, en_conn_t *c)
 {
     const en_hdr_t *h = &c->hdr;
@@ -542,7 +537,7 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
         struct en_fin *f = fin_find(rail, h->comm, h->seq);
         if (!f) return stash_or_block(rail, c); /* not submitted here yet */
         if (f->status == 0)
-            rx_log(COH_LOG_WARN, "rank %d rail %d: rank %d sent data for finished op #%llu",
+            bs_log(COH_LOG_WARN, "rank %d rail %d: rank %d sent data for finished op #%llu",
                    rail->rank, rail->index, c->peer, (unsigned long long)h->seq);
         s->mode = EN_SINK_DISCARD;
         return EN_MATCH_OK;
@@ -570,7 +565,7 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
     if (op->sstate[i] == EN_STEP_WAIT) return stash_or_block(rail, c); /* dependencies pending */
     s->owner = op;
     s->step = (uint32_t)i;
-    c->t_frame_ns = rx_now_ns();
+    c->t_frame_ns = bs_now_ns();
     s->esize = op->esize;
     s->dtype = op->dtype;
     s->op = op->redop;
@@ -596,7 +591,7 @@ void en_sink_consume(en_sink_t *s, const uint8_t *bytes, size_t n)
     }
     s->done += n;
     if (s->owner) {
-        s->owner->t_progress_ns = rx_now_ns();
+        s->owner->t_progress_ns = bs_now_ns();
         s->owner->bytes_in += n;
     }
 }
@@ -652,11 +647,11 @@ void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
     en_op_t *op = s.owner;
     /* Frames below 64 KiB mostly measure latency, not the link. */
     if (s.len >= 65536 && c->peer >= 0) {
-        uint64_t ns = rx_now_ns() - c->t_frame_ns;
+        uint64_t ns = bs_now_ns() - c->t_frame_ns;
         int k = 0;
         while (k < op->nbw && op->bw[k].peer != c->peer) k++;
-        if (k < RX_BW_PER_SLICE) {
-            if (k == op->nbw) op->bw[op->nbw++] = (rx_bw_t){.peer = c->peer};
+        if (k < EN_BW_PER_SLICE) {
+            if (k == op->nbw) op->bw[op->nbw++] = (en_bw_t){.peer = c->peer};
             op->bw[k].bytes += s.len;
             op->bw[k].ns += ns;
         }
@@ -725,7 +720,7 @@ void en_exec_drop_stash(en_rail_t *rail)
 
 void en_exec_check_timeouts(en_rail_t *rail)
 {
-    uint64_t now = rx_now_ns(), limit = (uint64_t)rail->timeout_ms * 1000000ull;
+    uint64_t now = bs_now_ns(), limit = (uint64_t)rail->timeout_ms * 1000000ull;
     /* Frames kept for an op that never came: its peers have long failed it. */
     en_stash_t *next;
     for (en_stash_t *e = rail->stash_head; e; e = next) {
@@ -744,7 +739,7 @@ void en_exec_check_timeouts(en_rail_t *rail)
             if (op->sstate[i] == EN_STEP_RUN && s->peer >= 0)
                 wl += (size_t)snprintf(waiting + wl, sizeof(waiting) - wl, " %d", s->peer);
         }
-        char why[RX_ERR_LEN];
+        char why[BS_ERR_LEN];
         snprintf(why, sizeof(why), "no progress for %d ms (waiting on rank(s)%s)", rail->timeout_ms,
                  wl ? waiting : " none");
         en_exec_fail_op(op, COH_ETIMEDOUT, true, why);

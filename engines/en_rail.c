@@ -1,9 +1,8 @@
 /*
- * A rail: one NIC's reactor, its connections to every peer and the ops in
- * flight on it. The higher rank dials the lower one; both sides check the
- * other's HELLO (job token first) before anything else is read.
+ * A rail: one NIC's connections to every peer and the ops in flight on it,
+ * on the loop it was given. The higher rank dials the lower one; both sides
+ * check the other's HELLO (job token first) before anything else is read.
  */
-#include "reactor/rx_alloc.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +17,7 @@ static void timer_cb(uv_timer_t *h)
 
 void en_rail_arm_timer(en_rail_t *rail)
 {
-    if (rail->timer_on) return;
+    if (rail->timer_on || !rail->timer_open) return;
     uint64_t period = (uint64_t)rail->timeout_ms / 4;
     if (period > 250) period = 250;
     if (period < 10) period = 10;
@@ -26,81 +25,63 @@ void en_rail_arm_timer(en_rail_t *rail)
     rail->timer_on = true;
 }
 
-/* Threading: loop thread, as the reactor stops. */
-static void rail_on_stop(rx_reactor_t *rx)
-{
-    en_rail_t *rail = rx->owner;
-    en_exec_fail_all(rail, COH_ECANCELED, false, "the context was finalized");
-    en_exec_drop_stash(rail);
-    uv_close((uv_handle_t *)&rail->timer, NULL);
-    rail->ops->tr_shutdown(rail);
-}
-
-/* Threading: loop thread. Ops in flight: frames will come soon. */
-static bool rail_busy(rx_reactor_t *rx)
-{
-    en_rail_t *rail = rx->owner;
-    return rail->ops_head != NULL;
-}
-
-static int listen_fn(rx_reactor_t *rx, void *arg)
-{
-    (void)arg;
-    en_rail_t *rail = rx->owner;
-    uv_timer_init(&rx->loop, &rail->timer);
-    rail->timer.data = rail;
-    en_rail_arm_timer(rail);
-    return rail->ops->tr_listen(rail, (struct sockaddr *)&rail->local, &rail->bound);
-}
-
-int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int world, int nrails,
-                  const struct sockaddr *local, const char *token, int timeout_ms,
-                  size_t sockbuf_bytes, int poll_us, size_t stash_bytes)
+int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
 {
     memset(rail, 0, sizeof(*rail));
-    rail->ctx = ctx;
-    rail->index = index;
-    rail->rank = rank;
-    rail->world = world;
-    rail->nrails = nrails;
-    rail->token = token;
-    rail->timeout_ms = timeout_ms;
-    rail->sockbuf_bytes = sockbuf_bytes;
-    rail->stash_limit = stash_bytes;
-    rail->ops = &en_tcp_ops;
-    memcpy(&rail->local, local,
-           local->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
-    rail->peers = coh_zalloc(sizeof(en_conn_t *) * (size_t)world);
-    rail->lost = coh_zalloc((size_t)world);
-    if (!rail->peers || !rail->lost) {
-        coh_free(rail->peers);
-        coh_free(rail->lost);
-        return rx_fail(COH_ENOMEM, "rail %d: out of memory", index);
+    rail->index = cfg->index;
+    rail->rank = cfg->rank;
+    rail->world = cfg->world;
+    rail->nrails = cfg->nrails;
+    rail->token = cfg->token ? cfg->token : "";
+    rail->timeout_ms = cfg->timeout_ms;
+    rail->sockbuf_bytes = cfg->sockbuf_bytes;
+    rail->stash_limit = cfg->stash_bytes;
+    rail->ops_full = cfg->ops ? *cfg->ops : en_tcp_ops;
+    en_ops_complete(&rail->ops_full);
+    rail->ops = &rail->ops_full;
+    memcpy(&rail->local, cfg->local,
+           cfg->local->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                             : sizeof(struct sockaddr_in));
+    rail->peers = coh_zalloc(sizeof(en_conn_t *) * (size_t)cfg->world);
+    rail->lost = coh_zalloc((size_t)cfg->world);
+    if (!rail->peers || !rail->lost || uv_mutex_init(&rail->mu) != 0) goto nomem;
+    if (uv_cond_init(&rail->cv) != 0) {
+        uv_mutex_destroy(&rail->mu);
+        goto nomem;
     }
-    uv_mutex_init(&rail->mu);
-    uv_cond_init(&rail->cv);
-    char name[32];
-    snprintf(name, sizeof(name), "cohort-rail%d", index);
-    int st = rx_reactor_start_polling(&rail->rx, name, rail_on_stop, rail, rail_busy,
-                                      (uint64_t)poll_us * 1000ull);
-    if (st < 0) goto fail;
-    st = rx_reactor_call(&rail->rx, listen_fn, NULL);
-    if (st < 0) {
-        char why[512];
-        snprintf(why, sizeof(why), "%s", coh_last_error());
-        rx_reactor_stop(&rail->rx);
-        rx_fail(st, "%s", why);
-        goto fail;
-    }
+    rail->sync_init = true;
     return 0;
-fail:
-    uv_cond_destroy(&rail->cv);
-    uv_mutex_destroy(&rail->mu);
+nomem:
+    en_rail_fini(rail);
+    return bs_fail(COH_ENOMEM, "rail %d: out of memory", cfg->index);
+}
+
+void en_rail_fini(en_rail_t *rail)
+{
+    if (rail->sync_init) {
+        uv_cond_destroy(&rail->cv);
+        uv_mutex_destroy(&rail->mu);
+        rail->sync_init = false;
+    }
     coh_free(rail->peers);
     coh_free(rail->lost);
     rail->peers = NULL;
     rail->lost = NULL;
-    return st;
+}
+
+int en_rail_open(en_rail_t *rail, uv_loop_t *loop)
+{
+    rail->loop = loop;
+    uv_timer_init(loop, &rail->timer);
+    rail->timer.data = rail;
+    rail->timer_open = true;
+    en_rail_arm_timer(rail);
+    return rail->ops->tr_listen(rail, (struct sockaddr *)&rail->local, &rail->bound);
+}
+
+bool en_rail_busy(en_rail_t *rail)
+{
+    return rail->ops_head != NULL;
 }
 
 static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)
@@ -119,31 +100,10 @@ static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)
     uv_mutex_unlock(&rail->mu);
 }
 
-typedef struct connect_task {
-    rx_task_t task;
-    int peer;
-    struct sockaddr_storage addr;
-} connect_task_t;
-
-static void connect_run(rx_task_t *t, rx_reactor_t *rx)
+void en_rail_dial(en_rail_t *rail, int peer, const struct sockaddr *addr)
 {
-    connect_task_t *ct = (connect_task_t *)t;
-    en_rail_t *rail = rx->owner;
-    int e = rail->ops->tr_connect(rail, ct->peer, (struct sockaddr *)&ct->addr);
+    int e = rail->ops->tr_connect(rail, peer, addr);
     if (e < 0) set_conn_status(rail, e, "%s", coh_last_error());
-    coh_free(ct);
-}
-
-int en_rail_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
-{
-    connect_task_t *ct = coh_zalloc(sizeof(*ct));
-    if (!ct) return COH_ENOMEM;
-    ct->task.run = connect_run;
-    ct->peer = peer;
-    memcpy(&ct->addr, addr,
-           addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
-    rx_reactor_post(&rail->rx, &ct->task);
-    return 0;
 }
 
 int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns)
@@ -151,23 +111,31 @@ int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns)
     int st = 0;
     uv_mutex_lock(&rail->mu);
     while (rail->nready < rail->world - 1 && rail->conn_status == 0) {
-        uint64_t now = rx_now_ns();
+        uint64_t now = bs_now_ns();
         if (now >= deadline_ns) break;
         uv_cond_timedwait(&rail->cv, &rail->mu, deadline_ns - now);
     }
     if (rail->conn_status < 0) {
-        st = rx_fail(rail->conn_status, "rail %d: %s", rail->index, rail->conn_why);
+        st = bs_fail(rail->conn_status, "rail %d: %s", rail->index, rail->conn_why);
     } else if (rail->nready < rail->world - 1) {
         char missing[256] = "";
         size_t ml = 0;
         for (int p = 0; p < rail->world && ml < sizeof(missing) - 16; p++)
             if (p != rail->rank && !rail->peers[p])
                 ml += (size_t)snprintf(missing + ml, sizeof(missing) - ml, " %d", p);
-        st = rx_fail(COH_ETIMEDOUT, "rail %d: timed out waiting for rank(s)%s to connect",
+        st = bs_fail(COH_ETIMEDOUT, "rail %d: timed out waiting for rank(s)%s to connect",
                      rail->index, missing);
     }
     uv_mutex_unlock(&rail->mu);
     return st;
+}
+
+bool en_rail_peer_lost(en_rail_t *rail, int peer)
+{
+    uv_mutex_lock(&rail->mu);
+    bool lost = peer >= 0 && peer < rail->world && rail->lost[peer];
+    uv_mutex_unlock(&rail->mu);
+    return lost;
 }
 
 void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h)
@@ -230,7 +198,7 @@ void en_rail_conn_lost(en_rail_t *rail, en_conn_t *c, int status, const char *wh
         if (c->outgoing) {
             set_conn_status(rail, status ? status : COH_EPEER, "connecting: %s", why);
         } else {
-            rx_log(COH_LOG_WARN, "rank %d rail %d: dropped an incoming connection: %s", rail->rank,
+            bs_log(COH_LOG_WARN, "rank %d rail %d: dropped an incoming connection: %s", rail->rank,
                    rail->index, why);
         }
         return;
@@ -241,112 +209,79 @@ void en_rail_conn_lost(en_rail_t *rail, en_conn_t *c, int status, const char *wh
     rail->nready--;
     uv_mutex_unlock(&rail->mu);
     if (status != COH_ECANCELED)
-        rx_log(c->peer_bye ? COH_LOG_INFO : COH_LOG_WARN, "rank %d rail %d: lost rank %d: %s",
+        bs_log(c->peer_bye ? COH_LOG_INFO : COH_LOG_WARN, "rank %d rail %d: lost rank %d: %s",
                rail->rank, rail->index, p, why);
-    char msg[RX_ERR_LEN];
+    char msg[BS_ERR_LEN];
     snprintf(msg, sizeof(msg), "%s rank %d on rail %d (%s)",
              c->peer_bye ? "finalized:" : "lost the connection to", p, rail->index, why);
     en_exec_fail_peer(rail, p, COH_EPEER, msg);
 }
 
-typedef struct cancel_task {
-    rx_task_t task;
-    uint32_t comm;
-    uint64_t seq;
-    int status;
-    char why[RX_ERR_LEN];
-} cancel_task_t;
-
-static void cancel_run(rx_task_t *t, rx_reactor_t *rx)
+void en_rail_cancel_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
 {
-    cancel_task_t *ct = (cancel_task_t *)t;
-    en_exec_cancel(rx->owner, ct->comm, ct->seq, ct->status, ct->why);
-    coh_free(ct);
+    en_exec_cancel(rail, comm, seq, status, why);
 }
 
-void en_rail_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
+void en_rail_abort_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why,
+                      const int *peers, int npeers)
 {
-    cancel_task_t *ct = coh_zalloc(sizeof(*ct));
-    if (!ct) return; /* the slice still ends: by its own progress or timeout */
-    ct->task.run = cancel_run;
-    ct->comm = comm;
-    ct->seq = seq;
-    ct->status = status;
-    snprintf(ct->why, sizeof(ct->why), "%s", why);
-    rx_reactor_post(&rail->rx, &ct->task);
-}
-
-typedef struct abort_task {
-    rx_task_t task;
-    uint32_t comm;
-    uint64_t seq;
-    int status;
-    int npeers;
-    int peers[64];
-    char why[RX_ERR_LEN];
-} abort_task_t;
-
-static void abort_run(rx_task_t *t, rx_reactor_t *rx)
-{
-    abort_task_t *at = (abort_task_t *)t;
-    en_rail_t *rail = rx->owner;
-    en_exec_cancel(rail, at->comm, at->seq, at->status, at->why);
-    for (int i = 0; i < at->npeers; i++) {
-        int p = at->peers[i];
+    en_exec_cancel(rail, comm, seq, status, why);
+    for (int i = 0; i < npeers; i++) {
+        int p = peers[i];
         if (p >= 0 && p < rail->world && rail->peers[p])
-            en_exec_send_ctl(rail->peers[p], EN_FRAME_ABORT, at->comm, at->seq, at->status,
-                             at->why);
+            en_exec_send_ctl(rail->peers[p], EN_FRAME_ABORT, comm, seq, status, why);
     }
-    coh_free(at);
 }
 
-void en_rail_abort(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why,
-                   const int *peers, int npeers)
+void en_rail_cancel_all(en_rail_t *rail, const char *why)
 {
-    abort_task_t *at = coh_zalloc(sizeof(*at));
-    if (!at) return;
-    at->task.run = abort_run;
-    at->comm = comm;
-    at->seq = seq;
-    at->status = status;
-    at->npeers = npeers < 64 ? npeers : 64;
-    memcpy(at->peers, peers, sizeof(int) * (size_t)at->npeers);
-    snprintf(at->why, sizeof(at->why), "%s", why);
-    rx_reactor_post(&rail->rx, &at->task);
+    en_exec_fail_all(rail, COH_ECANCELED, true, why);
 }
 
-static int bye_fn(rx_reactor_t *rx, void *arg)
+void en_rail_bye_sent(en_rail_t *rail)
 {
-    (void)arg;
-    en_rail_t *rail = rx->owner;
+    uv_mutex_lock(&rail->mu);
+    if (--rail->bye_pending == 0) uv_cond_broadcast(&rail->cv);
+    uv_mutex_unlock(&rail->mu);
+}
+
+void en_rail_close(en_rail_t *rail)
+{
+    if (rail->closing) return;
+    rail->closing = true;
+    en_exec_fail_all(rail, COH_ECANCELED, true, "the context was finalized");
+    /* Say goodbye so peers log a finalize, not a failure. */
     for (int p = 0; p < rail->world; p++) {
         en_conn_t *c = rail->peers[p];
         if (!c || c->state != EN_CONN_READY) continue;
-        atomic_fetch_add(&rail->bye_pending, 1);
-        if (en_exec_send_ctl(c, EN_FRAME_BYE, 0, 0, 0, NULL) != 0)
-            atomic_fetch_sub(&rail->bye_pending, 1);
+        uv_mutex_lock(&rail->mu);
+        rail->bye_pending++;
+        uv_mutex_unlock(&rail->mu);
+        if (en_exec_send_ctl(c, EN_FRAME_BYE, 0, 0, 0, NULL) != 0) en_rail_bye_sent(rail);
     }
-    return 0;
 }
 
-int en_rail_stop(en_rail_t *rail)
+void en_rail_wait_quiet(en_rail_t *rail, uint64_t deadline_ns)
 {
-    if (!rail->peers) return 0; /* never started */
-    if (atomic_load(&rail->rx.state) == RX_RUNNING) {
-        /* Say goodbye so peers log a finalize, not a failure; wait a little
-         * for the frames to leave (a dead peer must not hold us). */
-        rx_reactor_call(&rail->rx, bye_fn, NULL);
-        uint64_t deadline = rx_now_ns() + 500000000ull;
-        while (atomic_load(&rail->bye_pending) > 0 && rx_now_ns() < deadline) uv_sleep(1);
+    /* A dead or stopped peer must not hold the finalize: at most until the
+     * deadline. */
+    uv_mutex_lock(&rail->mu);
+    while (rail->bye_pending > 0) {
+        uint64_t now = bs_now_ns();
+        if (now >= deadline_ns) break;
+        uv_cond_timedwait(&rail->cv, &rail->mu, deadline_ns - now);
     }
-    int st = rx_reactor_stop(&rail->rx);
-    uv_cond_destroy(&rail->cv);
-    uv_mutex_destroy(&rail->mu);
-    coh_free(rail->peers);
-    coh_free(rail->lost);
-    rail->peers = NULL;
-    rail->lost = NULL;
-    return st;
+    uv_mutex_unlock(&rail->mu);
+}
+
+void en_rail_shutdown(en_rail_t *rail)
+{
+    rail->closing = true;
+    en_exec_fail_all(rail, COH_ECANCELED, false, "the context was finalized");
+    en_exec_drop_stash(rail);
+    if (rail->timer_open) uv_close((uv_handle_t *)&rail->timer, NULL);
+    rail->timer_open = rail->timer_on = false;
+    rail->ops->tr_shutdown(rail);
 }
 
 /* ---- default members for transports that lack some ---- */
@@ -355,12 +290,12 @@ static int unsup_listen(en_rail_t *r, const struct sockaddr *a, struct sockaddr_
 {
     (void)a;
     (void)b;
-    return rx_fail(COH_EUNSUPPORTED, "rail %d: transport cannot listen", r->index);
+    return bs_fail(COH_EUNSUPPORTED, "rail %d: transport cannot listen", r->index);
 }
 static int unsup_connect(en_rail_t *r, int peer, const struct sockaddr *a)
 {
     (void)a;
-    return rx_fail(COH_EUNSUPPORTED, "rail %d: transport cannot dial rank %d", r->index, peer);
+    return bs_fail(COH_EUNSUPPORTED, "rail %d: transport cannot dial rank %d", r->index, peer);
 }
 static int unsup_send(en_conn_t *c, en_wreq_t *w)
 {
@@ -385,6 +320,7 @@ static void noop_rail(en_rail_t *r)
 
 void en_ops_complete(en_transport_ops_t *ops)
 {
+    if (!ops->name) ops->name = "?";
     if (!ops->tr_listen) ops->tr_listen = unsup_listen;
     if (!ops->tr_connect) ops->tr_connect = unsup_connect;
     if (!ops->tr_send) ops->tr_send = unsup_send;

@@ -5,19 +5,18 @@
  * bring several small frames; a large copy payload is read straight into its
  * destination (no staging copy), and a reduce payload is reduced out of the
  * staging buffer while it is still in cache. Writes go straight from the
- * source with writev (header + payload). A connection whose next frame has
- * no posted receive stops reading: TCP flow control holds the sender back,
- * and no unexpected-message buffer is ever needed.
+ * source with writev (header + payload). A frame whose receive is not posted
+ * yet is kept by the executor (the rail's stash, up to COHORT_STASH_BYTES);
+ * only beyond that budget does the connection stop reading, and TCP flow
+ * control holds the sender back.
  *
  * Threading: every function here runs on the rail's loop thread.
  */
-#include "reactor/rx_alloc.h"
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <string.h>
 
 #include "engines/engine.h"
-#include "gpu/gpu.h"
 
 #define STAGE_CAP    (256 * 1024)
 #define DIRECT_MIN   (16 * 1024) /* copy payloads from here up are read in place */
@@ -95,13 +94,13 @@ static tcp_conn_t *conn_new(en_rail_t *rail)
     t->base.rail = rail;
     t->base.peer = -1;
     t->expect_peer = -1;
-    if (uv_tcp_init(&rail->rx.loop, &t->tcp) != 0) {
+    if (uv_tcp_init(rail->loop, &t->tcp) != 0) {
         coh_free(t->stage);
         coh_free(t);
         return NULL;
     }
     t->tcp.data = t;
-    uv_timer_init(&rail->rx.loop, &t->hs_timer);
+    uv_timer_init(rail->loop, &t->hs_timer);
     t->hs_timer.data = t;
     t->handles = 2;
     t->base.all_next = rail->all;
@@ -147,7 +146,7 @@ static void hello_written(uv_write_t *w, int status)
 {
     tcp_conn_t *t = w->data;
     if (status < 0 && t->base.state < EN_CONN_CLOSING)
-        conn_close(t, rx_uv_status(status), uv_strerror(status));
+        conn_close(t, bs_errno_status(status), uv_strerror(status));
 }
 
 static int send_hello(tcp_conn_t *t)
@@ -165,7 +164,7 @@ static void on_hello(tcp_conn_t *t)
     en_conn_t *c = &t->base;
     en_rail_t *rail = c->rail;
     en_hello_t h;
-    char why[RX_ERR_LEN];
+    char why[BS_ERR_LEN];
     int r = en_hello_decode(t->hello_in, EN_HELLO_SIZE, &h);
     if (r < 0) {
         atomic_fetch_add(&rail->stat_rejected, 1);
@@ -241,7 +240,7 @@ static void start_reading(tcp_conn_t *t)
     if (t->reading || t->base.state >= EN_CONN_CLOSING) return;
     int e = uv_read_start((uv_stream_t *)&t->tcp, on_alloc, on_read);
     if (e) {
-        conn_close(t, rx_uv_status(e), uv_strerror(e));
+        conn_close(t, bs_errno_status(e), uv_strerror(e));
         return;
     }
     t->reading = true;
@@ -369,20 +368,29 @@ static void hs_timeout(uv_timer_t *h)
 
 /* ---- accepting and dialling ---- */
 
+static void free_handle(uv_handle_t *h)
+{
+    coh_free(h);
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     tcp_listener_t *l = server->data;
     en_rail_t *rail = l->rail;
     if (status < 0) {
-        rx_log(COH_LOG_WARN, "rail %d: accept failed: %s", rail->index, uv_strerror(status));
+        bs_log(COH_LOG_WARN, "rail %d: accept failed: %s", rail->index, uv_strerror(status));
         return;
     }
     tcp_conn_t *t = conn_new(rail);
     if (!t) {
-        /* Take the connection off the backlog anyway so it does not linger. */
-        uv_tcp_t tmp;
-        if (uv_tcp_init(&rail->rx.loop, &tmp) == 0) {
-            if (uv_accept(server, (uv_stream_t *)&tmp) == 0) uv_close((uv_handle_t *)&tmp, NULL);
+        /* Take the connection off the backlog anyway so it does not linger;
+         * the handle lives until its close callback. */
+        uv_tcp_t *tmp = coh_malloc(sizeof(*tmp));
+        if (tmp && uv_tcp_init(rail->loop, tmp) == 0) {
+            uv_accept(server, (uv_stream_t *)tmp);
+            uv_close((uv_handle_t *)tmp, free_handle);
+        } else {
+            coh_free(tmp);
         }
         return;
     }
@@ -411,7 +419,7 @@ static void on_connect(uv_connect_t *req, int status)
     t->base.state = EN_CONN_HANDSHAKE;
     int e = send_hello(t);
     if (e) {
-        conn_close(t, rx_uv_status(e), uv_strerror(e));
+        conn_close(t, bs_errno_status(e), uv_strerror(e));
         return;
     }
     start_reading(t);
@@ -424,13 +432,13 @@ static int tcp_listen(en_rail_t *rail, const struct sockaddr *addr, struct socka
     tcp_listener_t *l = coh_zalloc(sizeof(*l));
     if (!l) return COH_ENOMEM;
     l->rail = rail;
-    uv_tcp_init(&rail->rx.loop, &l->tcp);
+    uv_tcp_init(rail->loop, &l->tcp);
     l->tcp.data = l;
     int e = uv_tcp_bind(&l->tcp, addr, 0);
     if (!e) e = uv_listen((uv_stream_t *)&l->tcp, 1024, on_connection);
     if (e) {
         uv_close((uv_handle_t *)&l->tcp, listener_closed);
-        return rx_fail(rx_uv_status(e), "rail %d: listen: %s", rail->index, uv_strerror(e));
+        return bs_fail(bs_errno_status(e), "rail %d: listen: %s", rail->index, uv_strerror(e));
     }
     int len = sizeof(*bound);
     uv_tcp_getsockname(&l->tcp, (struct sockaddr *)bound, &len);
@@ -458,7 +466,7 @@ static int tcp_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
         t->base.state = EN_CONN_CLOSING;
         uv_close((uv_handle_t *)&t->tcp, handle_closed);
         uv_close((uv_handle_t *)&t->hs_timer, handle_closed);
-        return rx_fail(rx_uv_status(e), "rail %d: connect to rank %d: %s", rail->index, peer,
+        return bs_fail(bs_errno_status(e), "rail %d: connect to rank %d: %s", rail->index, peer,
                        uv_strerror(e));
     }
     uv_timer_start(&t->hs_timer, hs_timeout, HANDSHAKE_MS, 0);
@@ -477,7 +485,7 @@ static void on_write(uv_write_t *req, int status)
         atomic_fetch_add_explicit(&c->rail->stat_bytes_out, EN_HDR_SIZE + w->len,
                                   memory_order_relaxed);
     }
-    w->done(w, status ? rx_uv_status(status) : 0);
+    w->done(w, status ? bs_errno_status(status) : 0);
 }
 
 static int tcp_send(en_conn_t *c, en_wreq_t *w)
@@ -489,7 +497,7 @@ static int tcp_send(en_conn_t *c, en_wreq_t *w)
     w->conn = c;
     w->tr.tcp.data = w;
     int e = uv_write(&w->tr.tcp, (uv_stream_t *)&t->tcp, bufs, w->len ? 2 : 1, on_write);
-    if (e) return rx_uv_status(e);
+    if (e) return bs_errno_status(e);
     c->writes_out++;
     return 0;
 }

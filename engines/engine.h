@@ -6,24 +6,60 @@
  * ops in flight) and the plan executor that runs a rank's part of a
  * collective (sched/sc_plan.h) as a state machine driven by completions.
  *
- * Threading: everything in this header runs on the rail's loop thread
- * unless a function says otherwise. A rail is an rx_reactor_t plus the
- * state below; other threads reach it through en_rail_submit /
- * en_rail_cancel, which post tasks.
+ * The boundary with reactor/ (nng's transport rule, UCX's completion): an
+ * engine is handed a libuv loop and runs on that loop's thread; it never
+ * calls up. An op carries a completion object (en_completion_t) that the
+ * engine calls exactly once, when the op has ended and no longer touches the
+ * caller's buffers, with the op's status, the reason and the link
+ * measurements it made. Whoever submitted the op owns everything else: the
+ * countdown of slices, the first error, cancelling sibling slices, threads
+ * and cross-thread submission. A test drives an engine with a counting
+ * completion and a bare loop.
+ *
+ * Threading: everything here runs on the rail's loop thread unless a
+ * function says otherwise.
  */
 #ifndef COH_ENGINE_H
 #define COH_ENGINE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <uv.h>
 
-#include "cohort.h"
+#include "base/base.h"
 #include "engines/en_frame.h"
-#include "reactor/reactor.h"
-#include "reactor/rx_sync.h"
 #include "sched/sc_plan.h"
+#include "sched/sc_rails.h"
+
+#define EN_MAX_RAILS SC_MAX_RAILS
+
+/* ---- completion: how an op reports to whoever submitted it ---- */
+
+/* What a slice measured of a peer's link: bytes received from it in large
+ * frames and the time from their header to their last byte. */
+#define EN_BW_PER_SLICE 8
+typedef struct en_bw {
+    int peer;
+    uint64_t bytes;
+    uint64_t ns;
+} en_bw_t;
+
+typedef struct en_result {
+    int slice;       /* the op's slice index, as given to en_op_new */
+    int status;      /* 0 or a negative coh_status */
+    const char *why; /* "" on success; valid during the call only */
+    const en_bw_t *bw;
+    int nbw;
+} en_result_t;
+
+typedef struct en_completion en_completion_t;
+struct en_completion {
+    /* Runs once per op, on the op's loop thread, after the op is freed.
+     * Several ops (the slices of one request) may share one completion. */
+    void (*fn)(en_completion_t *c, const en_result_t *r);
+};
 
 typedef struct en_rail en_rail_t;
 typedef struct en_conn en_conn_t;
@@ -124,8 +160,9 @@ struct en_wreq {
 
 /*
  * A transport. Every member runs on the rail's loop thread and never blocks.
- * Missing members are filled with en_unsupported_* stubs by en_ops_complete()
- * so callers never test for NULL.
+ * A rail runs a copy of the table in which en_ops_complete() has filled the
+ * missing members with stubs (send: COH_EUNSUPPORTED), so callers never test
+ * for NULL.
  */
 typedef struct en_transport_ops {
     const char *name;
@@ -154,10 +191,10 @@ typedef enum en_op_state { EN_OP_QUEUED = 0, EN_OP_RUNNING, EN_OP_FAILED, EN_OP_
 typedef enum en_step_state { EN_STEP_WAIT = 0, EN_STEP_RUN, EN_STEP_DONE } en_step_state;
 
 struct en_op {
-    rx_task_t task; /* the submission task; first member */
     en_op_t *prev, *next;
     en_rail_t *rail;
-    coh_request_t *req;
+    en_completion_t *comp; /* told once, when the op has ended */
+    int slice;             /* index of this slice in whatever submitted it */
     uint32_t comm;
     uint64_t seq;
     uint64_t sig;
@@ -180,45 +217,57 @@ struct en_op {
     bool progressing;
     int state;
     int status;
-    char why[RX_ERR_LEN];
+    char why[BS_ERR_LEN];
     uint64_t t_progress_ns;
     uint64_t t_fail_ns;
     uint64_t bytes_in;
-    int slice;  /* index of this slice in its request */
-    bool small; /* start it inline on the submitting thread when the loop is free */
     /* Link measurements: bytes of large frames from each peer and the time
      * from their header to their last byte (the peer's sending rate). */
-    rx_bw_t bw[RX_BW_PER_SLICE];
+    en_bw_t bw[EN_BW_PER_SLICE];
     int nbw;
 };
 
-/* Build an op for a rail (any thread). Takes ownership of plan. buf[] are
- * the caller's send and recv buffers; scratch is allocated here. */
-int en_op_new(en_rail_t *rail, coh_request_t *req, uint32_t comm, uint64_t seq, uint64_t sig,
+/* Build an op (any thread). Takes ownership of plan. sendbuf and recvbuf
+ * are the caller's (sendbuf NULL: in place); scratch is allocated here.
+ * comp->fn runs once the op has ended on the rail it was started on. */
+int en_op_new(en_completion_t *comp, int slice, uint32_t comm, uint64_t seq, uint64_t sig,
               const char *desc, coh_dtype dtype, coh_redop redop, void *sendbuf, void *recvbuf,
               sc_plan_t *plan, en_op_t **out);
+/* Free an op that was never started (an error path of a submission). */
 void en_op_free(en_op_t *op);
 
 /* ---- rails ---- */
 
 #define EN_FIN_MAX 1024
 
+typedef struct en_rail_cfg {
+    int index; /* this rail among the rank's rails */
+    int rank, world, nrails;
+    const char *token; /* must outlive the rail */
+    int timeout_ms;    /* an op fails after this long without progress */
+    size_t sockbuf_bytes;
+    size_t stash_bytes;
+    const struct sockaddr *local;  /* the interface's address, port 0 */
+    const en_transport_ops_t *ops; /* NULL: tcp */
+} en_rail_cfg_t;
+
 struct en_rail {
-    rx_reactor_t rx;
-    struct coh_ctx *ctx;
+    uv_loop_t *loop; /* the loop this rail runs on (en_rail_open) */
     int index;
     int rank, world, nrails;
     const char *token;
     int timeout_ms;
     size_t sockbuf_bytes;
-    const en_transport_ops_t *ops;
+    const en_transport_ops_t *ops; /* &ops_full */
+    en_transport_ops_t ops_full;
     struct sockaddr_storage local; /* the configured interface, port 0 */
     struct sockaddr_storage bound; /* where this rail listens */
     void *listener;                /* transport private */
     en_conn_t **peers;             /* [world]; NULL until connected */
     en_conn_t *all;                /* every open conn, for shutdown */
-    _Atomic int bye_pending;       /* BYE frames not yet written */
-    uint8_t *lost;                 /* [world]: the peer's connection is gone */
+    bool closing;                  /* en_rail_close ran: no new ops */
+    int bye_pending;               /* BYE frames not yet written (under mu) */
+    uint8_t *lost;                 /* [world]: the peer's connection is gone (under mu) */
     int nready;
     en_op_t *ops_head, *ops_tail;
     /* Recently ended ops (comm, seq) and how: frames of a failed op are
@@ -232,39 +281,64 @@ struct en_rail {
     } fin[EN_FIN_MAX];
     uint32_t fin_next;
     uv_timer_t timer;
-    bool timer_on;
+    bool timer_open, timer_on;
     en_stash_t *stash_head, *stash_tail;
     uint64_t stash_bytes, stash_limit;
-    /* Bootstrap: the initialising thread waits here for every peer. */
+    /* Other threads wait here: for every peer at bootstrap, for the BYEs at
+     * close. mu guards peers[] (writes), lost[], nready, bye_pending and
+     * conn_status. */
+    bool sync_init;
     uv_mutex_t mu;
     uv_cond_t cv;
     int conn_status;
-    char conn_why[RX_ERR_LEN];
+    char conn_why[BS_ERR_LEN];
     _Atomic uint64_t stat_bytes_out, stat_bytes_in;
     _Atomic uint64_t stat_rejected;   /* connections dropped at the handshake */
     _Atomic uint64_t stat_bad_frames; /* connections closed for a malformed frame */
 };
 
-/* Any thread. Start the rail's reactor, listen on local. */
-int en_rail_start(en_rail_t *rail, struct coh_ctx *ctx, int index, int rank, int world, int nrails,
-                  const struct sockaddr *local, const char *token, int timeout_ms,
-                  size_t sockbuf_bytes, int poll_us, size_t stash_bytes);
-/* Any thread. Connect to peer at addr (only to peers of lower rank: the
- * higher rank dials). */
-int en_rail_connect(en_rail_t *rail, int peer, const struct sockaddr *addr);
+/*
+ * Lifecycle, as everywhere in cohort: init -> open -> ... -> close -> stop
+ * -> fini. init and fini run on any thread (fini after the loop has ended
+ * and safe on a zeroed or half-initialised rail); open, close and shutdown
+ * on the loop thread; the waits on any thread.
+ */
+/* Any thread. Fill the rail from cfg; nothing touches a loop yet. */
+int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg);
+/* Loop thread. Adopt loop: arm the timer, listen on cfg->local. */
+int en_rail_open(en_rail_t *rail, uv_loop_t *loop);
+/* Loop thread. Connect to peer at addr (only to peers of lower rank: the
+ * higher rank dials). A failure lands in en_rail_wait_connected. */
+void en_rail_dial(en_rail_t *rail, int peer, const struct sockaddr *addr);
 /* Any thread. Wait until every peer is connected or the deadline passes. */
 int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns);
-/* Any thread. Hand an op to the rail; it starts on the loop. */
-void en_rail_submit(en_rail_t *rail, en_op_t *op);
-/* Any thread. Fail (comm, seq) on this rail if it still runs: another rail's
- * slice of the same request failed. No ABORT is sent for it. */
-void en_rail_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
-/* Any thread. (comm, seq) will not run here: drop what arrives for it and
+/* Loop thread. Start an op (from en_op_new); the rail owns it until its
+ * completion runs. A rail that is closing fails it with COH_ECANCELED. */
+void en_rail_start_op(en_rail_t *rail, en_op_t *op);
+/* Loop thread. Fail (comm, seq) here if it still runs, or when it comes:
+ * another slice of the same request failed. No ABORT is sent for it. */
+void en_rail_cancel_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
+/* Loop thread. (comm, seq) will not run here: drop what arrives for it and
  * send ABORT(status, why) to these peers, so they stop waiting for us. */
-void en_rail_abort(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why,
-                   const int *peers, int npeers);
-/* Any thread. Say BYE, fail what runs with COH_ECANCELED, close, join. */
-int en_rail_stop(en_rail_t *rail);
+void en_rail_abort_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why,
+                      const int *peers, int npeers);
+/* Loop thread. Fail every running op (COH_ECANCELED, peers told). */
+void en_rail_cancel_all(en_rail_t *rail, const char *why);
+/* Loop thread. True while ops are in flight (frames will come soon). */
+bool en_rail_busy(en_rail_t *rail);
+/* Loop thread. close: no new ops; what runs is cancelled; every peer is
+ * told BYE, so the close that follows is not a failure for it. */
+void en_rail_close(en_rail_t *rail);
+/* Any thread. stop: wait (until the deadline) for the BYEs to leave. */
+void en_rail_wait_quiet(en_rail_t *rail, uint64_t deadline_ns);
+/* Loop thread. Close every handle; the loop can end after this. */
+void en_rail_shutdown(en_rail_t *rail);
+/* Any thread, once the loop has ended (or never ran the rail). */
+void en_rail_fini(en_rail_t *rail);
+/* Any thread: has the peer's connection gone on this rail? */
+bool en_rail_peer_lost(en_rail_t *rail, int peer);
+
+/* ---- inside engines/ ---- */
 
 /* Upcalls from transports (loop thread). */
 void en_rail_conn_ready(en_rail_t *rail, en_conn_t *c);
@@ -294,5 +368,7 @@ void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, co
 void en_exec_check_timeouts(en_rail_t *rail);
 void en_exec_drop_stash(en_rail_t *rail); /* free every kept frame (the rail stops) */
 void en_rail_arm_timer(en_rail_t *rail);
+/* A BYE frame left, or its connection closed before it could. */
+void en_rail_bye_sent(en_rail_t *rail);
 
 #endif

@@ -27,7 +27,7 @@
 #include "cohort_ffi.h"
 #include "ffi/ffi.h"
 #include "reactor/reactor.h"
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 
 /* ---- handle tables ----
  * A handle is (generation << 32) | (slot + 1): 0 is never a handle, and a
@@ -197,11 +197,11 @@ static int api_enter(ff_ctx_t *fc, ff_err_t *e)
 static int ff_wait(ff_ctx_t *fc, coh_request_t *req, int timeout_ms)
 {
     uint64_t deadline =
-        timeout_ms < 0 ? UINT64_MAX : rx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+        timeout_ms < 0 ? UINT64_MAX : bs_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         int st = coh_request_status(req); /* reads the request only */
         if (st != COH_EAGAIN) return st;
-        uint64_t now = rx_now_ns();
+        uint64_t now = bs_now_ns();
         if (now >= deadline && timeout_ms != 0) return COH_EAGAIN;
         int slice = FF_WAIT_SLICE_MS;
         if (deadline != UINT64_MAX && (deadline - now) / 1000000ull < (uint64_t)slice)
@@ -222,7 +222,7 @@ static int ff_wait(ff_ctx_t *fc, coh_request_t *req, int timeout_ms)
 
 static double since_us(uint64_t t0)
 {
-    return (double)(rx_now_ns() - t0) / 1e3;
+    return (double)(bs_now_ns() - t0) / 1e3;
 }
 
 static int finish(ff_out_t *o, int st, void **resp, size_t *resp_len)
@@ -397,16 +397,16 @@ COH_API int coh_ffi_destroy(uint64_t h, void **resp, size_t *resp_len)
 COH_API int coh_ffi_event_fd(uint64_t h, int *fd)
 {
     ff_err_t e = {0};
-    if (!fd) return rx_fail(COH_EINVAL, "coh_ffi_event_fd: fd is NULL");
+    if (!fd) return bs_fail(COH_EINVAL, "coh_ffi_event_fd: fd is NULL");
     *fd = -1;
     ff_ctx_t *fc = ctx_get(h);
-    if (!fc) return rx_fail(no_ctx(h, &e), "%s", e.msg);
+    if (!fc) return bs_fail(no_ctx(h, &e), "%s", e.msg);
     int st = api_enter(fc, &e);
     if (st == 0) {
         st = coh_ctx_event_fd(fc->ctx, fd);
         uv_rwlock_rdunlock(&fc->api);
     } else {
-        rx_fail(st, "%s", e.msg);
+        bs_fail(st, "%s", e.msg);
     }
     ctx_put(fc);
     return st;
@@ -622,7 +622,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
 
 COH_API int coh_ffi_call(uint64_t h, const void *buf, size_t len, void **resp, size_t *resp_len)
 {
-    uint64_t t0 = rx_now_ns();
+    uint64_t t0 = bs_now_ns();
     ff_err_t e = {0};
     ff_req_t r;
     ff_ctx_t *fc = ctx_get(h);

@@ -15,7 +15,7 @@
 
 #include "ffi/ffi.h"
 #include "reactor/reactor.h"
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 
 const char *const ff_tensor_names[FF_NTENSORS] = {"buf", "send", "recv"};
 
@@ -610,7 +610,7 @@ static int cfg_field(const cfg_field_t *fd, const msgpack_object *v, ff_config_t
         if (v->type == MSGPACK_OBJECT_STR) {
             char tmp[64];
             if (get_str(v, f, tmp, sizeof(tmp), e) < 0) return e->status;
-            if (rx_parse_size(tmp, &u) != 0) {
+            if (bs_parse_size(tmp, &u) != 0) {
                 char shown[64];
                 printable(tmp, strlen(tmp), shown, sizeof(shown));
                 return ff_fail(e, COH_EINVAL, f,

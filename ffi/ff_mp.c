@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "ffi/ffi.h"
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 
 int ff_fail(ff_err_t *e, int status, const char *field, const char *fmt, ...)
 {

@@ -4,14 +4,26 @@
  * reactor/ owns: the libuv loop threads (one per NIC rail plus one control
  * reactor), cross-thread submission (an MPSC queue + uv_async_t per loop),
  * the context and its communicators, request lifecycle and completion
- * signalling (wait/test, the pollable event fd), configuration from the
- * environment, bootstrap (rank discovery, the rank-0 key-value store, the
- * job-token handshake) and, later, the coordinator's scheduler fiber.
+ * signalling (wait/test, the pollable event fd, the countdown of an op's
+ * rail slices), configuration (rx_config.h), bootstrap (rank discovery, the
+ * rank-0 key-value store, the job-token handshake), the control plane and
+ * the coordinator that hosts the scheduler fiber (rx_sync.h).
+ *
+ * Below it: engines/ (transports, the plan executor), which reactor/ drives
+ * on its loops and which reports back only through completion objects;
+ * sched/ (plans, splits, policies); gpu/ and base/.
  *
  * Threading: a reactor's loop and every handle on it are touched only by the
  * thread that holds its run_mu: the reactor's own thread, or a thread waiting
  * for a request that runs a pass of the loop itself (rx_reactor_help). Other
  * threads reach it only through rx_reactor_post().
+ *
+ * Lifecycles, the same words everywhere (nng's): close = stop accepting
+ * work, never blocks; stop = wait until quiet (threads joined, handles
+ * closed); fini = free. Each is safe on a half-initialised object and a
+ * second call does nothing. Objects that live on a loop (the store server,
+ * the coordinator, connections) have close only: their memory goes in their
+ * last handle's close callback, which the loop's stop waits for.
  */
 #ifndef COH_REACTOR_H
 #define COH_REACTOR_H
@@ -23,36 +35,8 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "base/base.h"
 #include "cohort.h"
-
-/* ---- errors ---- */
-
-/* Record a detail for coh_last_error() on this thread and return status. */
-int rx_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Propagate a negative status; CHECK_GOTO jumps to a cleanup label. */
-#define RX_CHECK(expr)                                                                             \
-    do {                                                                                           \
-        int rx__s = (expr);                                                                        \
-        if (rx__s < 0) return rx__s;                                                               \
-    } while (0)
-#define RX_CHECK_GOTO(expr, st, label)                                                             \
-    do {                                                                                           \
-        (st) = (expr);                                                                             \
-        if ((st) < 0) goto label;                                                                  \
-    } while (0)
-/* libuv / errno code to a cohort status. */
-int rx_uv_status(int uverr);
-
-uint64_t rx_now_ns(void); /* monotonic */
-/* FNV-1a over the 8 bytes of v: op signatures every rank computes alike. */
-static inline uint64_t rx_fnv64(uint64_t h, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-    return h;
-}
-/* Hand a message to the application's log handler, if any (any thread). */
-void rx_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int rx_parse_size(const char *s, uint64_t *out);
 
 /* ---- MPSC queue of tasks (intrusive, lock-free for producers) ---- */
 
@@ -102,6 +86,8 @@ typedef struct rx_reactor {
     int start_status;
     uv_mutex_t run_mu;   /* held by whichever thread runs the loop right now */
     _Atomic int helpers; /* waiters driving the loop: its thread sleeps meanwhile */
+    _Atomic int closed;  /* rx_reactor_close posted its stop task */
+    rx_task_t stop_task;
 } rx_reactor_t;
 
 /* Start the loop thread. on_stop may be NULL. */
@@ -119,11 +105,14 @@ void rx_reactor_post(rx_reactor_t *rx, rx_task_t *task);
 /* Any thread but the loop's: run fn(arg) on the loop thread and wait for it.
  * Returns what fn returned. For set-up and tear-down paths only. */
 int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *arg);
-/* Ask the loop to stop (on_stop runs on the loop), join the thread, close
- * the loop. Safe on a reactor that never started. */
+/* Any thread but the loop's: ask the loop to stop (on_stop runs on the
+ * loop, then the loop ends when every handle is closed). Never blocks. */
+void rx_reactor_close(rx_reactor_t *rx);
+/* close, then join the thread and close the loop. Returns COH_EINTERNAL if
+ * an owner left a handle open (it is closed here). */
 int rx_reactor_stop(rx_reactor_t *rx);
 /* After stop, when the reactor's memory is about to go. */
-void rx_reactor_destroy(rx_reactor_t *rx);
+void rx_reactor_fini(rx_reactor_t *rx);
 /* Any thread but the loop's: if nobody is running the loop, run one
  * non-blocking pass of it here (progress for a waiter). False if busy. */
 bool rx_reactor_help(rx_reactor_t *rx);
@@ -131,6 +120,47 @@ bool rx_reactor_help(rx_reactor_t *rx);
  * reactor's own thread sleeps instead of waking on every event. */
 void rx_reactor_help_begin(rx_reactor_t *rx);
 void rx_reactor_help_end(rx_reactor_t *rx, bool wake);
+
+/* ---- rails: a reactor thread per NIC running an engine rail (rx_rail.c) ---- */
+
+#include "engines/engine.h"
+
+#define RX_MAX_RAILS EN_MAX_RAILS
+
+typedef struct rx_rail {
+    rx_reactor_t rx;
+    en_rail_t en;
+} rx_rail_t;
+
+struct coh_request;
+
+/* One rail's slice of a request, handed to the rail's loop without an
+ * allocation: the task lives in the request. */
+typedef struct rx_slice {
+    rx_task_t task;
+    struct coh_request *req;
+    en_op_t *op; /* until the rail takes it */
+    int rail;
+} rx_slice_t;
+
+/* Any thread. Initialise the engine rail, start its thread, listen. On
+ * failure everything is undone. */
+int rx_rail_start(rx_rail_t *r, const en_rail_cfg_t *cfg, int poll_us);
+/* Any thread: post a dial of peer. */
+int rx_rail_dial(rx_rail_t *r, int peer, const struct sockaddr *addr);
+/* Any thread: start s->op on the rail; inline when allowed and the loop is
+ * free (small ops), else posted. */
+void rx_rail_submit(rx_rail_t *r, rx_slice_t *s, bool inline_ok);
+/* Any thread: fail (comm, seq) on this rail if it still runs (or when it
+ * arrives), and with peers, send them ABORT so they stop waiting for us. */
+void rx_rail_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why);
+void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why,
+                   const int *peers, int npeers);
+/* close: cancel what runs, say BYE (blocks for one loop round trip). */
+void rx_rail_close(rx_rail_t *r);
+/* stop: close, wait for the BYEs (until quiet_deadline_ns), join. */
+void rx_rail_stop(rx_rail_t *r, uint64_t quiet_deadline_ns);
+void rx_rail_fini(rx_rail_t *r);
 
 /* ---- configuration (rx_config.c) ---- */
 
@@ -142,10 +172,6 @@ int rx_config_spin_us(const coh_config_t *cfg);
 typedef enum rx_req_state { RX_REQ_RUNNING = 0, RX_REQ_DONE = 1 } rx_req_state;
 
 struct coh_ctx;
-struct en_op;
-
-#define RX_ERR_LEN   256
-#define RX_MAX_RAILS 16
 
 struct coh_request {
     _Atomic int refs;    /* the caller's and the runtime's */
@@ -160,15 +186,17 @@ struct coh_request {
     uint64_t seq;
     uint64_t t_submit_ns;
     uint64_t t_done_ns;
+    /* The engine reports each slice's end here (rx_request.c): the request
+     * counts them down, keeps the first error, cancels the other slices and
+     * hands a sync attempt to the control reactor. */
+    en_completion_t done;
     int nslices;
-    int slice_rail[RX_MAX_RAILS]; /* the rail of each slice */
-    struct rx_syncreq *sync;      /* partial synchronisation (rx_sync.h), else NULL */
-    char err[RX_ERR_LEN];
+    rx_slice_t slice[RX_MAX_RAILS];
+    struct rx_syncreq *sync; /* partial synchronisation (rx_sync.h), else NULL */
+    char err[BS_ERR_LEN];
 };
 
 coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices);
-/* A rail slice ended (any thread). The last one completes the request. */
-void rx_request_slice_done(coh_request_t *req, int status, const char *why);
 void rx_request_unref(coh_request_t *req);
 /* Free a request that was never handed out (an error path of a submit). */
 void rx_request_discard(coh_request_t *req);

@@ -4,7 +4,6 @@
  * the slices to the rails. Nothing is copied: the rails read and write the
  * caller's buffers.
  */
-#include "reactor/rx_alloc.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -29,23 +28,67 @@ static bool overlap(const void *a, size_t an, const void *b, size_t bn)
 
 static int check(coh_comm_t *comm, const coll_args_t *a, coh_request_t **req, const char *fn)
 {
-    if (!comm || !comm->ctx) return rx_fail(COH_EINVAL, "%s: comm is NULL", fn);
+    if (!comm || !comm->ctx) return bs_fail(COH_EINVAL, "%s: comm is NULL", fn);
     if (!rx_ctx_alive(comm->ctx) || atomic_load(&comm->ctx->state) != RX_CTX_RUNNING)
-        return rx_fail(COH_ESTATE, "%s: the context is not running", fn);
-    if (!req) return rx_fail(COH_EINVAL, "%s: req is NULL", fn);
+        return bs_fail(COH_ESTATE, "%s: the context is not running", fn);
+    if (!req) return bs_fail(COH_EINVAL, "%s: req is NULL", fn);
     if (a->kind == SC_BARRIER) return 0;
     size_t es = coh_dtype_size(a->dtype);
-    if (!es) return rx_fail(COH_EINVAL, "%s: unknown dtype %d", fn, (int)a->dtype);
+    if (!es) return bs_fail(COH_EINVAL, "%s: unknown dtype %d", fn, (int)a->dtype);
     if ((a->kind == SC_ALLREDUCE || a->kind == SC_REDUCE_SCATTER) &&
         ((unsigned)a->op >= COH_REDOP_COUNT))
-        return rx_fail(COH_EINVAL, "%s: unknown reduction op %d", fn, (int)a->op);
+        return bs_fail(COH_EINVAL, "%s: unknown reduction op %d", fn, (int)a->op);
     size_t mul = (a->kind == SC_ALLGATHER || a->kind == SC_REDUCE_SCATTER) ? (size_t)comm->size : 1;
-    if (a->count > (SIZE_MAX / es) / mul) return rx_fail(COH_EINVAL, "%s: count overflows", fn);
+    if (a->count > (SIZE_MAX / es) / mul) return bs_fail(COH_EINVAL, "%s: count overflows", fn);
     if (a->count && !a->recvbuf)
-        return rx_fail(COH_EINVAL, "%s: NULL buffer with count %zu", fn, a->count);
+        return bs_fail(COH_EINVAL, "%s: NULL buffer with count %zu", fn, a->count);
     if (a->kind == SC_BROADCAST && (a->root < 0 || a->root >= comm->size))
-        return rx_fail(COH_EINVAL, "%s: root %d is not a rank of a size-%d communicator", fn,
+        return bs_fail(COH_EINVAL, "%s: root %d is not a rank of a size-%d communicator", fn,
                        a->root, comm->size);
+    return 0;
+}
+
+int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
+{
+    const coh_config_t *cfg = &ctx->cfg;
+    sc_split_in_t in = {.count = L->coll.count,
+                        .bytes = L->bytes,
+                        .nrails = ctx->nrails,
+                        .rail_min_bytes = cfg->rail_min_bytes,
+                        .key = L->key};
+    sc_slice_t sl[RX_MAX_RAILS];
+    int n = sc_rail_split(&in, sl);
+    if (n < 0) return bs_fail(n, "%s: cannot split over %d rails", L->desc, ctx->nrails);
+    /* Ranks that split differently would exchange mismatched frames. */
+    uint64_t sig = bs_fnv64(L->sig, (uint64_t)n);
+    en_op_t *ops[RX_MAX_RAILS] = {0};
+    int st = 0;
+    for (int s = 0; s < n && st == 0; s++) {
+        sc_coll_t c = L->coll;
+        c.lo = sl[s].lo;
+        c.hi = sl[s].hi;
+        sc_plan_t plan;
+        sc_plan_init(&plan);
+        st = sc_plan_build(&c, &plan);
+        if (st == 0)
+            st = en_op_new(&req->done, s, L->comm, L->seq, sig, L->desc, L->dtype, L->redop,
+                           (void *)L->sendbuf, L->recvbuf, &plan, &ops[s]);
+        sc_plan_free(&plan);
+    }
+    if (st < 0) {
+        for (int s = 0; s < n; s++) en_op_free(ops[s]);
+        return bs_fail(st, "%s: cannot build the plan: %s", L->desc, coh_strerror(st));
+    }
+    req->comm = L->comm;
+    req->seq = L->seq;
+    req->nslices = n;
+    atomic_store(&req->slices, n);
+    bool small = L->bytes <= cfg->small_bytes;
+    for (int s = 0; s < n; s++)
+        req->slice[s] = (rx_slice_t){.req = req, .op = ops[s], .rail = sl[s].rail};
+    /* Once the first slice is handed over the request may complete under us
+     * (a failure cancels the rest): read nothing of it after the loop. */
+    for (int s = 0; s < n; s++) rx_rail_submit(&ctx->rails[sl[s].rail], &req->slice[s], small);
     return 0;
 }
 
@@ -56,28 +99,21 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     size_t es = a->kind == SC_BARRIER ? 1 : coh_dtype_size(a->dtype);
     size_t per_rank =
         (a->kind == SC_ALLGATHER || a->kind == SC_REDUCE_SCATTER) ? (size_t)comm->size : 1;
-    uint64_t bytes = (uint64_t)a->count * es * per_rank;
-    int nslices = 1, first_rail = 0;
-    if (ctx->nrails > 1 && bytes >= cfg->rail_min_bytes && a->count >= (size_t)ctx->nrails)
-        nslices = ctx->nrails;
-    uint64_t seq = atomic_fetch_add(&comm->next_seq, 1);
-    if (nslices == 1) first_rail = (int)(seq % (uint64_t)ctx->nrails); /* every rank agrees */
-
     uint64_t chunk_elems = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
     uint64_t small_elems = cfg->small_bytes / es;
+    uint64_t seq = atomic_fetch_add(&comm->next_seq, 1);
     /* The signature covers everything that shapes the plan, so ranks that
      * disagree fail with EMISMATCH instead of exchanging wrong frames. */
-    uint64_t sig = 1469598103934665603ull;
-    sig = rx_fnv64(sig, (uint64_t)a->kind);
-    sig = rx_fnv64(sig, a->kind == SC_BARRIER ? 0 : (uint64_t)a->dtype);
-    sig = rx_fnv64(sig,
+    uint64_t sig = BS_FNV_SEED;
+    sig = bs_fnv64(sig, (uint64_t)a->kind);
+    sig = bs_fnv64(sig, a->kind == SC_BARRIER ? 0 : (uint64_t)a->dtype);
+    sig = bs_fnv64(sig,
                    (a->kind == SC_ALLREDUCE || a->kind == SC_REDUCE_SCATTER) ? (uint64_t)a->op : 0);
-    sig = rx_fnv64(sig, a->count);
-    sig = rx_fnv64(sig, (uint64_t)a->root);
-    sig = rx_fnv64(sig, (uint64_t)comm->size);
-    sig = rx_fnv64(sig, (uint64_t)nslices);
-    sig = rx_fnv64(sig, chunk_elems);
-    sig = rx_fnv64(sig, small_elems);
+    sig = bs_fnv64(sig, a->count);
+    sig = bs_fnv64(sig, (uint64_t)a->root);
+    sig = bs_fnv64(sig, (uint64_t)comm->size);
+    sig = bs_fnv64(sig, chunk_elems);
+    sig = bs_fnv64(sig, small_elems);
 
     char desc[96];
     if (a->kind == SC_BARRIER)
@@ -92,48 +128,35 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
         snprintf(desc, sizeof(desc), "%s(count=%zu, %s, %s)", sc_coll_kind_name(a->kind), a->count,
                  coh_dtype_name(a->dtype), coh_redop_name(a->op));
 
-    coh_request_t *req = rx_request_new(ctx, nslices);
-    if (!req) return rx_fail(COH_ENOMEM, "%s: out of memory", fn);
-    req->comm = comm->id;
-    req->seq = seq;
-    en_op_t *ops[RX_MAX_RAILS] = {0};
-    int st = 0;
-    for (int s = 0; s < nslices; s++) {
-        int rail = nslices == 1 ? first_rail : s;
-        sc_coll_t c = {.kind = a->kind,
-                       .algo = SC_ALGO_AUTO,
-                       .nranks = comm->size,
-                       .rank = comm->rank,
-                       .order = comm->ranks,
-                       .root = a->root,
-                       .count = a->count,
-                       .lo = sc_split(a->count, (uint64_t)nslices, (uint64_t)s),
-                       .hi = sc_split(a->count, (uint64_t)nslices, (uint64_t)s + 1),
-                       .chunk_elems = chunk_elems,
-                       .small_elems = small_elems,
-                       .avg = a->op == COH_AVG &&
-                              (a->kind == SC_ALLREDUCE || a->kind == SC_REDUCE_SCATTER),
-                       .rs_in_place = a->rs_in_place};
-        sc_plan_t plan;
-        sc_plan_init(&plan);
-        st = sc_plan_build(&c, &plan);
-        if (st == 0)
-            st = en_op_new(&ctx->rails[rail], req, comm->id, seq, sig, desc,
-                           a->kind == SC_BARRIER ? COH_U8 : a->dtype, a->op, (void *)a->sendbuf,
-                           a->recvbuf, &plan, &ops[s]);
-        sc_plan_free(&plan);
-        if (st < 0) break;
-        req->slice_rail[s] = rail;
-    }
+    rx_launch_t L = {.coll = {.kind = a->kind,
+                              .algo = SC_ALGO_AUTO,
+                              .nranks = comm->size,
+                              .rank = comm->rank,
+                              .order = comm->ranks,
+                              .root = a->root,
+                              .count = a->count,
+                              .chunk_elems = chunk_elems,
+                              .small_elems = small_elems,
+                              .avg = a->op == COH_AVG &&
+                                     (a->kind == SC_ALLREDUCE || a->kind == SC_REDUCE_SCATTER),
+                              .rs_in_place = a->rs_in_place},
+                     .comm = comm->id,
+                     .seq = seq,
+                     .sig = sig,
+                     .key = seq,
+                     .bytes = (uint64_t)a->count * es * per_rank,
+                     .desc = desc,
+                     .dtype = a->kind == SC_BARRIER ? COH_U8 : a->dtype,
+                     .redop = a->op,
+                     .sendbuf = a->sendbuf,
+                     .recvbuf = a->recvbuf};
+    coh_request_t *req = rx_request_new(ctx, 0);
+    if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
+    int st = rx_launch(ctx, req, &L);
     if (st < 0) {
-        for (int s = 0; s < nslices; s++) en_op_free(ops[s]);
         rx_request_discard(req);
         /* The sequence number is spent: peers will time out on this op. */
-        return rx_fail(st, "%s: cannot build the plan: %s", fn, coh_strerror(st));
-    }
-    for (int s = 0; s < nslices; s++) {
-        ops[s]->small = bytes <= cfg->small_bytes;
-        en_rail_submit(&ctx->rails[req->slice_rail[s]], ops[s]);
+        return bs_fail(st, "%s: %s", fn, coh_last_error());
     }
     *out = req;
     return 0;
@@ -148,11 +171,11 @@ COH_API int coh_allreduce(coh_comm_t *comm, const void *sendbuf, void *recvbuf, 
                      .count = count,
                      .dtype = dtype,
                      .op = op};
-    RX_CHECK(check(comm, &a, req, "coh_allreduce"));
+    BS_CHECK(check(comm, &a, req, "coh_allreduce"));
     size_t n = count * coh_dtype_size(dtype);
     if (sendbuf == recvbuf) a.sendbuf = NULL;
     if (count && a.sendbuf && overlap(a.sendbuf, n, recvbuf, n))
-        return rx_fail(COH_EINVAL, "coh_allreduce: send and recv buffers partly overlap");
+        return bs_fail(COH_EINVAL, "coh_allreduce: send and recv buffers partly overlap");
     return submit(comm, &a, req, "coh_allreduce");
 }
 
@@ -161,7 +184,7 @@ COH_API int coh_broadcast(coh_comm_t *comm, void *buf, size_t count, coh_dtype d
 {
     coll_args_t a = {
         .kind = SC_BROADCAST, .recvbuf = buf, .count = count, .dtype = dtype, .root = root};
-    RX_CHECK(check(comm, &a, req, "coh_broadcast"));
+    BS_CHECK(check(comm, &a, req, "coh_broadcast"));
     return submit(comm, &a, req, "coh_broadcast");
 }
 
@@ -173,12 +196,12 @@ COH_API int coh_allgather(coh_comm_t *comm, const void *sendbuf, void *recvbuf, 
                      .recvbuf = recvbuf,
                      .count = count,
                      .dtype = dtype};
-    RX_CHECK(check(comm, &a, req, "coh_allgather"));
+    BS_CHECK(check(comm, &a, req, "coh_allgather"));
     size_t es = coh_dtype_size(dtype), n = count * es;
     char *mine = count ? (char *)recvbuf + (size_t)comm->rank * n : NULL;
     if (!sendbuf) a.sendbuf = mine;
     if (count && a.sendbuf != mine && overlap(a.sendbuf, n, recvbuf, n * (size_t)comm->size))
-        return rx_fail(COH_EINVAL, "coh_allgather: sendbuf overlaps recvbuf but is not this "
+        return bs_fail(COH_EINVAL, "coh_allgather: sendbuf overlaps recvbuf but is not this "
                                    "rank's block of it");
     return submit(comm, &a, req, "coh_allgather");
 }
@@ -192,7 +215,7 @@ COH_API int coh_reduce_scatter(coh_comm_t *comm, const void *sendbuf, void *recv
                      .count = recvcount,
                      .dtype = dtype,
                      .op = op};
-    RX_CHECK(check(comm, &a, req, "coh_reduce_scatter"));
+    BS_CHECK(check(comm, &a, req, "coh_reduce_scatter"));
     size_t n = recvcount * coh_dtype_size(dtype), full = n * (size_t)comm->size;
     if (recvcount && !sendbuf) {
         a.rs_in_place = true; /* recvbuf holds the whole input */
@@ -203,7 +226,7 @@ COH_API int coh_reduce_scatter(coh_comm_t *comm, const void *sendbuf, void *recv
         a.recvbuf = (void *)sendbuf;
         a.sendbuf = NULL;
     } else if (recvcount && overlap(sendbuf, full, recvbuf, n)) {
-        return rx_fail(COH_EINVAL, "coh_reduce_scatter: buffers overlap (in place: pass "
+        return bs_fail(COH_EINVAL, "coh_reduce_scatter: buffers overlap (in place: pass "
                                    "sendbuf = NULL or recvbuf = sendbuf + rank * recvcount)");
     }
     return submit(comm, &a, req, "coh_reduce_scatter");
@@ -212,7 +235,7 @@ COH_API int coh_reduce_scatter(coh_comm_t *comm, const void *sendbuf, void *recv
 COH_API int coh_barrier(coh_comm_t *comm, coh_request_t **req)
 {
     coll_args_t a = {.kind = SC_BARRIER};
-    RX_CHECK(check(comm, &a, req, "coh_barrier"));
+    BS_CHECK(check(comm, &a, req, "coh_barrier"));
     return submit(comm, &a, req, "coh_barrier");
 }
 
@@ -220,9 +243,9 @@ COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recv
                                coh_dtype dtype, coh_redop op)
 {
     coh_request_t *req;
-    RX_CHECK(coh_allreduce(comm, sendbuf, recvbuf, count, dtype, op, &req));
+    BS_CHECK(coh_allreduce(comm, sendbuf, recvbuf, count, dtype, op, &req));
     int st = coh_wait(req, -1);
-    if (st < 0) rx_fail(st, "%s", coh_request_error(req));
+    if (st < 0) bs_fail(st, "%s", coh_request_error(req));
     coh_request_free(req);
     return st;
 }

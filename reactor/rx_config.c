@@ -13,41 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Parse an integer or a size with an optional K/M/G suffix (powers of 2). */
-static int parse_size(const char *s, uint64_t *out)
-{
-    /* strtoull would skip blanks and accept a sign (" -5" is 2^64 - 5): digits first. */
-    if (!s || *s < '0' || *s > '9') return -1;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s) return -1;
-    uint64_t mul = 1;
-    switch (*end) {
-    case 'k':
-    case 'K':
-        mul = 1ull << 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        mul = 1ull << 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        mul = 1ull << 30;
-        end++;
-        break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end) return -1;
-    if (v > UINT64_MAX / mul) return -1;
-    *out = v * mul;
-    return 0;
-}
-
 static int env_int(const char *name, int *out, int lo, int hi)
 {
     const char *s = getenv(name);
@@ -56,7 +21,7 @@ static int env_int(const char *name, int *out, int lo, int hi)
     char *end;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi)
-        return rx_fail(COH_EINVAL, "%s=\"%s\": expected an integer in [%d, %d]", name, s, lo, hi);
+        return bs_fail(COH_EINVAL, "%s=\"%s\": expected an integer in [%d, %d]", name, s, lo, hi);
     *out = (int)v;
     return 1;
 }
@@ -66,8 +31,8 @@ static int env_size(const char *name, size_t *out, uint64_t lo)
     const char *s = getenv(name);
     if (!s || !*s) return 0;
     uint64_t v;
-    if (parse_size(s, &v) != 0 || v < lo)
-        return rx_fail(COH_EINVAL, "%s=\"%s\": expected a size >= %llu (suffixes K, M, G)", name, s,
+    if (bs_parse_size(s, &v) != 0 || v < lo)
+        return bs_fail(COH_EINVAL, "%s=\"%s\": expected a size >= %llu (suffixes K, M, G)", name, s,
                        (unsigned long long)lo);
     *out = (size_t)v;
     return 1;
@@ -81,7 +46,7 @@ static const char *env_str(const char *name)
 
 COH_API int coh_config_init(coh_config_t *cfg)
 {
-    if (!cfg) return rx_fail(COH_EINVAL, "coh_config_init: cfg is NULL");
+    if (!cfg) return bs_fail(COH_EINVAL, "coh_config_init: cfg is NULL");
     memset(cfg, 0, sizeof(*cfg));
     cfg->rank = 0;
     cfg->world_size = 1;
@@ -128,7 +93,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
         int off = 1;
         if (env_int("COHORT_STORE_PORT_OFFSET", &off, 0, 1000) < 0) return COH_EINVAL;
         if (port + off > 65535)
-            return rx_fail(COH_EINVAL, "MASTER_PORT + COHORT_STORE_PORT_OFFSET > 65535");
+            return bs_fail(COH_EINVAL, "MASTER_PORT + COHORT_STORE_PORT_OFFSET > 65535");
         const char *addr = env_str("MASTER_ADDR");
         snprintf(cfg->_storage, sizeof(cfg->_storage), strchr(addr, ':') ? "[%s]:%d" : "%s:%d",
                  addr, port + off);
@@ -148,7 +113,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     if (env_str("COHORT_SYNC_MODE")) {
         coh_sync_mode m;
         if (coh_sync_mode_from_name(env_str("COHORT_SYNC_MODE"), &m) < 0)
-            return rx_fail(COH_EINVAL,
+            return bs_fail(COH_EINVAL,
                            "COHORT_SYNC_MODE=\"%s\": expected allreduce, partial or "
                            "selective",
                            env_str("COHORT_SYNC_MODE"));
@@ -164,28 +129,28 @@ COH_API int coh_config_init(coh_config_t *cfg)
 
 int rx_config_validate(const coh_config_t *cfg)
 {
-    if (cfg->world_size < 1) return rx_fail(COH_EINVAL, "world_size %d < 1", cfg->world_size);
+    if (cfg->world_size < 1) return bs_fail(COH_EINVAL, "world_size %d < 1", cfg->world_size);
     if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
-        return rx_fail(COH_EINVAL, "rank %d is outside [0, %d)", cfg->rank, cfg->world_size);
+        return bs_fail(COH_EINVAL, "rank %d is outside [0, %d)", cfg->rank, cfg->world_size);
     if (cfg->world_size > 1 && (!cfg->store || !*cfg->store))
-        return rx_fail(COH_EINVAL,
+        return bs_fail(COH_EINVAL,
                        "world_size %d needs a store address: set COHORT_STORE=host:port "
                        "(or MASTER_ADDR and MASTER_PORT)",
                        cfg->world_size);
-    if (!cfg->nics || !*cfg->nics) return rx_fail(COH_EINVAL, "no NIC configured (COHORT_NICS)");
-    if (cfg->timeout_ms < 1) return rx_fail(COH_EINVAL, "timeout_ms must be >= 1");
-    if (cfg->connect_timeout_ms < 1) return rx_fail(COH_EINVAL, "connect_timeout_ms must be >= 1");
-    if (cfg->chunk_bytes < 1) return rx_fail(COH_EINVAL, "chunk_bytes must be >= 1");
-    if (cfg->spin_us < -1) return rx_fail(COH_EINVAL, "spin_us must be >= -1 (auto)");
-    if (cfg->poll_us < 0) return rx_fail(COH_EINVAL, "poll_us must be >= 0");
+    if (!cfg->nics || !*cfg->nics) return bs_fail(COH_EINVAL, "no NIC configured (COHORT_NICS)");
+    if (cfg->timeout_ms < 1) return bs_fail(COH_EINVAL, "timeout_ms must be >= 1");
+    if (cfg->connect_timeout_ms < 1) return bs_fail(COH_EINVAL, "connect_timeout_ms must be >= 1");
+    if (cfg->chunk_bytes < 1) return bs_fail(COH_EINVAL, "chunk_bytes must be >= 1");
+    if (cfg->spin_us < -1) return bs_fail(COH_EINVAL, "spin_us must be >= -1 (auto)");
+    if (cfg->poll_us < 0) return bs_fail(COH_EINVAL, "poll_us must be >= 0");
     if (cfg->sync_mode < 0 || cfg->sync_mode >= COH_SYNC_MODE_COUNT)
-        return rx_fail(COH_EINVAL, "sync_mode %d is not a mode", cfg->sync_mode);
+        return bs_fail(COH_EINVAL, "sync_mode %d is not a mode", cfg->sync_mode);
     if (cfg->coordinator < 0 || cfg->coordinator >= cfg->world_size)
-        return rx_fail(COH_EINVAL, "coordinator %d is not a rank of %d", cfg->coordinator,
+        return bs_fail(COH_EINVAL, "coordinator %d is not a rank of %d", cfg->coordinator,
                        cfg->world_size);
-    if (cfg->tick_ms < 1) return rx_fail(COH_EINVAL, "tick_ms must be >= 1");
+    if (cfg->tick_ms < 1) return bs_fail(COH_EINVAL, "tick_ms must be >= 1");
     if (cfg->token && strlen(cfg->token) > 64)
-        return rx_fail(COH_EINVAL, "the job token is longer than 64 bytes");
+        return bs_fail(COH_EINVAL, "the job token is longer than 64 bytes");
     return 0;
 }
 
@@ -213,10 +178,4 @@ int rx_config_spin_us(const coh_config_t *cfg)
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     return cpus > 0 && local <= cpus ? 2000 : 0;
-}
-
-/* Exposed for the launcher and the benchmark's size flags. */
-int rx_parse_size(const char *s, uint64_t *out)
-{
-    return parse_size(s, out);
 }

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 #include "reactor/rx_ctx.h"
 #include "reactor/rx_sync.h"
 #include "sched/sched.h"
@@ -67,15 +67,26 @@ struct rx_coord {
     uint64_t next_gid;
     uint64_t t0_ns;
     struct sockaddr_storage addr;
-    _Atomic int active; /* ranks connected and not gone or left (finalize waits) */
+    /* Ranks connected and not gone or left; finalize waits (under mu) for 0. */
+    int active;
+    uv_mutex_t mu;
+    uv_cond_t idle;
     /* connections that have not said HELLO yet */
     rx_ctl_conn_t *strangers[64];
     int nstrangers;
 };
 
+static void active_add(rx_coord_t *c, int d)
+{
+    uv_mutex_lock(&c->mu);
+    c->active += d;
+    if (c->active == 0) uv_cond_broadcast(&c->idle);
+    uv_mutex_unlock(&c->mu);
+}
+
 static double now_s(rx_coord_t *c)
 {
-    return (double)(rx_now_ns() - c->t0_ns) / 1e9;
+    return (double)(bs_now_ns() - c->t0_ns) / 1e9;
 }
 
 /* ---- parameters: defaults, COHORT_SCHED, COHORT_SCHED_<NAME> ---- */
@@ -92,11 +103,11 @@ static int load_params(rx_coord_t *c)
             char *eq = strchr(kv, '=');
             if (!eq) {
                 coh_free(copy);
-                return rx_fail(COH_EINVAL, "COHORT_SCHED: \"%s\" is not name=value", kv);
+                return bs_fail(COH_EINVAL, "COHORT_SCHED: \"%s\" is not name=value", kv);
             }
             *eq = 0;
             if (sc_params_set(p, kv, eq + 1) < 0) {
-                int st = rx_fail(COH_EINVAL, "COHORT_SCHED: bad parameter %s=%s", kv, eq + 1);
+                int st = bs_fail(COH_EINVAL, "COHORT_SCHED: bad parameter %s=%s", kv, eq + 1);
                 coh_free(copy);
                 return st;
             }
@@ -113,7 +124,7 @@ static int load_params(rx_coord_t *c)
         var[l] = 0;
         const char *v = getenv(var);
         if (v && *v && sc_params_set(p, info[i].name, v) < 0)
-            return rx_fail(COH_EINVAL, "%s=\"%s\": not a valid value", var, v);
+            return bs_fail(COH_EINVAL, "%s=\"%s\": not a valid value", var, v);
     }
     /* A group of one synchronises with nobody: below 7 ranks 0.3n rounds to
      * 1 or 2, so the live default keeps groups of at least two. */
@@ -135,7 +146,7 @@ static void load_trace(rx_coord_t *c, sc_sched_t *s)
     if (!path || !*path) return;
     FILE *f = fopen(path, "r");
     if (!f) {
-        rx_log(COH_LOG_WARN, "coordinator: cannot open COHORT_SCHED_TRACE %s", path);
+        bs_log(COH_LOG_WARN, "coordinator: cannot open COHORT_SCHED_TRACE %s", path);
         return;
     }
     int n = c->world;
@@ -269,9 +280,9 @@ static void declare_lost(rx_coord_t *c, int r, const char *why)
     co_rank_t *cr = &c->ranks[r];
     if (cr->lost) return;
     cr->lost = true;
-    if (cr->conn && !cr->left) atomic_fetch_sub(&c->active, 1);
+    if (cr->conn && !cr->left) active_add(c, -1);
     cr->has_ready = cr->deferred = false;
-    rx_log(COH_LOG_WARN, "coordinator: rank %d is out of the schedule: %s", r, why);
+    bs_log(COH_LOG_WARN, "coordinator: rank %d is out of the schedule: %s", r, why);
     for (int m = 0; m < COH_SYNC_MODE_COUNT; m++)
         if (c->sched[m]) sc_sched_on_worker_lost(c->sched[m], r);
     if (cr->conn) rx_ctl_close(cr->conn, COH_EPEER, why);
@@ -310,7 +321,7 @@ static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
             coh_free(g);
         }
         sc_sched_on_group_done(c->sched[mode], d->group_id, now_s(c), 0);
-        rx_log(COH_LOG_ERROR, "coordinator: out of memory launching a group");
+        bs_log(COH_LOG_ERROR, "coordinator: out of memory launching a group");
         return;
     }
     g->gid = ++c->next_gid;
@@ -325,7 +336,7 @@ static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
     if (mismatch || missing) {
         /* Refuse the group: every member's sync fails with the reason. */
         int st = mismatch ? COH_EMISMATCH : COH_EPROTO;
-        rx_log(COH_LOG_WARN, "coordinator: group %llu refused: %s", (unsigned long long)g->gid,
+        bs_log(COH_LOG_WARN, "coordinator: group %llu refused: %s", (unsigned long long)g->gid,
                mismatch ? "members disagree on count or dtype" : "a member is not ready");
         for (int i = 0; i < n; i++) {
             co_rank_t *cr = &c->ranks[g->members[i]];
@@ -402,7 +413,7 @@ static void tick_all(rx_coord_t *c)
             if (dec[i].kind == SC_DEC_LAUNCH) {
                 char line[256];
                 if (sc_decision_explain(&dec[i], line, sizeof(line)) > 0)
-                    rx_log(COH_LOG_DEBUG, "coordinator: %s", line);
+                    bs_log(COH_LOG_DEBUG, "coordinator: %s", line);
                 launch(c, m, &dec[i]);
             } else if (dec[i].kind == SC_DEC_SUSPECT && dec[i].nmembers > 0) {
                 declare_lost(c, dec[i].members[0], "missed its fault deadline");
@@ -451,7 +462,7 @@ static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
         if (cr->left) {
             /* A rank that left syncs again: back in the schedule. */
             cr->left = false;
-            atomic_fetch_add(&c->active, 1);
+            active_add(c, 1);
             for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
                 if (c->sched[md]) sc_sched_on_worker_back(c->sched[md], r, now_s(c));
         }
@@ -483,7 +494,7 @@ static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
             for (int k = 0; k < 8 && k < pr->bw_n; k++)
                 if (pr->bw_hist[k] > best) best = pr->bw_hist[k];
             pr->bw_gbps = best;
-            rx_log(COH_LOG_DEBUG, "coordinator: rank %u sent at %.3f Gbps, estimate %.3f", b->peer,
+            bs_log(COH_LOG_DEBUG, "coordinator: rank %u sent at %.3f Gbps, estimate %.3f", b->peer,
                    gbps, best);
             for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
                 if (c->sched[md]) sc_sched_on_bandwidth(c->sched[md], (int)b->peer, pr->bw_gbps);
@@ -517,7 +528,7 @@ static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
             /* Out of the schedule like a lost rank, but its connection stays:
              * nobody waits for it, and a later sync is refused. */
             cr->left = true;
-            atomic_fetch_sub(&c->active, 1);
+            active_add(c, -1);
             cr->has_ready = cr->deferred = false;
             for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
                 if (c->sched[md]) sc_sched_on_worker_lost(c->sched[md], r);
@@ -545,7 +556,7 @@ static void on_ready(rx_ctl_conn_t *conn, int peer)
         return;
     }
     c->ranks[peer].conn = conn;
-    atomic_fetch_add(&c->active, 1);
+    active_add(c, 1);
 }
 
 static void on_close(rx_ctl_conn_t *conn, int status, const char *why)
@@ -555,7 +566,7 @@ static void on_close(rx_ctl_conn_t *conn, int status, const char *why)
     forget_stranger(c, conn);
     int r = conn->peer;
     if (r < 0 || r >= c->world || c->ranks[r].conn != conn) {
-        if (!c->closing) rx_log(COH_LOG_WARN, "coordinator: dropped a connection: %s", why);
+        if (!c->closing) bs_log(COH_LOG_WARN, "coordinator: dropped a connection: %s", why);
         return;
     }
     if (c->closing) {
@@ -592,7 +603,7 @@ static void on_tick(uv_timer_t *t)
     rx_coord_t *c = t->data;
     tick_all(c);
     /* A connection that never says HELLO does not keep a slot. */
-    uint64_t now = rx_now_ns();
+    uint64_t now = bs_now_ns();
     for (int i = c->nstrangers - 1; i >= 0; i--)
         if (now - c->strangers[i]->t_open_ns > 10000000000ull)
             rx_ctl_close(c->strangers[i], COH_ETIMEDOUT, "no handshake in time");
@@ -624,10 +635,12 @@ static void handle_closed(uv_handle_t *h)
         coh_free(g);
     }
     coh_free(c->ranks);
+    uv_cond_destroy(&c->idle);
+    uv_mutex_destroy(&c->mu);
     coh_free(c);
 }
 
-void rx_coord_stop(rx_coord_t *c)
+void rx_coord_close(rx_coord_t *c)
 {
     if (!c || c->closing) return;
     c->closing = true;
@@ -641,15 +654,15 @@ void rx_coord_stop(rx_coord_t *c)
 int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
 {
     rx_coord_t *c = coh_zalloc(sizeof(*c));
-    if (!c) return rx_fail(COH_ENOMEM, "coordinator: out of memory");
+    if (!c) return bs_fail(COH_ENOMEM, "coordinator: out of memory");
     c->ctx = ctx;
     c->rx = rx;
     c->world = ctx->world;
-    c->t0_ns = rx_now_ns();
+    c->t0_ns = bs_now_ns();
     c->ranks = coh_calloc((size_t)ctx->world, sizeof(co_rank_t));
     if (!c->ranks) {
         coh_free(c);
-        return rx_fail(COH_ENOMEM, "coordinator: out of memory");
+        return bs_fail(COH_ENOMEM, "coordinator: out of memory");
     }
     int st = load_params(c);
     if (st < 0) {
@@ -657,8 +670,10 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
         snprintf(why, sizeof(why), "%s", coh_last_error());
         coh_free(c->ranks);
         coh_free(c);
-        return rx_fail(st, "coordinator: %s", why);
+        return bs_fail(st, "coordinator: %s", why);
     }
+    uv_mutex_init(&c->mu);
+    uv_cond_init(&c->idle);
     uv_tcp_init(&rx->loop, &c->listen);
     c->listen.data = c;
     uv_timer_init(&rx->loop, &c->tick);
@@ -671,7 +686,7 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
         c->closing = true;
         uv_close((uv_handle_t *)&c->tick, handle_closed);
         uv_close((uv_handle_t *)&c->listen, handle_closed);
-        return rx_fail(rx_uv_status(e), "coordinator: listen: %s", uv_strerror(e));
+        return bs_fail(bs_errno_status(e), "coordinator: listen: %s", uv_strerror(e));
     }
     int len = sizeof(c->addr);
     uv_tcp_getsockname(&c->listen, (struct sockaddr *)&c->addr, &len);
@@ -681,9 +696,15 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
     return 0;
 }
 
-int rx_coord_active(rx_coord_t *c)
+void rx_coord_wait_idle(rx_coord_t *c, uint64_t deadline_ns)
 {
-    return atomic_load(&c->active);
+    uv_mutex_lock(&c->mu);
+    while (c->active > 0) {
+        uint64_t now = bs_now_ns();
+        if (now >= deadline_ns) break;
+        uv_cond_timedwait(&c->idle, &c->mu, deadline_ns - now);
+    }
+    uv_mutex_unlock(&c->mu);
 }
 
 int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr)

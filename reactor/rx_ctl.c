@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engines/en_frame.h"
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 
 /* ---- codec ---- */
 
@@ -254,7 +254,7 @@ static int write_bytes(rx_ctl_conn_t *c, const void *p, size_t n)
     int e = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, wrote);
     if (e) {
         coh_free(w);
-        return rx_uv_status(e);
+        return bs_errno_status(e);
     }
     return 0;
 }
@@ -276,7 +276,7 @@ int rx_ctl_send(rx_ctl_conn_t *c, const rx_ctl_msg_t *m)
     int e = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, wrote);
     if (e) {
         coh_free(w);
-        return rx_uv_status(e);
+        return bs_errno_status(e);
     }
     return 0;
 }
@@ -394,7 +394,7 @@ static rx_ctl_conn_t *conn_new(uv_loop_t *loop, const char *token, int rank, int
     c->token = token;
     c->rank = rank;
     c->world = world;
-    c->t_open_ns = rx_now_ns();
+    c->t_open_ns = bs_now_ns();
     return c;
 }
 
@@ -425,7 +425,8 @@ int rx_ctl_dial(uv_loop_t *loop, const struct sockaddr *local, const struct sock
     if (e) {
         c->closing = true;
         uv_close((uv_handle_t *)&c->tcp, conn_closed);
-        return rx_fail(rx_uv_status(e), "control: cannot dial the coordinator: %s", uv_strerror(e));
+        return bs_fail(bs_errno_status(e), "control: cannot dial the coordinator: %s",
+                       uv_strerror(e));
     }
     *out = c;
     return 0;

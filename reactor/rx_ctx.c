@@ -8,7 +8,6 @@
  * rank 0 keeps the store up until everybody has read what it needs.
  */
 #include <errno.h>
-#include "reactor/rx_alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +33,7 @@ static int reg_add(struct coh_ctx *ctx)
 {
     uv_once(&reg_once, reg_init);
     uv_mutex_lock(&reg_mu);
-    int st = rx_fail(COH_ENOMEM, "more than %d live contexts", MAX_CTX);
+    int st = bs_fail(COH_ENOMEM, "more than %d live contexts", MAX_CTX);
     for (int i = 0; i < MAX_CTX; i++)
         if (!registry[i]) {
             registry[i] = ctx;
@@ -88,7 +87,7 @@ static int parse_nics(struct coh_ctx *ctx)
         while (*tok == ' ') tok++;
         if (!*tok) continue;
         if (n == RX_MAX_RAILS) {
-            st = rx_fail(COH_EINVAL, "COHORT_NICS lists more than %d rails", RX_MAX_RAILS);
+            st = bs_fail(COH_EINVAL, "COHORT_NICS lists more than %d rails", RX_MAX_RAILS);
             break;
         }
         st = rx_resolve_nic(tok, &ctx->rail_addr[n]);
@@ -96,7 +95,7 @@ static int parse_nics(struct coh_ctx *ctx)
         n++;
     }
     coh_free(list);
-    if (st == 0 && n == 0) st = rx_fail(COH_EINVAL, "COHORT_NICS names no interface");
+    if (st == 0 && n == 0) st = bs_fail(COH_EINVAL, "COHORT_NICS names no interface");
     ctx->nrails = n;
     return st;
 }
@@ -125,7 +124,7 @@ static void ctrl_on_stop(rx_reactor_t *rx)
 {
     struct coh_ctx *ctx = rx->owner;
     store_close_fn(rx, ctx);
-    rx_coord_stop(ctx->coord);
+    rx_coord_close(ctx->coord);
     ctx->coord = NULL;
 }
 
@@ -140,28 +139,28 @@ static int connect_mesh(struct coh_ctx *ctx, uint64_t deadline)
 {
     rx_store_client_t sc;
     struct sockaddr_storage store_addr;
-    RX_CHECK(rx_resolve_hostport(ctx->store_s, &store_addr));
-    RX_CHECK(rx_store_connect(&sc, (struct sockaddr *)&store_addr, ctx->token_s, ctx->rank,
+    BS_CHECK(rx_resolve_hostport(ctx->store_s, &store_addr));
+    BS_CHECK(rx_store_connect(&sc, (struct sockaddr *)&store_addr, ctx->token_s, ctx->rank,
                               ctx->world, deadline));
     char key[64], val[128];
     int st = 0;
     snprintf(key, sizeof(key), "nrails/%d", ctx->rank);
     snprintf(val, sizeof(val), "%d", ctx->nrails);
-    RX_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
+    BS_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
     for (int r = 0; r < ctx->nrails; r++) {
-        rx_format_addr((struct sockaddr *)&ctx->rails[r].bound, val, sizeof(val));
+        rx_format_addr((struct sockaddr *)&ctx->rails[r].en.bound, val, sizeof(val));
         snprintf(key, sizeof(key), "addr/%d/%d", r, ctx->rank);
-        RX_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
+        BS_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
     }
     for (int peer = 0; peer < ctx->rank; peer++) {
-        int left_ms = (int)((deadline - rx_now_ns()) / 1000000ull);
+        int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
         size_t vl;
         snprintf(key, sizeof(key), "nrails/%d", peer);
         memset(val, 0, sizeof(val));
-        RX_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
+        BS_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
                       out);
         if (atoi(val) != ctx->nrails) {
-            st = rx_fail(COH_EBOOTSTRAP,
+            st = bs_fail(COH_EBOOTSTRAP,
                          "rank %d has %s rails, this rank (%d) has %d: COHORT_NICS must list "
                          "the same number of rails on every rank",
                          peer, val, ctx->rank, ctx->nrails);
@@ -170,35 +169,35 @@ static int connect_mesh(struct coh_ctx *ctx, uint64_t deadline)
         for (int r = 0; r < ctx->nrails; r++) {
             snprintf(key, sizeof(key), "addr/%d/%d", r, peer);
             memset(val, 0, sizeof(val));
-            RX_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
+            BS_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
                           out);
             struct sockaddr_storage a;
-            RX_CHECK_GOTO(rx_resolve_hostport(val, &a), st, out);
-            RX_CHECK_GOTO(en_rail_connect(&ctx->rails[r], peer, (struct sockaddr *)&a), st, out);
+            BS_CHECK_GOTO(rx_resolve_hostport(val, &a), st, out);
+            BS_CHECK_GOTO(rx_rail_dial(&ctx->rails[r], peer, (struct sockaddr *)&a), st, out);
         }
     }
     for (int r = 0; r < ctx->nrails; r++)
-        RX_CHECK_GOTO(en_rail_wait_connected(&ctx->rails[r], deadline), st, out);
+        BS_CHECK_GOTO(en_rail_wait_connected(&ctx->rails[r].en, deadline), st, out);
     /* The coordinator's control address. */
     if (ctx->coord) {
         struct sockaddr_storage a;
         rx_coord_addr(ctx->coord, &a);
         rx_format_addr((struct sockaddr *)&a, val, sizeof(val));
-        RX_CHECK_GOTO(rx_store_set(&sc, "ctrl", val, strlen(val), deadline), st, out);
+        BS_CHECK_GOTO(rx_store_set(&sc, "ctrl", val, strlen(val), deadline), st, out);
     }
     {
-        int left = (int)((deadline - rx_now_ns()) / 1000000ull);
+        int left = (int)((deadline - bs_now_ns()) / 1000000ull);
         memset(val, 0, sizeof(val));
-        RX_CHECK_GOTO(rx_store_get(&sc, "ctrl", val, sizeof(val) - 1, NULL, left, deadline), st,
+        BS_CHECK_GOTO(rx_store_get(&sc, "ctrl", val, sizeof(val) - 1, NULL, left, deadline), st,
                       out);
-        RX_CHECK_GOTO(rx_resolve_hostport(val, &ctx->coord_addr), st, out);
+        BS_CHECK_GOTO(rx_resolve_hostport(val, &ctx->coord_addr), st, out);
     }
     /* Barrier: rank 0 holds the store until every rank is through. */
     int64_t joined = 0;
-    RX_CHECK_GOTO(rx_store_add(&sc, "joined", 1, &joined, deadline), st, out);
-    if (joined == ctx->world) RX_CHECK_GOTO(rx_store_set(&sc, "go", "1", 1, deadline), st, out);
-    int left_ms = (int)((deadline - rx_now_ns()) / 1000000ull);
-    RX_CHECK_GOTO(rx_store_get(&sc, "go", val, sizeof(val), NULL, left_ms, deadline), st, out);
+    BS_CHECK_GOTO(rx_store_add(&sc, "joined", 1, &joined, deadline), st, out);
+    if (joined == ctx->world) BS_CHECK_GOTO(rx_store_set(&sc, "go", "1", 1, deadline), st, out);
+    int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
+    BS_CHECK_GOTO(rx_store_get(&sc, "go", val, sizeof(val), NULL, left_ms, deadline), st, out);
 out:
     rx_store_close(&sc);
     return st;
@@ -212,8 +211,8 @@ static void describe(struct coh_ctx *ctx)
                           COH_VERSION_MINOR, COH_VERSION_PATCH, ctx->rank, ctx->world, ctx->nrails);
     for (int r = 0; r < ctx->nrails && n < cap; r++) {
         char a[96];
-        rx_format_addr((struct sockaddr *)&ctx->rails[r].bound, a, sizeof(a));
-        n += (size_t)snprintf(ctx->describe + n, cap - n, " %s/%s", ctx->rails[r].ops->name, a);
+        rx_format_addr((struct sockaddr *)&ctx->rails[r].en.bound, a, sizeof(a));
+        n += (size_t)snprintf(ctx->describe + n, cap - n, " %s/%s", ctx->rails[r].en.ops->name, a);
     }
     if (n < cap) {
         int gpus = gpu_device_count();
@@ -226,8 +225,8 @@ static void describe(struct coh_ctx *ctx)
 
 static void ctx_free(struct coh_ctx *ctx)
 {
-    for (int r = 0; ctx->rails && r < ctx->nrails; r++) rx_reactor_destroy(&ctx->rails[r].rx);
-    rx_reactor_destroy(&ctx->ctrl);
+    for (int r = 0; ctx->rails && r < ctx->nrails; r++) rx_rail_fini(&ctx->rails[r]);
+    rx_reactor_fini(&ctx->ctrl);
     if (ctx->event_fd >= 0) close(ctx->event_fd);
     coh_free(ctx->rails);
     coh_free(ctx->store_s);
@@ -242,7 +241,9 @@ static void stop_all(struct coh_ctx *ctx)
     /* The control link first (no new plans), then the rails (their ops end
      * and hand sync attempts to the control reactor), then that reactor. */
     rx_member_close(ctx);
-    for (int r = 0; r < ctx->nrails; r++) en_rail_stop(&ctx->rails[r]);
+    /* A dead peer must not hold us: BYEs get half a second to leave. */
+    uint64_t quiet = bs_now_ns() + 500000000ull;
+    for (int r = 0; r < ctx->nrails; r++) rx_rail_stop(&ctx->rails[r], quiet);
     if (ctx->ctrl_started) rx_reactor_stop(&ctx->ctrl);
     ctx->ctrl_started = false;
     rx_member_free(ctx);
@@ -250,16 +251,16 @@ static void stop_all(struct coh_ctx *ctx)
 
 COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
 {
-    if (!out) return rx_fail(COH_EINVAL, "coh_init: ctx pointer is NULL");
+    if (!out) return bs_fail(COH_EINVAL, "coh_init: ctx pointer is NULL");
     *out = NULL;
     coh_config_t envcfg;
     if (!cfg_in) {
-        RX_CHECK(coh_config_init(&envcfg));
+        BS_CHECK(coh_config_init(&envcfg));
         cfg_in = &envcfg;
     }
-    RX_CHECK(rx_config_validate(cfg_in));
+    BS_CHECK(rx_config_validate(cfg_in));
     struct coh_ctx *ctx = coh_zalloc(sizeof(*ctx));
-    if (!ctx) return rx_fail(COH_ENOMEM, "coh_init: out of memory");
+    if (!ctx) return bs_fail(COH_ENOMEM, "coh_init: out of memory");
     ctx->cfg = *cfg_in;
     ctx->event_fd = -1;
     ctx->store_s = dupstr(cfg_in->store);
@@ -275,55 +276,62 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->spin_us = rx_config_spin_us(cfg_in);
     ctx->world = cfg_in->world_size;
     int st = 0;
-    uint64_t deadline = rx_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
+    uint64_t deadline = bs_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
     if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s)) {
-        st = rx_fail(COH_ENOMEM, "coh_init: out of memory");
+        st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
     ctx->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->event_fd < 0) {
-        st = rx_fail(COH_ESYS, "eventfd: %s", strerror(errno));
+        st = bs_fail(COH_ESYS, "eventfd: %s", strerror(errno));
         goto fail;
     }
-    RX_CHECK_GOTO(parse_nics(ctx), st, fail);
-    ctx->rails = coh_zalloc(sizeof(en_rail_t) * (size_t)ctx->nrails);
+    BS_CHECK_GOTO(parse_nics(ctx), st, fail);
+    ctx->rails = coh_zalloc(sizeof(rx_rail_t) * (size_t)ctx->nrails);
     if (!ctx->rails) {
-        st = rx_fail(COH_ENOMEM, "coh_init: out of memory");
+        st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
     if (ctx->world > 1) {
         /* Every rank's control reactor: its link to the coordinator; rank 0's
          * also serves the store, the coordinator's hosts the scheduler. */
-        RX_CHECK_GOTO(rx_reactor_start(&ctx->ctrl, "cohort-ctrl", ctrl_on_stop, ctx), st, fail);
+        BS_CHECK_GOTO(rx_reactor_start(&ctx->ctrl, "cohort-ctrl", ctrl_on_stop, ctx), st, fail);
         ctx->ctrl_started = true;
         if (ctx->rank == 0)
-            RX_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, store_start_fn, ctx), st, fail);
+            BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, store_start_fn, ctx), st, fail);
     }
     for (int r = 0; r < ctx->nrails; r++) {
-        st = en_rail_start(&ctx->rails[r], ctx, r, ctx->rank, ctx->world, ctx->nrails,
-                           (struct sockaddr *)&ctx->rail_addr[r], ctx->token_s, ctx->cfg.timeout_ms,
-                           ctx->cfg.sockbuf_bytes, ctx->cfg.poll_us, ctx->cfg.stash_bytes);
+        en_rail_cfg_t rc = {.index = r,
+                            .rank = ctx->rank,
+                            .world = ctx->world,
+                            .nrails = ctx->nrails,
+                            .token = ctx->token_s,
+                            .timeout_ms = ctx->cfg.timeout_ms,
+                            .sockbuf_bytes = ctx->cfg.sockbuf_bytes,
+                            .stash_bytes = ctx->cfg.stash_bytes,
+                            .local = (struct sockaddr *)&ctx->rail_addr[r]};
+        st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];
             snprintf(why, sizeof(why), "%s", coh_last_error());
             ctx->nrails = r; /* stop only those that started */
-            rx_fail(st, "%s", why);
+            bs_fail(st, "%s", why);
             goto fail;
         }
     }
     if (ctx->world > 1 && ctx->rank == ctx->cfg.coordinator)
-        RX_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
+        BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
     if (ctx->world > 1) {
-        RX_CHECK_GOTO(connect_mesh(ctx, deadline), st, fail);
-        RX_CHECK_GOTO(rx_member_start(ctx), st, fail);
-        RX_CHECK_GOTO(rx_member_wait_ready(ctx, deadline), st, fail);
+        BS_CHECK_GOTO(connect_mesh(ctx, deadline), st, fail);
+        BS_CHECK_GOTO(rx_member_start(ctx), st, fail);
+        BS_CHECK_GOTO(rx_member_wait_ready(ctx, deadline), st, fail);
     }
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
     ctx->world_comm.rank = ctx->rank;
     ctx->world_comm.size = ctx->world;
     describe(ctx);
-    RX_CHECK_GOTO(reg_add(ctx), st, fail);
+    BS_CHECK_GOTO(reg_add(ctx), st, fail);
     atomic_store(&ctx->state, RX_CTX_RUNNING);
     *out = ctx;
     return 0;
@@ -332,32 +340,24 @@ fail : {
     snprintf(why, sizeof(why), "%s", coh_last_error());
     stop_all(ctx);
     ctx_free(ctx);
-    return rx_fail(st, "coh_init (rank %d of %d): %s", cfg_in->rank, cfg_in->world_size, why);
+    return bs_fail(st, "coh_init (rank %d of %d): %s", cfg_in->rank, cfg_in->world_size, why);
 }
-}
-
-static int cancel_all_fn(rx_reactor_t *rx, void *arg)
-{
-    (void)arg;
-    en_exec_fail_all(rx->owner, COH_ECANCELED, true, "the context was finalized");
-    return 0;
 }
 
 COH_API int coh_finalize(coh_ctx_t *ctx)
 {
-    if (!ctx) return rx_fail(COH_EINVAL, "coh_finalize: ctx is NULL");
+    if (!ctx) return bs_fail(COH_EINVAL, "coh_finalize: ctx is NULL");
     if (!reg_take(ctx))
-        return rx_fail(COH_ESTATE, "coh_finalize: not a live context (finalized twice?)");
+        return bs_fail(COH_ESTATE, "coh_finalize: not a live context (finalized twice?)");
     atomic_store(&ctx->state, RX_CTX_FINALIZING);
-    /* What still runs ends now, cancelled (not after its timeout). */
-    for (int r = 0; r < ctx->nrails; r++) rx_reactor_call(&ctx->rails[r].rx, cancel_all_fn, NULL);
+    /* close: what still runs ends now, cancelled (not after its timeout),
+     * and every peer hears BYE. */
+    for (int r = 0; r < ctx->nrails; r++) rx_rail_close(&ctx->rails[r]);
     /* Leave the schedule; the coordinator's rank then waits (up to the op
      * timeout) for the others to leave too, or they would lose it mid-run. */
     rx_member_close(ctx);
-    if (ctx->coord) {
-        uint64_t deadline = rx_now_ns() + (uint64_t)ctx->cfg.timeout_ms * 1000000ull;
-        while (rx_coord_active(ctx->coord) > 0 && rx_now_ns() < deadline) uv_sleep(5);
-    }
+    if (ctx->coord)
+        rx_coord_wait_idle(ctx->coord, bs_now_ns() + (uint64_t)ctx->cfg.timeout_ms * 1000000ull);
     /* Rails first: their running ops end (cancelled) and complete their
      * requests; then the store that may still serve late peers. */
     stop_all(ctx);
@@ -377,24 +377,24 @@ void rx_ctx_unref(struct coh_ctx *ctx)
 
 static int ctx_ok(coh_ctx_t *ctx, const char *fn)
 {
-    if (!ctx) return rx_fail(COH_EINVAL, "%s: ctx is NULL", fn);
+    if (!ctx) return bs_fail(COH_EINVAL, "%s: ctx is NULL", fn);
     if (atomic_load(&ctx->state) != RX_CTX_RUNNING)
-        return rx_fail(COH_ESTATE, "%s: the context is finalizing", fn);
+        return bs_fail(COH_ESTATE, "%s: the context is finalizing", fn);
     return 0;
 }
 
 COH_API int coh_ctx_world(coh_ctx_t *ctx, coh_comm_t **world)
 {
-    RX_CHECK(ctx_ok(ctx, "coh_ctx_world"));
-    if (!world) return rx_fail(COH_EINVAL, "coh_ctx_world: world is NULL");
+    BS_CHECK(ctx_ok(ctx, "coh_ctx_world"));
+    if (!world) return bs_fail(COH_EINVAL, "coh_ctx_world: world is NULL");
     *world = &ctx->world_comm;
     return 0;
 }
 
 COH_API int coh_ctx_nrails(coh_ctx_t *ctx, int *nrails)
 {
-    RX_CHECK(ctx_ok(ctx, "coh_ctx_nrails"));
-    if (!nrails) return rx_fail(COH_EINVAL, "coh_ctx_nrails: nrails is NULL");
+    BS_CHECK(ctx_ok(ctx, "coh_ctx_nrails"));
+    if (!nrails) return bs_fail(COH_EINVAL, "coh_ctx_nrails: nrails is NULL");
     *nrails = ctx->nrails;
     return 0;
 }
@@ -406,8 +406,8 @@ COH_API const char *coh_ctx_describe(coh_ctx_t *ctx)
 
 COH_API int coh_ctx_event_fd(coh_ctx_t *ctx, int *fd)
 {
-    RX_CHECK(ctx_ok(ctx, "coh_ctx_event_fd"));
-    if (!fd) return rx_fail(COH_EINVAL, "coh_ctx_event_fd: fd is NULL");
+    BS_CHECK(ctx_ok(ctx, "coh_ctx_event_fd"));
+    if (!fd) return bs_fail(COH_EINVAL, "coh_ctx_event_fd: fd is NULL");
     atomic_store(&ctx->event_fd_used, 1);
     *fd = ctx->event_fd;
     return 0;
@@ -415,7 +415,7 @@ COH_API int coh_ctx_event_fd(coh_ctx_t *ctx, int *fd)
 
 COH_API int coh_ctx_event_clear(coh_ctx_t *ctx)
 {
-    RX_CHECK(ctx_ok(ctx, "coh_ctx_event_clear"));
+    BS_CHECK(ctx_ok(ctx, "coh_ctx_event_clear"));
     uint64_t v;
     while (read(ctx->event_fd, &v, sizeof(v)) > 0) {
     }
@@ -424,14 +424,15 @@ COH_API int coh_ctx_event_clear(coh_ctx_t *ctx)
 
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
 {
-    RX_CHECK(ctx_ok(ctx, "coh_ctx_stats"));
-    if (!s) return rx_fail(COH_EINVAL, "coh_ctx_stats: stats is NULL");
+    BS_CHECK(ctx_ok(ctx, "coh_ctx_stats"));
+    if (!s) return bs_fail(COH_EINVAL, "coh_ctx_stats: stats is NULL");
     memset(s, 0, sizeof(*s));
     for (int r = 0; r < ctx->nrails; r++) {
-        s->bytes_sent += atomic_load(&ctx->rails[r].stat_bytes_out);
-        s->bytes_received += atomic_load(&ctx->rails[r].stat_bytes_in);
-        s->connections_rejected += atomic_load(&ctx->rails[r].stat_rejected);
-        s->frames_invalid += atomic_load(&ctx->rails[r].stat_bad_frames);
+        const en_rail_t *en = &ctx->rails[r].en;
+        s->bytes_sent += atomic_load(&en->stat_bytes_out);
+        s->bytes_received += atomic_load(&en->stat_bytes_in);
+        s->connections_rejected += atomic_load(&en->stat_rejected);
+        s->frames_invalid += atomic_load(&en->stat_bad_frames);
     }
     if (ctx->store) s->connections_rejected += rx_store_server_rejected(ctx->store);
     s->requests_completed = atomic_load(&ctx->n_completed);
@@ -441,14 +442,14 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
 
 COH_API int coh_comm_rank(const coh_comm_t *comm, int *rank)
 {
-    if (!comm || !rank) return rx_fail(COH_EINVAL, "coh_comm_rank: NULL argument");
+    if (!comm || !rank) return bs_fail(COH_EINVAL, "coh_comm_rank: NULL argument");
     *rank = comm->rank;
     return 0;
 }
 
 COH_API int coh_comm_size(const coh_comm_t *comm, int *size)
 {
-    if (!comm || !size) return rx_fail(COH_EINVAL, "coh_comm_size: NULL argument");
+    if (!comm || !size) return bs_fail(COH_EINVAL, "coh_comm_size: NULL argument");
     *size = comm->size;
     return 0;
 }

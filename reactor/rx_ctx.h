@@ -2,7 +2,6 @@
 #ifndef COH_RX_CTX_H
 #define COH_RX_CTX_H
 
-#include "engines/engine.h"
 #include "reactor/reactor.h"
 #include "reactor/rx_store.h"
 #include "reactor/rx_sync.h"
@@ -22,7 +21,7 @@ struct coh_ctx {
     char *store_s, *token_s, *nics_s, *sched_s;
     int rank, world, nrails;
     int spin_us; /* resolved from cfg.spin_us (auto) */
-    en_rail_t *rails;
+    rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     rx_reactor_t ctrl; /* control reactor: the store (rank 0) */
     bool ctrl_started;
@@ -38,6 +37,26 @@ struct coh_ctx {
     _Atomic uint64_t n_completed, n_failed;
     char describe[1024];
 };
+
+/* One collective on a set of ranks, as every member builds it: the one
+ * submission path of world collectives and sync groups (rx_coll.c). */
+typedef struct rx_launch {
+    sc_coll_t coll; /* the plan's shape; lo/hi are set per slice */
+    uint32_t comm;
+    uint64_t seq;
+    uint64_t sig;   /* everything that shapes the plan except the split (added here) */
+    uint64_t key;   /* the same on every member: picks the rail of a one-rail op */
+    uint64_t bytes; /* what the op moves, for the split */
+    const char *desc;
+    coh_dtype dtype;
+    coh_redop redop;
+    const void *sendbuf;
+    void *recvbuf;
+} rx_launch_t;
+/* Split L over the rails, build each slice's plan and op, hand them to the
+ * rails. On failure nothing was submitted and the request is untouched
+ * (its comm, seq and slices are set only on success). */
+int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
 
 /* Notify waiters and the event fd that a request of ctx completed. */
 void rx_ctx_notify(struct coh_ctx *ctx, int failed);

@@ -5,7 +5,6 @@
  */
 #include "reactor/reactor.h"
 
-#include <mimalloc.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
@@ -92,8 +91,8 @@ static void thread_main(void *arg)
         /* Busy polling (COHORT_POLL_US): while the owner has work in flight,
          * run again soon instead of sleeping, so that a frame landing inside
          * the window is seen without a wake-up. */
-        uint64_t until = rx->busy ? rx_now_ns() + rx->poll_ns : 0;
-        while (alive && rx->busy && rx->busy(rx) && rx_now_ns() < until) {
+        uint64_t until = rx->busy ? bs_now_ns() + rx->poll_ns : 0;
+        while (alive && rx->busy && rx->busy(rx) && bs_now_ns() < until) {
             uv_mutex_unlock(&rx->run_mu);
             sched_yield();
             uv_mutex_lock(&rx->run_mu);
@@ -163,26 +162,26 @@ int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)
     rx->owner = owner;
     rx_mpsc_init(&rx->queue);
     int e = uv_loop_init(&rx->loop);
-    if (e) return rx_fail(rx_uv_status(e), "%s: uv_loop_init: %s", name, uv_strerror(e));
+    if (e) return bs_fail(bs_errno_status(e), "%s: uv_loop_init: %s", name, uv_strerror(e));
     rx->loop.data = rx;
     e = uv_async_init(&rx->loop, &rx->wake, wake_cb);
     if (e) {
         uv_loop_close(&rx->loop);
-        return rx_fail(rx_uv_status(e), "%s: uv_async_init: %s", name, uv_strerror(e));
+        return bs_fail(bs_errno_status(e), "%s: uv_async_init: %s", name, uv_strerror(e));
     }
     rx->wake.data = rx;
     if (uv_mutex_init(&rx->run_mu) != 0) {
         uv_close((uv_handle_t *)&rx->wake, NULL);
         uv_run(&rx->loop, UV_RUN_DEFAULT);
         uv_loop_close(&rx->loop);
-        return rx_fail(COH_ESYS, "%s: uv_mutex_init failed", name);
+        return bs_fail(COH_ESYS, "%s: uv_mutex_init failed", name);
     }
     if (uv_sem_init(&rx->started, 0) != 0) {
         uv_mutex_destroy(&rx->run_mu);
         uv_close((uv_handle_t *)&rx->wake, NULL);
         uv_run(&rx->loop, UV_RUN_DEFAULT);
         uv_loop_close(&rx->loop);
-        return rx_fail(COH_ESYS, "%s: uv_sem_init failed", name);
+        return bs_fail(COH_ESYS, "%s: uv_sem_init failed", name);
     }
     /* Loops need little stack; a smaller one keeps many rails cheap. */
     uv_thread_options_t opts = {.flags = UV_THREAD_HAS_STACK_SIZE, .stack_size = 1 << 20};
@@ -195,7 +194,7 @@ int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)
         uv_close((uv_handle_t *)&rx->wake, NULL);
         uv_run(&rx->loop, UV_RUN_DEFAULT);
         uv_loop_close(&rx->loop);
-        return rx_fail(rx_uv_status(e), "%s: thread: %s", name, uv_strerror(e));
+        return bs_fail(bs_errno_status(e), "%s: thread: %s", name, uv_strerror(e));
     }
     uv_sem_wait(&rx->started);
     return 0;
@@ -242,9 +241,9 @@ static void call_run(rx_task_t *t, rx_reactor_t *rx)
 int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *arg)
 {
     if (atomic_load(&rx->state) != RX_RUNNING)
-        return rx_fail(COH_ESTATE, "reactor %s is not running", rx->name);
+        return bs_fail(COH_ESTATE, "reactor %s is not running", rx->name);
     call_task_t c = {.task.run = call_run, .fn = fn, .arg = arg};
-    if (uv_sem_init(&c.done, 0) != 0) return rx_fail(COH_ESYS, "uv_sem_init failed");
+    if (uv_sem_init(&c.done, 0) != 0) return bs_fail(COH_ESYS, "uv_sem_init failed");
     rx_reactor_post(rx, &c.task);
     uv_sem_wait(&c.done);
     uv_sem_destroy(&c.done);
@@ -266,12 +265,21 @@ static void close_leftover(uv_handle_t *h, void *arg)
     if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
+void rx_reactor_close(rx_reactor_t *rx)
+{
+    int st = atomic_load(&rx->state);
+    if (st == RX_INIT || st == RX_STOPPED) return;
+    int was = 0;
+    if (!atomic_compare_exchange_strong(&rx->closed, &was, 1)) return;
+    rx->stop_task.run = stop_run;
+    rx_reactor_post(rx, &rx->stop_task);
+}
+
 int rx_reactor_stop(rx_reactor_t *rx)
 {
     int st = atomic_load(&rx->state);
     if (st == RX_INIT || st == RX_STOPPED) return 0;
-    rx_task_t t = {.run = stop_run};
-    rx_reactor_post(rx, &t);
+    rx_reactor_close(rx);
     uv_thread_join(&rx->thread);
     atomic_store(&rx->state, RX_STOPPED);
     int status = 0;
@@ -281,16 +289,17 @@ int rx_reactor_stop(rx_reactor_t *rx)
         uv_walk(&rx->loop, close_leftover, NULL);
         uv_run(&rx->loop, UV_RUN_DEFAULT);
         uv_loop_close(&rx->loop);
-        status = rx_fail(COH_EINTERNAL, "reactor %s: handles left open at stop", rx->name);
+        status = bs_fail(COH_EINTERNAL, "reactor %s: handles left open at stop", rx->name);
     }
     uv_sem_destroy(&rx->started);
     /* run_mu stays: a waiter may still try it (and find the loop stopped)
-     * until the reactor's memory goes (rx_reactor_destroy). */
+     * until the reactor's memory goes (rx_reactor_fini). */
     return status;
 }
 
-void rx_reactor_destroy(rx_reactor_t *rx)
+void rx_reactor_fini(rx_reactor_t *rx)
 {
     int st = atomic_load(&rx->state);
     if (st == RX_STOPPED) uv_mutex_destroy(&rx->run_mu);
+    atomic_store(&rx->state, RX_INIT);
 }

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "reactor/rx_alloc.h"
 #include "reactor/rx_ctx.h"
 #include "reactor/rx_sync.h"
 
@@ -22,7 +21,7 @@ struct rx_member {
     uv_mutex_t mu;       /* conn_state and why, for the initialising thread */
     uv_cond_t cv;
     int conn_state; /* 0 connecting, 1 ready, < 0 failed or lost */
-    char why[RX_ERR_LEN];
+    char why[BS_ERR_LEN];
     coh_request_t *pending; /* loop thread: the sync of this rank, one at a time */
     uint64_t attempt;
     uint64_t last_done_ns;
@@ -43,7 +42,7 @@ static void finish(rx_member_t *m, coh_request_t *req, int status, const char *w
         rx_request_set_error(req, status, why);
     else if (s->count)
         memcpy(s->buf, s->scratch, s->count * coh_dtype_size(s->dtype));
-    s->t_done_ns = rx_now_ns();
+    s->t_done_ns = bs_now_ns();
     if (m) {
         m->pending = NULL;
         m->last_done_ns = s->t_done_ns;
@@ -55,7 +54,7 @@ static void finish(rx_member_t *m, coh_request_t *req, int status, const char *w
 static int send_ready(rx_member_t *m, coh_request_t *req)
 {
     rx_syncreq_t *s = req->sync;
-    uint64_t now = rx_now_ns();
+    uint64_t now = bs_now_ns();
     s->attempt = ++m->attempt;
     s->t_ready_ns = now;
     rx_ctl_msg_t msg = {.type = RX_CTL_READY, .comm = 0};
@@ -85,7 +84,7 @@ static void ready_run(rx_task_t *t, rx_reactor_t *rx)
     coh_free(rt);
     rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
     m->pending = req;
-    req->sync->t_start_ns = rx_now_ns();
+    req->sync->t_start_ns = bs_now_ns();
     int st = send_ready(m, req);
     if (st < 0) finish(m, req, st, "lost the connection to the coordinator");
 }
@@ -94,14 +93,20 @@ static void ready_run(rx_task_t *t, rx_reactor_t *rx)
 
 static bool member_gone(struct coh_ctx *ctx, int r)
 {
-    bool gone = false;
-    for (int i = 0; i < ctx->nrails && !gone; i++) {
-        en_rail_t *rail = &ctx->rails[i];
-        uv_mutex_lock(&rail->mu);
-        gone = rail->lost[r] != 0;
-        uv_mutex_unlock(&rail->mu);
-    }
-    return gone;
+    for (int i = 0; i < ctx->nrails; i++)
+        if (en_rail_peer_lost(&ctx->rails[i].en, r)) return true;
+    return false;
+}
+
+/* Fail group gcomm here and tell the other members (they retry on EPEER). */
+static void abort_group(struct coh_ctx *ctx, uint32_t gcomm, const int *members, int n, int skip,
+                        const char *why)
+{
+    int others[64], no = 0;
+    for (int j = 0; j < n && no < 64; j++)
+        if (members[j] != ctx->rank && members[j] != skip) others[no++] = members[j];
+    for (int r = 0; r < ctx->nrails; r++)
+        rx_rail_abort(&ctx->rails[r], gcomm, 0, COH_EPEER, why, others, no);
 }
 
 static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
@@ -109,13 +114,13 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
     struct coh_ctx *ctx = m->ctx;
     coh_request_t *req = m->pending;
     if (!req || req->sync->attempt != p->attempt || req->sync->members) {
-        rx_log(COH_LOG_WARN, "rank %d: ignoring a stale plan for group %llu", ctx->rank,
+        bs_log(COH_LOG_WARN, "rank %d: ignoring a stale plan for group %llu", ctx->rank,
                (unsigned long long)p->group_id);
         return;
     }
     rx_syncreq_t *s = req->sync;
     if (p->status < 0) {
-        char why[RX_ERR_LEN];
+        char why[BS_ERR_LEN];
         snprintf(why, sizeof(why), "the coordinator refused group %llu: %s",
                  (unsigned long long)p->group_id,
                  p->status == COH_EMISMATCH ? "its members disagree on count or dtype"
@@ -147,18 +152,14 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
         /* A rank this one knows is gone: refuse the plan (the coordinator
          * drops that rank and groups us again), and drop whatever the
          * others already sent for this group. */
-        rx_log(COH_LOG_WARN, "rank %d: refusing group %llu: rank %d is gone", ctx->rank,
+        bs_log(COH_LOG_WARN, "rank %d: refusing group %llu: rank %d is gone", ctx->rank,
                (unsigned long long)p->group_id, members[i]);
         /* The other members may have started: abort it for them with a
          * status they retry on. */
-        char why[RX_ERR_LEN];
+        char why[BS_ERR_LEN];
         snprintf(why, sizeof(why), "rank %d refused group %llu: rank %d is gone", ctx->rank,
                  (unsigned long long)p->group_id, members[i]);
-        int others[64], no = 0;
-        for (int j = 0; j < n && no < 64; j++)
-            if (members[j] != ctx->rank && members[j] != members[i]) others[no++] = members[j];
-        for (int r = 0; r < ctx->nrails; r++)
-            en_rail_abort(&ctx->rails[r], gcomm, 0, COH_EPEER, why, others, no);
+        abort_group(ctx, gcomm, members, n, members[i], why);
         rx_ctl_msg_t msg = {.type = RX_CTL_REFUSE};
         msg.u.refuse = (rx_ctl_refuse_t){.group_id = p->group_id,
                                          .attempt = p->attempt,
@@ -173,71 +174,51 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
     s->group_id = p->group_id;
     s->full = (int)p->full;
     s->total_weight = p->total_weight;
-    s->t_plan_ns = rx_now_ns();
+    s->t_plan_ns = bs_now_ns();
 
     /* The group's weighted ring allreduce: this rank's input (the caller's
      * buffer) times its weight, summed over the members, divided by the
      * total weight, into the scratch buffer. */
     const coh_config_t *cfg = &ctx->cfg;
     size_t es = coh_dtype_size(s->dtype);
-    uint64_t bytes = (uint64_t)s->count * es;
-    int nslices = 1, first = (int)(p->group_id % (uint64_t)ctx->nrails);
-    if (ctx->nrails > 1 && bytes >= cfg->rail_min_bytes && s->count >= (size_t)ctx->nrails)
-        nslices = ctx->nrails;
     uint64_t chunk = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
-    uint64_t sig =
-        rx_fnv64(rx_fnv64(rx_fnv64(1469598103934665603ull, 0x5359u), s->count), (uint64_t)s->dtype);
-    sig = rx_fnv64(rx_fnv64(sig, p->group_id), (uint64_t)nslices);
-    for (int i = 0; i < n; i++) sig = rx_fnv64(sig, (uint64_t)members[i]);
+    uint64_t sig = bs_fnv64(bs_fnv64(bs_fnv64(BS_FNV_SEED, 0x5359u), s->count), (uint64_t)s->dtype);
+    sig = bs_fnv64(sig, p->group_id);
+    for (int i = 0; i < n; i++) sig = bs_fnv64(sig, (uint64_t)members[i]);
     char desc[96];
     snprintf(desc, sizeof(desc), "sync(group %llu of %d, count=%zu, %s)",
              (unsigned long long)p->group_id, n, s->count, coh_dtype_name(s->dtype));
-    en_op_t *ops[RX_MAX_RAILS] = {0};
-    int st = 0;
-    for (int sl = 0; sl < nslices && st == 0; sl++) {
-        int rail = nslices == 1 ? first : sl;
-        sc_coll_t c = {.kind = SC_ALLREDUCE,
-                       .algo = SC_ALGO_AUTO,
-                       .nranks = n,
-                       .rank = pos,
-                       .order = members,
-                       .count = s->count,
-                       .lo = sc_split(s->count, (uint64_t)nslices, (uint64_t)sl),
-                       .hi = sc_split(s->count, (uint64_t)nslices, (uint64_t)sl + 1),
-                       .chunk_elems = chunk,
-                       .small_elems = cfg->small_bytes / es,
-                       .scale = s->weight,
-                       .divide = p->total_weight};
-        sc_plan_t plan;
-        sc_plan_init(&plan);
-        st = sc_plan_build(&c, &plan);
-        if (st == 0)
-            st = en_op_new(&ctx->rails[rail], req, gcomm, 0, sig, desc, s->dtype, COH_SUM, s->buf,
-                           s->scratch, &plan, &ops[sl]);
-        sc_plan_free(&plan);
-        if (st == 0) {
-            ops[sl]->slice = sl;
-            req->slice_rail[sl] = rail;
-            s->nbw[sl] = 0;
-        }
-    }
+    memset(s->nbw, 0, sizeof(s->nbw));
+    rx_launch_t L = {.coll = {.kind = SC_ALLREDUCE,
+                              .algo = SC_ALGO_AUTO,
+                              .nranks = n,
+                              .rank = pos,
+                              .order = members,
+                              .count = s->count,
+                              .chunk_elems = chunk,
+                              .small_elems = cfg->small_bytes / es,
+                              .scale = s->weight,
+                              .divide = p->total_weight},
+                     .comm = gcomm,
+                     .seq = 0,
+                     .sig = sig,
+                     .key = p->group_id,
+                     .bytes = (uint64_t)s->count * es,
+                     .desc = desc,
+                     .dtype = s->dtype,
+                     .redop = COH_SUM,
+                     .sendbuf = s->buf,
+                     .recvbuf = s->scratch};
+    int st = rx_launch(ctx, req, &L);
     if (st < 0) {
-        for (int sl = 0; sl < nslices; sl++) en_op_free(ops[sl]);
-        /* The others wait for our part: tell the coordinator, and fail. */
+        /* The others wait for our part: tell them and the coordinator, and fail. */
         rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
         msg.u.done =
             (rx_ctl_done_t){.group_id = p->group_id, .rank = (uint32_t)ctx->rank, .status = st};
         rx_ctl_send(m->conn, &msg);
-        for (int r = 0; r < ctx->nrails; r++)
-            en_rail_cancel(&ctx->rails[r], gcomm, 0, st, "member could not build its plan");
+        abort_group(ctx, gcomm, members, n, -1, "a member could not build its plan");
         finish(m, req, st, "cannot build the group's plan");
-        return;
     }
-    req->comm = gcomm;
-    req->seq = 0;
-    req->nslices = nslices;
-    atomic_store(&req->slices, nslices);
-    for (int sl = 0; sl < nslices; sl++) en_rail_submit(&ctx->rails[req->slice_rail[sl]], ops[sl]);
 }
 
 /* ---- an attempt ended ---- */
@@ -255,7 +236,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
     rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
     rx_syncreq_t *s = req->sync;
     int status = atomic_load(&req->status);
-    uint64_t now = rx_now_ns();
+    uint64_t now = bs_now_ns();
     /* Tell the coordinator how it went, and what the links looked like:
      * bytes from each peer over the time they took, summed over the rails
      * (they run side by side, so the longest time counts). */
@@ -267,7 +248,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
     d->duration_s = (double)(now - s->t_plan_ns) / 1e9;
     for (int sl = 0; sl < req->nslices; sl++)
         for (int k = 0; k < s->nbw[sl]; k++) {
-            const rx_bw_t *b = &s->bw[sl][k];
+            const en_bw_t *b = &s->bw[sl][k];
             uint32_t j = 0;
             while (j < d->nbw && d->bw[j].peer != (uint32_t)b->peer) j++;
             if (j == RX_CTL_MAXBW) continue;
@@ -279,7 +260,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
     if (status == COH_EPEER && s->retries_left > 0 && sent) {
         /* A member died under us: the caller's buffer is untouched, so go
          * back to the coordinator and sync with the survivors. */
-        rx_log(COH_LOG_INFO, "rank %d: group %llu lost a member (%s); trying again", m->ctx->rank,
+        bs_log(COH_LOG_INFO, "rank %d: group %llu lost a member (%s); trying again", m->ctx->rank,
                (unsigned long long)s->group_id, req->err);
         s->retries_left--;
         coh_free(s->members);
@@ -307,14 +288,6 @@ void rx_sync_attempt_done(coh_request_t *req)
     dt->task.run = attempt_end;
     dt->req = req;
     rx_reactor_post(&req->ctx->ctrl, &dt->task);
-}
-
-void rx_request_slice_stats(coh_request_t *req, int slice, const rx_bw_t *bw, int n)
-{
-    if (!req->sync || slice < 0 || slice >= RX_MAX_RAILS) return;
-    if (n > RX_BW_PER_SLICE) n = RX_BW_PER_SLICE;
-    memcpy(req->sync->bw[slice], bw, sizeof(rx_bw_t) * (size_t)n);
-    req->sync->nbw[slice] = n;
 }
 
 /* ---- the connection to the coordinator ---- */
@@ -353,12 +326,12 @@ static void on_close(rx_ctl_conn_t *c, int status, const char *why)
     rx_member_t *m = c->owner;
     m->conn = NULL;
     atomic_store(&m->lost, 1);
-    char msg[RX_ERR_LEN];
+    char msg[BS_ERR_LEN];
     snprintf(msg, sizeof(msg), "connection to the coordinator (rank %d): %s",
              m->ctx->cfg.coordinator, why);
     set_state(m, status < 0 ? status : COH_EPEER, msg);
     if (atomic_load(&m->ctx->state) == RX_CTX_RUNNING)
-        rx_log(COH_LOG_WARN, "rank %d: lost the %s", m->ctx->rank, msg);
+        bs_log(COH_LOG_WARN, "rank %d: lost the %s", m->ctx->rank, msg);
     /* A sync still waiting for its plan will never get one. One whose ops
      * run ends when they do. */
     coh_request_t *req = m->pending;
@@ -381,9 +354,9 @@ static int dial_fn(rx_reactor_t *rx, void *arg)
 int rx_member_start(struct coh_ctx *ctx)
 {
     rx_member_t *m = coh_zalloc(sizeof(*m));
-    if (!m) return rx_fail(COH_ENOMEM, "out of memory");
+    if (!m) return bs_fail(COH_ENOMEM, "out of memory");
     m->ctx = ctx;
-    m->last_done_ns = rx_now_ns();
+    m->last_done_ns = bs_now_ns();
     uv_mutex_init(&m->mu);
     uv_cond_init(&m->cv);
     ctx->member = m;
@@ -396,17 +369,17 @@ int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns)
     rx_member_t *m = ctx->member;
     uv_mutex_lock(&m->mu);
     while (m->conn_state == 0) {
-        uint64_t now = rx_now_ns();
+        uint64_t now = bs_now_ns();
         if (now >= deadline_ns) break;
         uv_cond_timedwait(&m->cv, &m->mu, deadline_ns - now);
     }
     int st = m->conn_state;
-    char why[RX_ERR_LEN];
+    char why[BS_ERR_LEN];
     snprintf(why, sizeof(why), "%s", m->why);
     uv_mutex_unlock(&m->mu);
     if (st == 1) return 0;
-    if (st == 0) return rx_fail(COH_ETIMEDOUT, "timed out connecting to the coordinator");
-    return rx_fail(st, "%s", why);
+    if (st == 0) return bs_fail(COH_ETIMEDOUT, "timed out connecting to the coordinator");
+    return bs_fail(st, "%s", why);
 }
 
 static int close_fn(rx_reactor_t *rx, void *arg)
@@ -449,16 +422,16 @@ static int leave_fn(rx_reactor_t *rx, void *arg)
 
 COH_API int coh_sync_leave(coh_comm_t *comm)
 {
-    if (!comm || !comm->ctx) return rx_fail(COH_EINVAL, "coh_sync_leave: comm is NULL");
+    if (!comm || !comm->ctx) return bs_fail(COH_EINVAL, "coh_sync_leave: comm is NULL");
     struct coh_ctx *ctx = comm->ctx;
     if (!rx_ctx_alive(ctx) || atomic_load(&ctx->state) != RX_CTX_RUNNING)
-        return rx_fail(COH_ESTATE, "coh_sync_leave: the context is not running");
+        return bs_fail(COH_ESTATE, "coh_sync_leave: the context is not running");
     rx_member_t *m = ctx->member;
     if (!m) return 0;
     if (atomic_load(&m->busy))
-        return rx_fail(COH_ESTATE, "coh_sync_leave: a sync is still outstanding");
+        return bs_fail(COH_ESTATE, "coh_sync_leave: a sync is still outstanding");
     int st = rx_reactor_call(&ctx->ctrl, leave_fn, m);
-    return st < 0 ? rx_fail(st, "coh_sync_leave: the coordinator is gone") : 0;
+    return st < 0 ? bs_fail(st, "coh_sync_leave: the coordinator is gone") : 0;
 }
 
 COH_API const char *coh_sync_mode_name(coh_sync_mode mode)
@@ -474,37 +447,37 @@ COH_API int coh_sync_mode_from_name(const char *name, coh_sync_mode *mode)
             *mode = (coh_sync_mode)i;
             return 0;
         }
-    return rx_fail(COH_EINVAL, "unknown sync mode \"%s\" (allreduce, partial, selective)",
+    return bs_fail(COH_EINVAL, "unknown sync mode \"%s\" (allreduce, partial, selective)",
                    name ? name : "(null)");
 }
 
 COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype,
                         uint64_t iteration, double weight, coh_sync_mode mode, coh_request_t **out)
 {
-    if (!comm || !comm->ctx) return rx_fail(COH_EINVAL, "coh_sync: comm is NULL");
+    if (!comm || !comm->ctx) return bs_fail(COH_EINVAL, "coh_sync: comm is NULL");
     struct coh_ctx *ctx = comm->ctx;
     if (!rx_ctx_alive(ctx) || atomic_load(&ctx->state) != RX_CTX_RUNNING)
-        return rx_fail(COH_ESTATE, "coh_sync: the context is not running");
-    if (!out) return rx_fail(COH_EINVAL, "coh_sync: req is NULL");
+        return bs_fail(COH_ESTATE, "coh_sync: the context is not running");
+    if (!out) return bs_fail(COH_EINVAL, "coh_sync: req is NULL");
     size_t es = coh_dtype_size(dtype);
-    if (!es) return rx_fail(COH_EINVAL, "coh_sync: unknown dtype %d", (int)dtype);
-    if (count && !buf) return rx_fail(COH_EINVAL, "coh_sync: NULL buffer with count %zu", count);
-    if (count > SIZE_MAX / es) return rx_fail(COH_EINVAL, "coh_sync: count overflows");
+    if (!es) return bs_fail(COH_EINVAL, "coh_sync: unknown dtype %d", (int)dtype);
+    if (count && !buf) return bs_fail(COH_EINVAL, "coh_sync: NULL buffer with count %zu", count);
+    if (count > SIZE_MAX / es) return bs_fail(COH_EINVAL, "coh_sync: count overflows");
     if (!(weight > 0) || !isfinite(weight))
-        return rx_fail(COH_EINVAL, "coh_sync: weight must be a positive number");
+        return bs_fail(COH_EINVAL, "coh_sync: weight must be a positive number");
     if (mode == COH_SYNC_DEFAULT) mode = (coh_sync_mode)ctx->cfg.sync_mode;
     if ((unsigned)mode >= COH_SYNC_MODE_COUNT)
-        return rx_fail(COH_EINVAL, "coh_sync: unknown mode %d", (int)mode);
+        return bs_fail(COH_EINVAL, "coh_sync: unknown mode %d", (int)mode);
     if (comm != &ctx->world_comm)
-        return rx_fail(COH_EUNSUPPORTED, "coh_sync: only the world communicator is scheduled");
+        return bs_fail(COH_EUNSUPPORTED, "coh_sync: only the world communicator is scheduled");
     rx_member_t *m = ctx->member;
     if (m && atomic_load(&m->lost))
-        return rx_fail(COH_EPEER, "coh_sync: the coordinator (rank %d) is gone",
+        return bs_fail(COH_EPEER, "coh_sync: the coordinator (rank %d) is gone",
                        ctx->cfg.coordinator);
     if (m) {
         int idle = 0;
         if (!atomic_compare_exchange_strong(&m->busy, &idle, 1))
-            return rx_fail(COH_ESTATE, "coh_sync: a sync is already outstanding on this "
+            return bs_fail(COH_ESTATE, "coh_sync: a sync is already outstanding on this "
                                        "communicator (wait for it first)");
     }
     coh_request_t *req = rx_request_new(ctx, 0);
@@ -517,7 +490,7 @@ COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dty
         coh_free(scratch);
         coh_free(rt);
         if (m) atomic_store(&m->busy, 0);
-        return rx_fail(COH_ENOMEM, "coh_sync: out of memory");
+        return bs_fail(COH_ENOMEM, "coh_sync: out of memory");
     }
     *s = (rx_syncreq_t){.buf = buf,
                         .scratch = scratch,
@@ -535,7 +508,7 @@ COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dty
         s->nmembers = 1;
         s->full = 1;
         s->total_weight = weight;
-        s->t_start_ns = s->t_ready_ns = s->t_plan_ns = s->t_done_ns = rx_now_ns();
+        s->t_start_ns = s->t_ready_ns = s->t_plan_ns = s->t_done_ns = bs_now_ns();
         coh_free(rt);
         rx_request_complete(req);
         *out = req;
@@ -556,8 +529,8 @@ COH_API int coh_sync(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype,
 
 COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info)
 {
-    if (!req || !info) return rx_fail(COH_EINVAL, "coh_request_group: NULL argument");
-    if (!req->sync) return rx_fail(COH_EINVAL, "coh_request_group: not a sync request");
+    if (!req || !info) return bs_fail(COH_EINVAL, "coh_request_group: NULL argument");
+    if (!req->sync) return bs_fail(COH_EINVAL, "coh_request_group: not a sync request");
     if (atomic_load_explicit(&req->state, memory_order_acquire) != RX_REQ_DONE) return COH_EAGAIN;
     const rx_syncreq_t *s = req->sync;
     *info = (coh_group_info_t){

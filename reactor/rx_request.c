@@ -3,14 +3,18 @@
  * thread ends the last slice, read by any thread. The state flips to DONE
  * (release) only after status, error text and times are written, so a
  * reader that sees DONE (acquire) sees them too.
+ *
+ * The request is the completion object of its slices (engines/engine.h):
+ * it owns their countdown, the first error, the cancelling of the sibling
+ * slices and the hand-off of a sync attempt to the control reactor.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
-#include "reactor/rx_alloc.h"
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,6 +28,8 @@
 #define cpu_relax() ((void)0)
 #endif
 
+static void slice_end(en_completion_t *c, const en_result_t *r);
+
 coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
 {
     coh_request_t *r = coh_zalloc(sizeof(*r));
@@ -31,10 +37,11 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
     r->ctx = ctx;
     rx_ctx_ref(ctx);
     r->nslices = nslices;
+    r->done.fn = slice_end;
     atomic_init(&r->refs, 2); /* the caller's and the runtime's */
     atomic_init(&r->slices, nslices);
     atomic_init(&r->state, RX_REQ_RUNNING);
-    r->t_submit_ns = rx_now_ns();
+    r->t_submit_ns = bs_now_ns();
     r->spin_us = ctx->spin_us;
     return r;
 }
@@ -64,7 +71,7 @@ void rx_request_discard(coh_request_t *req)
 void rx_request_complete(coh_request_t *req)
 {
     struct coh_ctx *ctx = req->ctx;
-    req->t_done_ns = rx_now_ns();
+    req->t_done_ns = bs_now_ns();
     int failed = atomic_load(&req->status) < 0;
     atomic_store(&req->state, RX_REQ_DONE); /* seq_cst: then read waiters (Dekker with coh_wait) */
     if (atomic_load(&req->waiters) > 0) futex_wake_all(req);
@@ -81,18 +88,26 @@ void rx_request_set_error(coh_request_t *req, int status, const char *why)
     }
 }
 
-void rx_request_slice_done(coh_request_t *req, int status, const char *why)
+/* Threading: the loop thread of the slice's rail. */
+static void slice_end(en_completion_t *c, const en_result_t *r)
 {
-    if (status < 0) {
+    coh_request_t *req = (coh_request_t *)((char *)c - offsetof(coh_request_t, done));
+    if (req->sync && r->slice >= 0 && r->slice < RX_MAX_RAILS) {
+        int n = r->nbw < EN_BW_PER_SLICE ? r->nbw : EN_BW_PER_SLICE;
+        memcpy(req->sync->bw[r->slice], r->bw, sizeof(en_bw_t) * (size_t)n);
+        req->sync->nbw[r->slice] = n;
+    }
+    if (r->status < 0) {
         int expected = 0;
         if (atomic_compare_exchange_strong(&req->err_set, &expected, 1)) {
-            snprintf(req->err, sizeof(req->err), "%s", why && *why ? why : coh_strerror(status));
-            atomic_store(&req->status, status);
+            snprintf(req->err, sizeof(req->err), "%s",
+                     r->why && *r->why ? r->why : coh_strerror(r->status));
+            atomic_store(&req->status, r->status);
             /* The other slices cannot succeed: end them now, not at their timeout. */
-            if (req->nslices > 1)
-                for (int s = 0; s < req->nslices; s++)
-                    en_rail_cancel(&req->ctx->rails[req->slice_rail[s]], req->comm, req->seq,
-                                   status, req->err);
+            for (int s = 0; s < req->nslices; s++)
+                if (s != r->slice)
+                    rx_rail_cancel(&req->ctx->rails[req->slice[s].rail], req->comm, req->seq,
+                                   r->status, req->err);
         }
     }
     if (atomic_fetch_sub_explicit(&req->slices, 1, memory_order_acq_rel) == 1) {
@@ -124,7 +139,7 @@ static int is_done(const coh_request_t *req)
 
 COH_API int coh_test(coh_request_t *req, int *done)
 {
-    if (!req || !done) return rx_fail(COH_EINVAL, "coh_test: NULL argument");
+    if (!req || !done) return bs_fail(COH_EINVAL, "coh_test: NULL argument");
     *done = is_done(req);
     return 0;
 }
@@ -149,10 +164,10 @@ static void futex_wake_all(coh_request_t *req)
 
 COH_API int coh_wait(coh_request_t *req, int timeout_ms)
 {
-    if (!req) return rx_fail(COH_EINVAL, "coh_wait: request is NULL");
+    if (!req) return bs_fail(COH_EINVAL, "coh_wait: request is NULL");
     if (is_done(req)) return atomic_load(&req->status);
     struct coh_ctx *ctx = req->ctx;
-    uint64_t start = rx_now_ns();
+    uint64_t start = bs_now_ns();
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
     uint64_t spin_end = start + (uint64_t)req->spin_us * 1000ull;
     if (spin_end > deadline) spin_end = deadline;
@@ -166,32 +181,32 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
     int nh = spin_end > start && !req->sync && atomic_load(&ctx->state) == RX_CTX_RUNNING
                  ? req->nslices
                  : 0;
-    for (int s = 0; s < nh; s++) rx_reactor_help_begin(&ctx->rails[req->slice_rail[s]].rx);
-    while (rx_now_ns() < spin_end && !is_done(req)) {
+    for (int s = 0; s < nh; s++) rx_reactor_help_begin(&ctx->rails[req->slice[s].rail].rx);
+    while (bs_now_ns() < spin_end && !is_done(req)) {
         bool helped = false;
-        for (int s = 0; s < nh; s++) helped |= rx_reactor_help(&ctx->rails[req->slice_rail[s]].rx);
+        for (int s = 0; s < nh; s++) helped |= rx_reactor_help(&ctx->rails[req->slice[s].rail].rx);
         if (!helped) {
             for (int i = 0; i < 64; i++) cpu_relax();
             sched_yield();
         }
     }
     bool done = is_done(req);
-    for (int s = 0; s < nh; s++) rx_reactor_help_end(&ctx->rails[req->slice_rail[s]].rx, !done);
+    for (int s = 0; s < nh; s++) rx_reactor_help_end(&ctx->rails[req->slice[s].rail].rx, !done);
     if (is_done(req)) return atomic_load(&req->status);
     atomic_fetch_add(&req->waiters, 1); /* seq_cst: see complete() */
     while (!is_done(req)) {
-        uint64_t now = rx_now_ns();
+        uint64_t now = bs_now_ns();
         if (now >= deadline) break;
         futex_wait_state(req, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
     }
     atomic_fetch_sub(&req->waiters, 1);
-    if (!is_done(req)) return rx_fail(COH_EAGAIN, "coh_wait: not complete after %d ms", timeout_ms);
+    if (!is_done(req)) return bs_fail(COH_EAGAIN, "coh_wait: not complete after %d ms", timeout_ms);
     return atomic_load(&req->status);
 }
 
 COH_API int coh_request_status(const coh_request_t *req)
 {
-    if (!req) return rx_fail(COH_EINVAL, "coh_request_status: request is NULL");
+    if (!req) return bs_fail(COH_EINVAL, "coh_request_status: request is NULL");
     if (!is_done(req)) return COH_EAGAIN;
     return atomic_load(&req->status);
 }
@@ -204,7 +219,7 @@ COH_API const char *coh_request_error(const coh_request_t *req)
 
 COH_API int coh_request_time_us(const coh_request_t *req, double *us)
 {
-    if (!req || !us) return rx_fail(COH_EINVAL, "coh_request_time_us: NULL argument");
+    if (!req || !us) return bs_fail(COH_EINVAL, "coh_request_time_us: NULL argument");
     *us = is_done(req) ? (double)(req->t_done_ns - req->t_submit_ns) / 1e3 : 0.0;
     return 0;
 }

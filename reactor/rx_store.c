@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -184,7 +184,7 @@ static void client_close(st_client_t *c, const char *why)
 {
     if (c->state == CL_CLOSING) return;
     rx_store_server_t *s = c->srv;
-    if (why) rx_log(COH_LOG_WARN, "store: dropped a client: %s", why);
+    if (why) bs_log(COH_LOG_WARN, "store: dropped a client: %s", why);
     c->state = CL_CLOSING;
     if (c->prev)
         c->prev->next = c->next;
@@ -268,7 +268,7 @@ static void handle(st_client_t *c, const rx_store_msg_t *m)
             c->waiting = true;
             memcpy(c->wkey, m->key, m->klen);
             c->wklen = m->klen;
-            c->wdeadline_ns = rx_now_ns() + (uint64_t)m->arg * 1000000ull;
+            c->wdeadline_ns = bs_now_ns() + (uint64_t)m->arg * 1000000ull;
         }
         return;
     }
@@ -414,7 +414,7 @@ static void on_conn(uv_stream_t *server, int status)
     c->tcp.data = c;
     s->handles++;
     c->state = CL_HELLO;
-    c->t_accept_ns = rx_now_ns();
+    c->t_accept_ns = bs_now_ns();
     c->next = s->clients;
     if (s->clients) s->clients->prev = c;
     s->clients = c;
@@ -426,7 +426,7 @@ static void on_conn(uv_stream_t *server, int status)
 static void on_tick(uv_timer_t *t)
 {
     rx_store_server_t *s = t->data;
-    uint64_t now = rx_now_ns();
+    uint64_t now = bs_now_ns();
     wake_waiters(s, NULL, 0, now);
     /* A connection that never says HELLO does not keep a slot. */
     st_client_t *next;
@@ -459,7 +459,7 @@ int rx_store_server_start(rx_reactor_t *rx, const struct sockaddr *addr, int fd,
         uv_close((uv_handle_t *)&s->tick, srv_handle_closed);
         char a[128] = "inherited socket";
         if (fd < 0) rx_format_addr(addr, a, sizeof(a));
-        return rx_fail(rx_uv_status(e), "store: cannot listen on %s: %s", a, uv_strerror(e));
+        return bs_fail(bs_errno_status(e), "store: cannot listen on %s: %s", a, uv_strerror(e));
     }
     int len = sizeof(s->addr);
     uv_tcp_getsockname(&s->listen, (struct sockaddr *)&s->addr, &len);
@@ -496,7 +496,7 @@ void rx_store_server_close(rx_store_server_t *s)
 static int wait_fd(int fd, short events, uint64_t deadline_ns)
 {
     for (;;) {
-        uint64_t now = rx_now_ns();
+        uint64_t now = bs_now_ns();
         if (now >= deadline_ns) return COH_ETIMEDOUT;
         int ms = (int)((deadline_ns - now + 999999) / 1000000);
         struct pollfd p = {.fd = fd, .events = events};
@@ -555,7 +555,7 @@ int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const ch
     int delay_ms = 10, last = 0;
     for (;;) {
         int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) return rx_fail(COH_ESYS, "store: socket: %s", strerror(errno));
+        if (fd < 0) return bs_fail(COH_ESYS, "store: socket: %s", strerror(errno));
         int r = connect(fd, addr, sa_len(addr));
         if (r < 0 && errno == EINPROGRESS) {
             r = wait_fd(fd, POLLOUT, deadline_ns);
@@ -577,8 +577,8 @@ int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const ch
         last = errno;
         close(fd);
         /* Rank 0 may not be listening yet: try again until the deadline. */
-        if (rx_now_ns() + (uint64_t)delay_ms * 1000000ull >= deadline_ns)
-            return rx_fail(COH_EBOOTSTRAP, "store %s unreachable: %s", where, strerror(last));
+        if (bs_now_ns() + (uint64_t)delay_ms * 1000000ull >= deadline_ns)
+            return bs_fail(COH_EBOOTSTRAP, "store %s unreachable: %s", where, strerror(last));
         uv_sleep((unsigned)delay_ms);
         if (delay_ms < 200) delay_ms *= 2;
     }
@@ -600,11 +600,11 @@ int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const ch
     if (e) {
         rx_store_close(c);
         if (e == COH_EPEER || e == COH_EAUTH)
-            return rx_fail(COH_EAUTH,
+            return bs_fail(COH_EAUTH,
                            "store %s refused the handshake (is COHORT_TOKEN the "
                            "same on every rank?)",
                            where);
-        return rx_fail(e, "store %s: handshake: %s", where, coh_strerror(e));
+        return bs_fail(e, "store %s: handshake: %s", where, coh_strerror(e));
     }
     c->cap = RX_STORE_HDR + RX_STORE_VAL_MAX;
     c->buf = coh_malloc(c->cap);
@@ -619,10 +619,10 @@ int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const ch
 static int roundtrip(rx_store_client_t *c, uint8_t type, uint32_t arg, const char *key,
                      const void *val, size_t vlen, rx_store_msg_t *resp, uint64_t deadline_ns)
 {
-    if (c->fd < 0) return rx_fail(COH_ESTATE, "store client is closed");
+    if (c->fd < 0) return bs_fail(COH_ESTATE, "store client is closed");
     size_t klen = strlen(key);
     if (klen == 0 || klen > RX_STORE_KEY_MAX)
-        return rx_fail(COH_EINVAL, "store key must have 1 to %d bytes", RX_STORE_KEY_MAX);
+        return bs_fail(COH_EINVAL, "store key must have 1 to %d bytes", RX_STORE_KEY_MAX);
     uint8_t *out = coh_malloc(RX_STORE_HDR + klen + vlen);
     if (!out) return COH_ENOMEM;
     int n = rx_store_encode(type, 0, arg, key, klen, val, vlen, out, RX_STORE_HDR + klen + vlen);
@@ -638,7 +638,7 @@ static int roundtrip(rx_store_client_t *c, uint8_t type, uint32_t arg, const cha
     }
     if (!e && (rx_store_parse(c->buf, c->cap, resp) <= 0 || resp->type != RX_STORE_RESP))
         e = COH_EPROTO;
-    if (e) return rx_fail(e, "store request for \"%s\": %s", key, coh_strerror(e));
+    if (e) return bs_fail(e, "store request for \"%s\": %s", key, coh_strerror(e));
     return 0;
 }
 
@@ -646,8 +646,8 @@ int rx_store_set(rx_store_client_t *c, const char *key, const void *val, size_t 
                  uint64_t deadline_ns)
 {
     rx_store_msg_t m;
-    RX_CHECK(roundtrip(c, RX_STORE_SET, 0, key, val, vlen, &m, deadline_ns));
-    return m.status == RX_STORE_OK ? 0 : rx_fail(COH_EBOOTSTRAP, "store refused to set %s", key);
+    BS_CHECK(roundtrip(c, RX_STORE_SET, 0, key, val, vlen, &m, deadline_ns));
+    return m.status == RX_STORE_OK ? 0 : bs_fail(COH_EBOOTSTRAP, "store refused to set %s", key);
 }
 
 int rx_store_get(rx_store_client_t *c, const char *key, void *val, size_t cap, size_t *vlen,
@@ -655,12 +655,12 @@ int rx_store_get(rx_store_client_t *c, const char *key, void *val, size_t cap, s
 {
     rx_store_msg_t m;
     uint8_t type = timeout_ms < 0 ? RX_STORE_GET : RX_STORE_WAIT;
-    RX_CHECK(roundtrip(c, type, timeout_ms < 0 ? 0 : (uint32_t)timeout_ms, key, NULL, 0, &m,
+    BS_CHECK(roundtrip(c, type, timeout_ms < 0 ? 0 : (uint32_t)timeout_ms, key, NULL, 0, &m,
                        deadline_ns));
     if (m.status == RX_STORE_NOTFOUND) return COH_EAGAIN;
     if (m.status == RX_STORE_TIMEOUT)
-        return rx_fail(COH_ETIMEDOUT, "store: timed out waiting for key %s", key);
-    if (m.status != RX_STORE_OK) return rx_fail(COH_EBOOTSTRAP, "store error for key %s", key);
+        return bs_fail(COH_ETIMEDOUT, "store: timed out waiting for key %s", key);
+    if (m.status != RX_STORE_OK) return bs_fail(COH_EBOOTSTRAP, "store error for key %s", key);
     if (vlen) *vlen = m.vlen;
     if (val) memcpy(val, m.val, m.vlen < cap ? m.vlen : cap);
     return 0;
@@ -670,8 +670,8 @@ int rx_store_add(rx_store_client_t *c, const char *key, int32_t delta, int64_t *
                  uint64_t deadline_ns)
 {
     rx_store_msg_t m;
-    RX_CHECK(roundtrip(c, RX_STORE_ADD, (uint32_t)delta, key, NULL, 0, &m, deadline_ns));
-    if (m.status != RX_STORE_OK) return rx_fail(COH_EBOOTSTRAP, "store error for key %s", key);
+    BS_CHECK(roundtrip(c, RX_STORE_ADD, (uint32_t)delta, key, NULL, 0, &m, deadline_ns));
+    if (m.status != RX_STORE_OK) return bs_fail(COH_EBOOTSTRAP, "store error for key %s", key);
     char tmp[32];
     size_t n = m.vlen < sizeof(tmp) - 1 ? m.vlen : sizeof(tmp) - 1;
     memcpy(tmp, m.val, n);
@@ -694,18 +694,18 @@ int rx_resolve_hostport(const char *s, struct sockaddr_storage *out)
 {
     char host[256];
     const char *port;
-    if (!s || !*s) return rx_fail(COH_EINVAL, "empty address");
+    if (!s || !*s) return bs_fail(COH_EINVAL, "empty address");
     if (s[0] == '[') {
         const char *end = strchr(s, ']');
         if (!end || end[1] != ':' || (size_t)(end - s - 1) >= sizeof(host))
-            return rx_fail(COH_EINVAL, "bad address \"%s\" (want [v6]:port)", s);
+            return bs_fail(COH_EINVAL, "bad address \"%s\" (want [v6]:port)", s);
         memcpy(host, s + 1, (size_t)(end - s - 1));
         host[end - s - 1] = 0;
         port = end + 2;
     } else {
         const char *colon = strrchr(s, ':');
         if (!colon || (size_t)(colon - s) >= sizeof(host))
-            return rx_fail(COH_EINVAL, "bad address \"%s\" (want host:port)", s);
+            return bs_fail(COH_EINVAL, "bad address \"%s\" (want host:port)", s);
         memcpy(host, s, (size_t)(colon - s));
         host[colon - s] = 0;
         port = colon + 1;
@@ -713,10 +713,10 @@ int rx_resolve_hostport(const char *s, struct sockaddr_storage *out)
     char *end;
     long p = strtol(port, &end, 10);
     if (*port == 0 || *end || p < 0 || p > 65535)
-        return rx_fail(COH_EINVAL, "bad port in \"%s\"", s);
+        return bs_fail(COH_EINVAL, "bad port in \"%s\"", s);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int e = getaddrinfo(host, port, &hints, &res);
-    if (e || !res) return rx_fail(COH_EINVAL, "cannot resolve \"%s\": %s", host, gai_strerror(e));
+    if (e || !res) return bs_fail(COH_EINVAL, "cannot resolve \"%s\": %s", host, gai_strerror(e));
     memset(out, 0, sizeof(*out));
     /* Prefer IPv4: the interfaces cohort binds are usually IPv4. */
     struct addrinfo *pick = res;
@@ -738,7 +738,7 @@ int rx_resolve_nic(const char *s, struct sockaddr_storage *out)
     uv_interface_address_t *ifs;
     int n;
     if (uv_interface_addresses(&ifs, &n) != 0)
-        return rx_fail(COH_ESYS, "cannot list network interfaces");
+        return bs_fail(COH_ESYS, "cannot list network interfaces");
     int found = -1;
     for (int i = 0; i < n; i++) {
         if (strcmp(ifs[i].name, s) != 0) continue;
@@ -756,7 +756,7 @@ int rx_resolve_nic(const char *s, struct sockaddr_storage *out)
         ((struct sockaddr_in *)out)->sin_port = 0;
     }
     uv_free_interface_addresses(ifs, n);
-    if (found < 0) return rx_fail(COH_EINVAL, "no network interface or address named \"%s\"", s);
+    if (found < 0) return bs_fail(COH_EINVAL, "no network interface or address named \"%s\"", s);
     return 0;
 }
 

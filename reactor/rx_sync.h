@@ -22,15 +22,6 @@
 
 struct coh_ctx;
 
-/* Link measurements one rail slice made: bytes received from a peer in
- * large frames, and the time they took to arrive. */
-#define RX_BW_PER_SLICE 8
-typedef struct rx_bw {
-    int peer;
-    uint64_t bytes;
-    uint64_t ns;
-} rx_bw_t;
-
 /* The sync-specific part of a request. */
 typedef struct rx_syncreq {
     void *buf; /* the caller's: read by the plan, written once at the end */
@@ -49,7 +40,7 @@ typedef struct rx_syncreq {
     int nmembers;
     int full;
     double total_weight;
-    rx_bw_t bw[RX_MAX_RAILS][RX_BW_PER_SLICE];
+    en_bw_t bw[RX_MAX_RAILS][EN_BW_PER_SLICE]; /* what each slice measured */
     int nbw[RX_MAX_RAILS];
 } rx_syncreq_t;
 
@@ -61,18 +52,17 @@ int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns);
 void rx_member_free(struct coh_ctx *ctx); /* after the control reactor stopped */
 /* The last slice of a sync attempt ended (rail thread). */
 void rx_sync_attempt_done(coh_request_t *req);
-/* A slice hands over its link measurements before it ends (rail thread). */
-void rx_request_slice_stats(coh_request_t *req, int slice, const rx_bw_t *bw, int n);
 
 /* ---- coordinator (on the coordinator rank's control reactor) ---- */
 
 typedef struct rx_coord rx_coord_t;
 /* Loop thread of the control reactor. Listen next to rail 0's address. */
 int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out);
-void rx_coord_stop(rx_coord_t *c); /* loop thread: close everything */
+void rx_coord_close(rx_coord_t *c); /* loop thread: close everything */
 int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr);
-/* Ranks still connected and in the schedule (any thread). */
-int rx_coord_active(rx_coord_t *c);
+/* Any thread: wait until no rank is connected and in the schedule (they
+ * have all left or gone), or the deadline. */
+void rx_coord_wait_idle(rx_coord_t *c, uint64_t deadline_ns);
 
 /* The group comm id of a group: data frames of group g carry it. */
 static inline uint32_t rx_group_comm(uint64_t gid)

@@ -4,7 +4,7 @@
  */
 #include "sched/sc_est.h"
 
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 
 #include <math.h>
 #include <stdlib.h>

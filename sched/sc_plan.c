@@ -5,7 +5,7 @@
  */
 #include "sched/sc_plan.h"
 
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 #include <string.h>
 
 #include "cohort.h"

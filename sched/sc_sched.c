@@ -5,7 +5,7 @@
  */
 #include "sched/sched.h"
 
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 
 #include <math.h>
 #include <stdio.h>

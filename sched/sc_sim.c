@@ -6,7 +6,7 @@
  */
 #include "sched/sc_sim.h"
 
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 
 #include <math.h>
 #include <stdarg.h>

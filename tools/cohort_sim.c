@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "cohort.h"
-#include "reactor/rx_alloc.h"
+#include "base/bs_alloc.h"
 #include "sched/sc_sim.h"
 #include "sched/sched.h"
 

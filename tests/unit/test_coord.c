@@ -127,7 +127,7 @@ static void sync_once(world_t *w, int r, coh_ctx_t *ctx, size_t count)
 
 static int run_on_rail(rx_reactor_t *rx, void *arg)
 {
-    en_rail_t *rail = rx->owner;
+    en_rail_t *rail = &((rx_rail_t *)rx->owner)->en;
     int gone = *(int *)arg;
     uv_mutex_lock(&rail->mu);
     rail->lost[gone] = 1;

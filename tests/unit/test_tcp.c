@@ -1,6 +1,8 @@
 /*
- * The TCP engine against a hand-driven peer: a real rail (rank 0 of 2, its
- * own reactor thread) and this test playing rank 1 over a raw socket. Checks
+ * The TCP engine against a hand-driven peer: a real engine rail (rank 0 of
+ * 2) on a bare loop thread, its ops reporting to a counting completion (no
+ * context, no requests: nothing above engines/), and this test playing
+ * rank 1 over a raw socket. Checks
  * the handshake (job token first, garbage dropped), frames matched by
  * sequence even when they arrive before the op is submitted, ABORT
  * delivered ahead of its op, signature mismatch answered with an ABORT, and
@@ -14,60 +16,140 @@
 
 #include <cmocka.h>
 #include <errno.h>
-#include "reactor/rx_alloc.h"
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <unistd.h>
 
 #include "engines/engine.h"
-#include "reactor/rx_ctx.h"
+#include "reactor/reactor.h" /* only for a loop thread: rx_reactor_t */
 
 #define TOKEN "sesame"
 
+/* A counting completion: what the engine reported, and how many times. */
+typedef struct tdone {
+    en_completion_t c;
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    int calls;
+    int status;
+    int slice;
+    char why[BS_ERR_LEN];
+} tdone_t;
+
+static void tdone_fn(en_completion_t *c, const en_result_t *r)
+{
+    tdone_t *d = (tdone_t *)c;
+    uv_mutex_lock(&d->mu);
+    d->calls++;
+    d->status = r->status;
+    d->slice = r->slice;
+    snprintf(d->why, sizeof(d->why), "%s", r->why);
+    uv_cond_broadcast(&d->cv);
+    uv_mutex_unlock(&d->mu);
+}
+
+static tdone_t *tdone_new(void)
+{
+    tdone_t *d = coh_zalloc(sizeof(*d));
+    d->c.fn = tdone_fn;
+    uv_mutex_init(&d->mu);
+    uv_cond_init(&d->cv);
+    return d;
+}
+
+/* The op's status once its completion ran (exactly once), or COH_EAGAIN. */
+static int tdone_wait(tdone_t *d, int timeout_ms)
+{
+    uint64_t deadline = bs_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uv_mutex_lock(&d->mu);
+    while (d->calls == 0 && bs_now_ns() < deadline)
+        uv_cond_timedwait(&d->cv, &d->mu, deadline - bs_now_ns());
+    int calls = d->calls, st = d->status;
+    uv_mutex_unlock(&d->mu);
+    if (calls == 0) return COH_EAGAIN;
+    usleep(20000); /* a second call would come right after the first */
+    uv_mutex_lock(&d->mu);
+    calls = d->calls;
+    uv_mutex_unlock(&d->mu);
+    assert_int_equal(calls, 1);
+    return st;
+}
+
+static void tdone_free(tdone_t *d)
+{
+    uv_cond_destroy(&d->cv);
+    uv_mutex_destroy(&d->mu);
+    coh_free(d);
+}
+
 typedef struct fixture {
-    struct coh_ctx *ctx; /* a bare context: only what requests touch */
+    rx_reactor_t rx; /* a loop thread, nothing else */
     en_rail_t rail;
 } fixture_t;
 
-static int setup(void **state)
+static void on_stop(rx_reactor_t *rx)
+{
+    en_rail_shutdown(rx->owner);
+}
+
+static int open_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)arg;
+    return en_rail_open(rx->owner, &rx->loop);
+}
+
+static fixture_t *start(size_t stash)
 {
     fixture_t *f = coh_zalloc(sizeof(*f));
-    f->ctx = coh_zalloc(sizeof(*f->ctx));
-    f->ctx->event_fd = -1;
-    atomic_init(&f->ctx->refs, 1); /* the test holds the context */
     struct sockaddr_in a;
     uv_ip4_addr("127.0.0.1", 0, &a);
-    assert_int_equal(
-        en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000, 0, 0, 0),
-        0);
-    *state = f;
+    en_rail_cfg_t cfg = {.index = 0,
+                         .rank = 0,
+                         .world = 2,
+                         .nrails = 1,
+                         .token = TOKEN,
+                         .timeout_ms = 2000,
+                         .stash_bytes = stash,
+                         .local = (struct sockaddr *)&a};
+    assert_int_equal(en_rail_init(&f->rail, &cfg), 0);
+    assert_int_equal(rx_reactor_start(&f->rx, "test-rail", on_stop, &f->rail), 0);
+    assert_int_equal(rx_reactor_call(&f->rx, open_fn, NULL), 0);
+    return f;
+}
+
+static int setup(void **state)
+{
+    *state = start(0);
     return 0;
 }
 
 /* The same rail, keeping early frames in memory (COHORT_STASH_BYTES). */
 static int setup_stash(void **state)
 {
-    fixture_t *f = coh_zalloc(sizeof(*f));
-    f->ctx = coh_zalloc(sizeof(*f->ctx));
-    f->ctx->event_fd = -1;
-    atomic_init(&f->ctx->refs, 1); /* the test holds the context */
-    struct sockaddr_in a;
-    uv_ip4_addr("127.0.0.1", 0, &a);
-    assert_int_equal(en_rail_start(&f->rail, f->ctx, 0, 0, 2, 1, (struct sockaddr *)&a, TOKEN, 2000,
-                                   0, 0, 1 << 20),
-                     0);
-    *state = f;
+    *state = start(1 << 20);
     return 0;
 }
 
 static int teardown(void **state)
 {
     fixture_t *f = *state;
-    assert_int_equal(en_rail_stop(&f->rail), 0);
-    coh_free(f->ctx);
+    assert_int_equal(rx_reactor_stop(&f->rx), 0);
+    rx_reactor_fini(&f->rx);
+    en_rail_fini(&f->rail);
     coh_free(f);
     return 0;
+}
+
+static int start_fn(rx_reactor_t *rx, void *op)
+{
+    en_rail_start_op(rx->owner, op);
+    return 0;
+}
+
+static void submit(fixture_t *f, en_op_t *op)
+{
+    rx_reactor_call(&f->rx, start_fn, op);
 }
 
 static int dial(fixture_t *f)
@@ -134,7 +216,7 @@ static int join(fixture_t *f)
     assert_int_equal(en_hello_decode(b, sizeof(b), &h), EN_HELLO_SIZE);
     assert_int_equal(h.rank, 0);
     assert_true(en_hello_token_ok(&h, TOKEN));
-    assert_int_equal(en_rail_wait_connected(&f->rail, rx_now_ns() + 2000000000ull), 0);
+    assert_int_equal(en_rail_wait_connected(&f->rail, bs_now_ns() + 2000000000ull), 0);
     return fd;
 }
 
@@ -163,18 +245,15 @@ static void wait_stat(_Atomic uint64_t *counter, uint64_t want)
     assert_int_equal(atomic_load(counter), want);
 }
 
-/* The loop writes lost[] under the rail's mutex. */
 static int peer_lost(fixture_t *f, int p)
 {
-    uv_mutex_lock(&f->rail.mu);
-    int v = f->rail.lost[p];
-    uv_mutex_unlock(&f->rail.mu);
-    return v;
+    return en_rail_peer_lost(&f->rail, p);
 }
 
 /* rank 0 receives a 4-float broadcast from rank 1 (root), plus its fence. */
-static en_op_t *bcast_op(fixture_t *f, uint64_t seq, uint64_t sig, float *buf, coh_request_t **req)
+static en_op_t *bcast_op(fixture_t *f, uint64_t seq, uint64_t sig, float *buf, tdone_t **done)
 {
+    (void)f;
     sc_coll_t c = {.kind = SC_BROADCAST,
                    .algo = SC_ALGO_RD,
                    .nranks = 2,
@@ -187,10 +266,9 @@ static en_op_t *bcast_op(fixture_t *f, uint64_t seq, uint64_t sig, float *buf, c
     sc_plan_t plan;
     sc_plan_init(&plan);
     assert_int_equal(sc_plan_build(&c, &plan), 0);
-    *req = rx_request_new(f->ctx, 1);
-    (*req)->seq = seq;
+    *done = tdone_new();
     en_op_t *op;
-    assert_int_equal(en_op_new(&f->rail, *req, 0, seq, sig, "broadcast(test)", COH_F32, COH_SUM,
+    assert_int_equal(en_op_new(&(*done)->c, 3, 0, seq, sig, "broadcast(test)", COH_F32, COH_SUM,
                                NULL, buf, &plan, &op),
                      0);
     sc_plan_free(&plan);
@@ -258,17 +336,19 @@ static void test_early_frame_matched_by_seq(void **state)
     frame(fd, EN_FRAME_DATA, 0, 77, 0x40000000u, NULL, 0); /* the fence */
     usleep(50000);
     float buf[4] = {0};
-    coh_request_t *req;
+    tdone_t *req;
     en_op_t *op = bcast_op(f, 0, 77, buf, &req);
-    en_rail_submit(&f->rail, op);
-    assert_int_equal(coh_wait(req, 3000), COH_OK);
+    submit(f, op);
+    assert_int_equal(tdone_wait(req, 3000), COH_OK);
+    assert_int_equal(req->slice, 3); /* the slice index it was given */
+    assert_string_equal(req->why, "");
     assert_memory_equal(buf, data, sizeof(data));
     en_hdr_t h;
     read_frame(fd, &h, NULL, 0); /* our fence to rank 1 */
     assert_int_equal(h.type, EN_FRAME_DATA);
     assert_int_equal(h.tag, 0x40000000u);
     assert_int_equal(h.seq, 0);
-    coh_request_free(req);
+    tdone_free(req);
     /* A truncated frame, then the peer goes away: the rail survives. */
     send_all(fd, "COHF\1\0", 6);
     close(fd);
@@ -286,12 +366,12 @@ static void test_abort_before_submit(void **state)
     frame(fd, EN_FRAME_ABORT, 5, 0, 0, payload, 24);
     usleep(50000);
     float buf[4];
-    coh_request_t *req;
+    tdone_t *req;
     en_op_t *op = bcast_op(f, 5, 77, buf, &req);
-    en_rail_submit(&f->rail, op);
-    assert_int_equal(coh_wait(req, 3000), COH_EMISMATCH);
-    assert_non_null(strstr(coh_request_error(req), "test says no"));
-    coh_request_free(req);
+    submit(f, op);
+    assert_int_equal(tdone_wait(req, 3000), COH_EMISMATCH);
+    assert_non_null(strstr(req->why, "test says no"));
+    tdone_free(req);
     close(fd);
 }
 
@@ -300,12 +380,12 @@ static void test_signature_mismatch_aborts_peer(void **state)
     fixture_t *f = *state;
     int fd = join(f);
     float buf[4], data[4] = {1, 2, 3, 4};
-    coh_request_t *req;
+    tdone_t *req;
     en_op_t *op = bcast_op(f, 0, 77, buf, &req);
-    en_rail_submit(&f->rail, op);
+    submit(f, op);
     frame(fd, EN_FRAME_DATA, 0, 78, 0, data, sizeof(data)); /* a different op */
-    assert_int_equal(coh_wait(req, 3000), COH_EMISMATCH);
-    coh_request_free(req);
+    assert_int_equal(tdone_wait(req, 3000), COH_EMISMATCH);
+    tdone_free(req);
     en_hdr_t h;
     uint8_t p[EN_MAX_ABORT];
     read_frame(fd, &h, p, sizeof(p));
@@ -315,12 +395,12 @@ static void test_signature_mismatch_aborts_peer(void **state)
     /* The connection is still good: the next op works. */
     float buf2[4] = {0};
     op = bcast_op(f, 1, 77, buf2, &req);
-    en_rail_submit(&f->rail, op);
+    submit(f, op);
     frame(fd, EN_FRAME_DATA, 1, 77, 0, data, sizeof(data));
     frame(fd, EN_FRAME_DATA, 1, 77, 0x40000000u, NULL, 0);
-    assert_int_equal(coh_wait(req, 3000), COH_OK);
+    assert_int_equal(tdone_wait(req, 3000), COH_OK);
     assert_memory_equal(buf2, data, sizeof(data));
-    coh_request_free(req);
+    tdone_free(req);
     close(fd);
 }
 
@@ -330,15 +410,15 @@ static void test_timeout(void **state)
     fixture_t *f = *state;
     int fd = join(f);
     float buf[4];
-    coh_request_t *req;
+    tdone_t *req;
     en_op_t *op = bcast_op(f, 0, 77, buf, &req);
-    uint64_t t0 = rx_now_ns();
-    en_rail_submit(&f->rail, op);
-    assert_int_equal(coh_wait(req, 5000), COH_ETIMEDOUT);
-    double s = (double)(rx_now_ns() - t0) / 1e9;
+    uint64_t t0 = bs_now_ns();
+    submit(f, op);
+    assert_int_equal(tdone_wait(req, 5000), COH_ETIMEDOUT);
+    double s = (double)(bs_now_ns() - t0) / 1e9;
     assert_true(s >= 1.9 && s < 3.5);
-    assert_non_null(strstr(coh_request_error(req), "waiting on rank(s) 1"));
-    coh_request_free(req);
+    assert_non_null(strstr(req->why, "waiting on rank(s) 1"));
+    tdone_free(req);
     close(fd);
 }
 
@@ -351,26 +431,26 @@ static void test_out_of_order_ops(void **state)
     int fd = join(f);
     float d0[4] = {1, 2, 3, 4}, d1[4] = {5, 6, 7, 8};
     float b0[4] = {0}, b1[4] = {0};
-    coh_request_t *r0, *r1;
-    en_rail_submit(&f->rail, bcast_op(f, 1, 77, b1, &r1));
+    tdone_t *r0, *r1;
+    submit(f, bcast_op(f, 1, 77, b1, &r1));
     frame(fd, EN_FRAME_DATA, 0, 77, 0, d0, sizeof(d0)); /* op 0: not submitted */
     frame(fd, EN_FRAME_DATA, 0, 77, 0x40000000u, NULL, 0);
     frame(fd, EN_FRAME_DATA, 1, 77, 0, d1, sizeof(d1)); /* op 1: waiting */
     frame(fd, EN_FRAME_DATA, 1, 77, 0x40000000u, NULL, 0);
-    assert_int_equal(coh_wait(r1, 3000), COH_OK);
+    assert_int_equal(tdone_wait(r1, 3000), COH_OK);
     assert_memory_equal(b1, d1, sizeof(d1));
-    en_rail_submit(&f->rail, bcast_op(f, 0, 77, b0, &r0));
-    assert_int_equal(coh_wait(r0, 3000), COH_OK);
+    submit(f, bcast_op(f, 0, 77, b0, &r0));
+    assert_int_equal(tdone_wait(r0, 3000), COH_OK);
     assert_memory_equal(b0, d0, sizeof(d0));
-    coh_request_free(r0);
-    coh_request_free(r1);
+    tdone_free(r0);
+    tdone_free(r1);
     /* A kept frame with another op's signature fails the op at once. */
     frame(fd, EN_FRAME_DATA, 2, 99, 0, d0, sizeof(d0));
     usleep(50000);
-    coh_request_t *r2;
-    en_rail_submit(&f->rail, bcast_op(f, 2, 77, b0, &r2));
-    assert_int_equal(coh_wait(r2, 3000), COH_EMISMATCH);
-    coh_request_free(r2);
+    tdone_t *r2;
+    submit(f, bcast_op(f, 2, 77, b0, &r2));
+    assert_int_equal(tdone_wait(r2, 3000), COH_EMISMATCH);
+    tdone_free(r2);
     close(fd);
 }
 

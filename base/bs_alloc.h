@@ -1,13 +1,13 @@
 /*
- * rx_alloc.h - the one allocator of cohort.
+ * bs_alloc.h - the one allocator of cohort.
  *
  * Every allocation goes through these functions: mimalloc in normal builds
  * (fast, thread-local heaps, frees from any thread), libc's malloc in
  * sanitizer builds, because ASan and TSan only see what goes through malloc
  * and would otherwise miss every overflow, leak and race on cohort's heap.
  */
-#ifndef COH_RX_ALLOC_H
-#define COH_RX_ALLOC_H
+#ifndef COH_BS_ALLOC_H
+#define COH_BS_ALLOC_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,37 +1,34 @@
-/* Status names and messages, the per-thread last error, small utilities. */
-#include "reactor/reactor.h"
+/* Status names and messages, the per-thread last error, the log handler,
+ * dtype and op names, the clock, size parsing. */
+#include "base/base.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 static _Thread_local char last_error[512];
 
 /* The handler and its argument change together, rarely: a mutex keeps the
  * pair consistent; the level is read without it to skip formatting. */
-static uv_mutex_t log_mu;
-static uv_once_t log_once = UV_ONCE_INIT;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static coh_log_fn log_fn;
 static void *log_arg;
 static _Atomic int log_level = -1;
 
-static void log_init(void)
-{
-    uv_mutex_init(&log_mu);
-}
-
 COH_API void coh_set_log_handler(coh_log_fn fn, void *arg, int max_level)
 {
-    uv_once(&log_once, log_init);
-    uv_mutex_lock(&log_mu);
+    pthread_mutex_lock(&log_mu);
     log_fn = fn;
     log_arg = arg;
     atomic_store(&log_level, fn ? max_level : -1);
-    uv_mutex_unlock(&log_mu);
+    pthread_mutex_unlock(&log_mu);
 }
 
-void rx_log(int level, const char *fmt, ...)
+void bs_log(int level, const char *fmt, ...)
 {
     if (level > atomic_load_explicit(&log_level, memory_order_relaxed)) return;
     char msg[512];
@@ -39,13 +36,12 @@ void rx_log(int level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    uv_once(&log_once, log_init);
-    uv_mutex_lock(&log_mu);
+    pthread_mutex_lock(&log_mu);
     if (log_fn && level <= atomic_load(&log_level)) log_fn(level, msg, log_arg);
-    uv_mutex_unlock(&log_mu);
+    pthread_mutex_unlock(&log_mu);
 }
 
-int rx_fail(int status, const char *fmt, ...)
+int bs_fail(int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -81,44 +77,70 @@ COH_API const char *coh_strerror(int status)
     }
 }
 
-int rx_uv_status(int uverr)
+int bs_errno_status(int e)
 {
-    switch (uverr) {
+    switch (-e) {
     case 0: return COH_OK;
-    case UV_ENOMEM: return COH_ENOMEM;
-    case UV_ETIMEDOUT: return COH_ETIMEDOUT;
-    case UV_ECANCELED: return COH_ECANCELED;
-    case UV_EINVAL: return COH_EINVAL;
-    case UV_ECONNRESET:
-    case UV_EPIPE:
-    case UV_EOF:
-    case UV_ECONNREFUSED:
-    case UV_ECONNABORTED:
-    case UV_EHOSTUNREACH:
-    case UV_ENETUNREACH: return COH_EPEER;
+    case ENOMEM:
+    case ENOBUFS: return COH_ENOMEM;
+    case ETIMEDOUT: return COH_ETIMEDOUT;
+    case ECANCELED: return COH_ECANCELED;
+    case EINVAL: return COH_EINVAL;
+    case ECONNRESET:
+    case EPIPE:
+    case ECONNREFUSED:
+    case ECONNABORTED:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case ENOTCONN:
+    case 4095: /* libuv's UV_EOF: the peer closed */ return COH_EPEER;
     default: return COH_ESYS;
     }
 }
 
-uint64_t rx_now_ns(void)
+uint64_t bs_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+int bs_parse_size(const char *s, uint64_t *out)
+{
+    /* strtoull would skip blanks and accept a sign (" -5" is 2^64 - 5): digits first. */
+    if (!s || *s < '0' || *s > '9') return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) return -1;
+    uint64_t mul = 1;
+    switch (*end) {
+    case 'k':
+    case 'K': mul = 1ull << 10; break;
+    case 'm':
+    case 'M': mul = 1ull << 20; break;
+    case 'g':
+    case 'G': mul = 1ull << 30; break;
+    default: break;
+    }
+    if (mul > 1) end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    if (v > UINT64_MAX / mul) return -1;
+    *out = v * mul;
+    return 0;
+}
+
+/* ---- dtypes and ops ---- */
+
 COH_API size_t coh_dtype_size(coh_dtype dtype)
 {
-    switch (dtype) {
-    case COH_F32:
-    case COH_I32: return 4;
-    case COH_F64:
-    case COH_I64: return 8;
-    case COH_F16:
-    case COH_BF16: return 2;
-    case COH_U8: return 1;
-    default: return 0;
-    }
+    static const size_t sizes[COH_DTYPE_COUNT] = {
+        [COH_F32] = 4, [COH_F64] = 8, [COH_F16] = 2, [COH_BF16] = 2,
+        [COH_I32] = 4, [COH_I64] = 8, [COH_U8] = 1,
+    };
+    return (unsigned)dtype < COH_DTYPE_COUNT ? sizes[dtype] : 0;
 }
 
 COH_API const char *coh_dtype_name(coh_dtype dtype)

@@ -1,0 +1,161 @@
+/*
+ * Rails as the runtime sees them: one reactor thread per NIC running one
+ * engine rail (engines/engine.h). Everything that crosses threads is here:
+ * other threads post tasks that call the engine on its loop; the engine
+ * reports only through the completions it was given.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "reactor/rx_ctx.h"
+
+/* Threading: loop thread, as the reactor stops. */
+static void rail_on_stop(rx_reactor_t *rx)
+{
+    rx_rail_t *r = rx->owner;
+    en_rail_shutdown(&r->en);
+}
+
+/* Threading: loop thread. Ops in flight: frames will come soon. */
+static bool rail_busy(rx_reactor_t *rx)
+{
+    rx_rail_t *r = rx->owner;
+    return en_rail_busy(&r->en);
+}
+
+static int open_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)arg;
+    rx_rail_t *r = rx->owner;
+    return en_rail_open(&r->en, &rx->loop);
+}
+
+int rx_rail_start(rx_rail_t *r, const en_rail_cfg_t *cfg, int poll_us)
+{
+    memset(r, 0, sizeof(*r));
+    BS_CHECK(en_rail_init(&r->en, cfg));
+    char name[32];
+    snprintf(name, sizeof(name), "cohort-rail%d", cfg->index);
+    int st = rx_reactor_start_polling(&r->rx, name, rail_on_stop, r, rail_busy,
+                                      (uint64_t)poll_us * 1000ull);
+    if (st == 0) st = rx_reactor_call(&r->rx, open_fn, NULL);
+    if (st < 0) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", coh_last_error());
+        rx_rail_stop(r, 0);
+        rx_rail_fini(r);
+        return bs_fail(st, "%s", why);
+    }
+    return 0;
+}
+
+typedef struct dial_task {
+    rx_task_t task;
+    int peer;
+    struct sockaddr_storage addr;
+} dial_task_t;
+
+static void dial_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    dial_task_t *dt = (dial_task_t *)t;
+    rx_rail_t *r = rx->owner;
+    en_rail_dial(&r->en, dt->peer, (struct sockaddr *)&dt->addr);
+    coh_free(dt);
+}
+
+int rx_rail_dial(rx_rail_t *r, int peer, const struct sockaddr *addr)
+{
+    dial_task_t *dt = coh_zalloc(sizeof(*dt));
+    if (!dt) return bs_fail(COH_ENOMEM, "out of memory");
+    dt->task.run = dial_run;
+    dt->peer = peer;
+    memcpy(&dt->addr, addr,
+           addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+    rx_reactor_post(&r->rx, &dt->task);
+    return 0;
+}
+
+static void slice_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    rx_slice_t *s = (rx_slice_t *)t;
+    rx_rail_t *r = rx->owner;
+    en_op_t *op = s->op;
+    s->op = NULL; /* the rail owns it now */
+    en_rail_start_op(&r->en, op);
+}
+
+void rx_rail_submit(rx_rail_t *r, rx_slice_t *s, bool inline_ok)
+{
+    s->task.run = slice_run;
+    /* A small op starts right here when the loop is free: no wake-up on the
+     * latency path. A large one is posted, so the caller is not held up by
+     * its first sends and copies (it may want to compute meanwhile). */
+    if (inline_ok)
+        rx_reactor_run_or_post(&r->rx, &s->task);
+    else
+        rx_reactor_post(&r->rx, &s->task);
+}
+
+typedef struct cancel_task {
+    rx_task_t task;
+    uint32_t comm;
+    uint64_t seq;
+    int status;
+    int npeers; /* > 0: also tell these peers (ABORT) */
+    int peers[64];
+    char why[BS_ERR_LEN];
+} cancel_task_t;
+
+static void cancel_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    cancel_task_t *ct = (cancel_task_t *)t;
+    rx_rail_t *r = rx->owner;
+    en_rail_abort_op(&r->en, ct->comm, ct->seq, ct->status, ct->why, ct->peers, ct->npeers);
+    coh_free(ct);
+}
+
+void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why,
+                   const int *peers, int npeers)
+{
+    cancel_task_t *ct = coh_zalloc(sizeof(*ct));
+    if (!ct) return; /* the op still ends: by its own progress or its timeout */
+    ct->task.run = cancel_run;
+    ct->comm = comm;
+    ct->seq = seq;
+    ct->status = status;
+    ct->npeers = npeers < 64 ? npeers : 64;
+    if (ct->npeers > 0) memcpy(ct->peers, peers, sizeof(int) * (size_t)ct->npeers);
+    snprintf(ct->why, sizeof(ct->why), "%s", why);
+    rx_reactor_post(&r->rx, &ct->task);
+}
+
+void rx_rail_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why)
+{
+    rx_rail_abort(r, comm, seq, status, why, NULL, 0);
+}
+
+static int close_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)arg;
+    rx_rail_t *r = rx->owner;
+    en_rail_close(&r->en);
+    return 0;
+}
+
+void rx_rail_close(rx_rail_t *r)
+{
+    if (atomic_load(&r->rx.state) == RX_RUNNING) rx_reactor_call(&r->rx, close_fn, NULL);
+}
+
+void rx_rail_stop(rx_rail_t *r, uint64_t quiet_deadline_ns)
+{
+    rx_rail_close(r);
+    if (r->en.sync_init) en_rail_wait_quiet(&r->en, quiet_deadline_ns);
+    rx_reactor_stop(&r->rx);
+}
+
+void rx_rail_fini(rx_rail_t *r)
+{
+    rx_reactor_fini(&r->rx);
+    en_rail_fini(&r->en);
+}
