@@ -137,6 +137,7 @@ static int get_str(const msgpack_object *o, const char *f, char *out, size_t cap
 static int get_enum(const msgpack_object *o, const char *f, const char *const *names, int n,
                     int *out, ff_err_t *e)
 {
+    *out = -1; /* written on every path: callers read it only on success */
     if (o->type != MSGPACK_OBJECT_STR) return want(o, f, "a string", e);
     for (int i = 0; i < n; i++)
         if (names[i] && str_is(o, names[i])) {

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # tools/test.sh - the whole test suite, from a fresh machine:
 #   1. install missing Debian packages
-#   2. gcc build (-Werror) and every CTest: unit (cmocka), multi-process
-#      (cohortrun), scheduler and simulator tests, Python (pytest) when built
-#   3. clang build (-Werror), compile only: no warnings under either compiler
+#   2. gcc build (RelWithDebInfo, -Werror) and every CTest: unit (cmocka),
+#      multi-process (cohortrun), scheduler and simulator, namespace cluster,
+#      Python (pytest), install and add_subdirectory, the layering check
+#   3. the build matrix, compile only: Debug, RelWithDebInfo and Release with
+#      gcc and clang, -Werror (a warning any of them finds fails CI; users'
+#      builds keep -Werror off)
 #   4. ASan + UBSan build and every CTest again
 #   5. TSan build and the tests that exercise the reactors' threads
 #   6. fuzz targets (clang, libFuzzer) for a short fixed time each, when present
-# Environment: COHORT_TEST_SKIP="asan tsan clang fuzz" skips stages (local use
+#   7. the Julia package's tests, when a julia binary is on PATH
+# Environment: COHORT_TEST_SKIP="asan tsan matrix fuzz" skips stages (local use
 # only; CI runs everything). COHORT_TEST_JOBS sets ctest's parallelism (2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,18 +29,26 @@ stage "dependencies"
 tools/install-deps.sh
 
 stage "gcc build"
-tools/build.sh build
+tools/build.sh build -DCOHORT_WERROR=ON
 stage "tests (gcc build)"
 run_ctest build
 
-if ! skipped clang; then
-  stage "clang build (-Werror, compile only)"
-  CC=clang CXX=clang++ tools/build.sh build-clang -DCOHORT_BENCH_PEERS=OFF
+if ! skipped matrix; then
+  for cc in gcc clang; do
+    for bt in Debug RelWithDebInfo Release; do
+      [ "$cc/$bt" = gcc/RelWithDebInfo ] && continue # built above
+      stage "$cc $bt build (-Werror, compile only)"
+      cxx=g++
+      [ $cc = clang ] && cxx=clang++
+      CC=$cc CXX=$cxx tools/build.sh "build-$cc-$bt" -DCMAKE_BUILD_TYPE=$bt -DCOHORT_WERROR=ON \
+        -DCOHORT_BENCH_PEERS=OFF
+    done
+  done
 fi
 
 if ! skipped asan; then
   stage "ASan + UBSan build"
-  tools/build.sh build-asan -DCOHORT_ASAN=ON -DCOHORT_BENCH_PEERS=OFF -DCOHORT_CUDA=OFF
+  tools/build.sh build-asan -DCOHORT_WERROR=ON -DCOHORT_ASAN=ON -DCOHORT_BENCH_PEERS=OFF -DCOHORT_CUDA=OFF
   stage "tests (ASan + UBSan)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan -E '^sim\.sweep'
@@ -44,7 +56,7 @@ fi
 
 if ! skipped tsan; then
   stage "TSan build"
-  tools/build.sh build-tsan -DCOHORT_TSAN=ON -DCOHORT_BENCH_PEERS=OFF -DCOHORT_CUDA=OFF
+  tools/build.sh build-tsan -DCOHORT_WERROR=ON -DCOHORT_TSAN=ON -DCOHORT_BENCH_PEERS=OFF -DCOHORT_CUDA=OFF
   stage "tests (TSan: the reactors' threads)"
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     run_ctest build-tsan -L reactor
@@ -52,9 +64,17 @@ fi
 
 if ! skipped fuzz && [ -f fuzz/CMakeLists.txt ]; then
   stage "fuzz targets (libFuzzer, short runs + corpus replay)"
-  CC=clang CXX=clang++ tools/build.sh build-fuzz -DCOHORT_FUZZ=ON -DCOHORT_BENCH_PEERS=OFF \
+  CC=clang CXX=clang++ tools/build.sh build-fuzz -DCOHORT_WERROR=ON -DCOHORT_FUZZ=ON -DCOHORT_BENCH_PEERS=OFF \
     -DCOHORT_CUDA=OFF -DCOHORT_TESTS=ON
   run_ctest build-fuzz -L fuzz
+fi
+
+if command -v julia >/dev/null 2>&1; then
+  stage "Julia package (ffi/julia/Cohort.jl)"
+  COHORT_LIBRARY="$PWD/build/lib/libcohort.so" julia --project=ffi/julia/Cohort.jl \
+    ffi/julia/Cohort.jl/test/runtests.jl
+else
+  stage "Julia package: no julia on PATH, not run"
 fi
 
 printf '\n=== all tests passed in %d s ===\n' $(( $(date +%s) - t_all ))

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Python allreduce through the msgpack ABI, for comparison with the same
-call from C (cohort-ffi-bench). Run both with ffi/bench.sh, or:
+call from C (cohort-ffi-bench). Run both with bench/ffi_bench.sh, or:
 
     COHORT_LIBRARY=build/lib/libcohort.so PYTHONPATH=ffi/python \
         build/bin/cohortrun -n 2 -- /usr/bin/python3 ffi/python/bench/allreduce_bench.py

@@ -4,8 +4,9 @@ Nothing here knows about numpy: requests are dicts, responses are dicts.
 The library is found, in order, at:
 
 1. ``$COHORT_LIBRARY`` (a path to libcohort.so);
-2. the copy bundled into the package when it was installed
-   (``cohort/_lib/``, see setup.py);
+2. the copy bundled into the package when it was pip-installed
+   (``cohort/_lib/``, see setup.py), or the library ``cmake --install``
+   put beside it (named in ``cohort/_paths.py``, written by the install);
 3. the build tree this source tree sits in (``<repo>/build*/lib``), for
    running the package straight from a checkout;
 4. the system's search path (``ctypes.util.find_library("cohort")``).
@@ -33,6 +34,13 @@ def _candidates():
     if env:
         return [env], "COHORT_LIBRARY=%s" % env
     found = sorted(glob.glob(os.path.join(_here, "_lib", "libcohort.so*")))
+    try:
+        from . import _paths  # written by cmake --install
+
+        if os.path.exists(_paths.LIBRARY):
+            found.append(_paths.LIBRARY)
+    except ImportError:
+        pass
     repo = os.path.dirname(os.path.dirname(os.path.dirname(_here)))
     for d in ("build", "build-ffi"):
         p = os.path.join(repo, d, "lib", "libcohort.so")

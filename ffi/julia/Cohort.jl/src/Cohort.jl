@@ -2,13 +2,15 @@
     Cohort
 
 Collective communication for data-parallel training through cohort's msgpack
-ABI (include/cohort_ffi.h, docs/ffi.md). Untested: see README.md.
+ABI (include/cohort_ffi.h, docs/ffi.md). `wait` and `close` extend Base's,
+as Julia packages do: `using Cohort; wait(req); close(ctx)`. Tests:
+test/runtests.jl (CI runs them when a julia binary is on PATH).
 """
 module Cohort
 
 using MsgPack
 
-export CohortError
+export CohortError, Context, Request
 
 const libcohort = get(ENV, "COHORT_LIBRARY", "libcohort")
 
@@ -73,7 +75,7 @@ function init(; config...)
                cfg, length(cfg), h, resp, n)
     r = check(take_response(st, resp, n))
     ctx = Context(h[], r["rank"], r["size"])
-    finalizer(c -> c.handle != 0 && finalize(c), ctx)
+    finalizer(c -> c.handle != 0 && close(c), ctx)
     return ctx
 end
 
@@ -101,9 +103,10 @@ end
 """
     wait(req::Request; timeout_ms=-1) -> Dict
 
-Wait for a request; return its response or throw its error.
+Wait for a request; return its response or throw its error. A method of
+`Base.wait`: waiting on tasks, conditions and events works as before.
 """
-function wait(q::Request; timeout_ms::Integer = -1)
+function Base.wait(q::Request; timeout_ms::Integer = -1)
     q.response !== nothing && return q.response
     resp = Ref{Ptr{UInt8}}(C_NULL)
     n = Ref{Csize_t}(0)
@@ -165,8 +168,14 @@ function event_fd(ctx::Context)
     return fd[]
 end
 
-"Finalize: requests still running are canceled. A second call does nothing."
-function finalize(ctx::Context)
+"""
+    close(ctx::Context)
+
+Finalize the context: requests still running are canceled. A second call does
+nothing. A method of `Base.close`; a context that is garbage-collected is
+closed by its finalizer.
+"""
+function Base.close(ctx::Context)
     ctx.handle == 0 && return nothing
     h = ctx.handle
     ctx.handle = 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ffi/bench.sh [BUILD_DIR]: the ABI's cost, side by side in one run (the
+# bench/ffi_bench.sh [BUILD_DIR]: the ABI's cost, side by side in one run (the
 # machine is shared: compare figures of the same run only).
 #   1. cohort-ffi-bench, world of 1 and of 2: codec, submission, blocking
 #      allreduce of 4 KiB and 64 MiB from C vs through the ABI;
