@@ -15,6 +15,7 @@
 
 #include "ffi/ffi.h"
 #include "reactor/reactor.h"
+#include "reactor/rx_config.h"
 #include "base/bs_alloc.h"
 
 const char *const ff_tensor_names[FF_NTENSORS] = {"buf", "send", "recv"};
@@ -539,125 +540,69 @@ int ff_resolve(const ff_req_t *r, int size, ff_shape_t *s, ff_err_t *e)
 
 /* ---- config ---- */
 
-enum cfg_kind { C_INT, C_SIZE, C_STR, C_LOG, C_V, C_MODE };
-typedef struct cfg_field {
-    const char *name;
-    enum cfg_kind kind;
-    size_t off; /* in coh_config_t */
-    int64_t lo, hi;
-} cfg_field_t;
-
-#define CF(n, k, lo, hi)                                                                           \
-    {                                                                                              \
-#n, k, offsetof(coh_config_t, n), lo, hi                                                   \
-    }
-static const cfg_field_t cfg_fields[] = {
-    CF(rank, C_INT, 0, (1 << 20) - 1),
-    CF(world_size, C_INT, 1, 1 << 20),
-    CF(store, C_STR, 0, 1024),
-    CF(token, C_STR, 0, 64),
-    CF(nics, C_STR, 1, FF_MAX_STR - 1),
-    CF(timeout_ms, C_INT, 1, INT_MAX),
-    CF(connect_timeout_ms, C_INT, 1, INT_MAX),
-    CF(chunk_bytes, C_SIZE, 1, 0),
-    CF(small_bytes, C_SIZE, 0, 0),
-    CF(rail_min_bytes, C_SIZE, 0, 0),
-    CF(spin_us, C_INT, -1, 1000000),
-    CF(store_fd, C_INT, -1, INT_MAX),
-    CF(sockbuf_bytes, C_SIZE, 0, 0),
-    CF(stash_bytes, C_SIZE, 0, 0),
-    CF(sync_mode, C_MODE, 0, COH_SYNC_MODE_COUNT - 1),
-    CF(coordinator, C_INT, 0, (1 << 20) - 1),
-    CF(tick_ms, C_INT, 1, 10000),
-    CF(sched, C_STR, 0, FF_MAX_STR - 1),
-    CF(poll_us, C_INT, 0, 1000000),
-    {"log_level", C_LOG, 0, -1, 3},
-    {"v", C_V, 0, 0, 0},
-};
-#define NCFG ((int)(sizeof(cfg_fields) / sizeof(cfg_fields[0])))
-
 static const char *const log_names[] = {"error", "warn", "info", "debug"};
 
-static int cfg_string(const cfg_field_t *fd, const msgpack_object *v, ff_config_t *c, ff_err_t *e)
+/* A config field: one of the knob table's (reactor/rx_config.h). */
+static int cfg_knob(int idx, const rx_knob_t *k, const msgpack_object *v, ff_config_t *c,
+                    ff_err_t *e)
 {
-    char tmp[FF_MAX_STR];
-    if (get_str(v, fd->name, tmp, (size_t)fd->hi + 1, e) < 0) return e->status;
-    if (strlen(tmp) < (size_t)fd->lo)
-        return ff_fail(e, COH_EINVAL, fd->name, "field '%s': empty", fd->name);
-    char **slot = fd->off == offsetof(coh_config_t, store)   ? &c->store
-                  : fd->off == offsetof(coh_config_t, token) ? &c->token
-                  : fd->off == offsetof(coh_config_t, sched) ? &c->sched
-                                                             : &c->nics;
-    char *s = coh_strdup(tmp);
-    if (!s) return ff_fail(e, COH_ENOMEM, fd->name, "field '%s': out of memory", fd->name);
-    coh_free(*slot);
-    *slot = s;
-    *(const char **)((char *)&c->cfg + fd->off) = s;
+    const char *f = k->name;
+    char where[FF_FIELD_MAX + 16];
+    snprintf(where, sizeof(where), "field '%s'", f);
+    char text[FF_MAX_STR];
+    int64_t i64;
+    uint64_t u;
+    /* Strings go to the table's parser as they are ("64K", "selective");
+     * numbers are written out for it. */
+    if (k->kind == RX_K_STR || (k->kind != RX_K_INT && v->type == MSGPACK_OBJECT_STR)) {
+        if (get_str(v, f, text, sizeof(text), e) < 0) return e->status;
+    } else if (k->kind == RX_K_SIZE) {
+        if (get_u64(v, f, &u, e) < 0) return e->status;
+        snprintf(text, sizeof(text), "%llu", (unsigned long long)u);
+    } else {
+        if (get_int(v, f, k->lo, (int64_t)k->hi, &i64, e) < 0) return e->status;
+        if (k->kind == RX_K_MODE)
+            snprintf(text, sizeof(text), "%s", coh_sync_mode_name((coh_sync_mode)i64));
+        else
+            snprintf(text, sizeof(text), "%lld", (long long)i64);
+    }
+    char *copy = k->kind == RX_K_STR ? coh_strdup(text) : NULL;
+    if (k->kind == RX_K_STR && !copy)
+        return ff_fail(e, COH_ENOMEM, f, "field '%s': out of memory", f);
+    if (rx_knob_set(&c->cfg, k, copy ? copy : text, where) < 0) {
+        coh_free(copy);
+        /* The table's message quotes the value: keep it printable for bindings. */
+        char msg[FF_MSG_MAX];
+        snprintf(msg, sizeof(msg), "%s", coh_last_error());
+        for (char *q = msg; *q; q++)
+            if ((unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f) *q = '?';
+        return ff_fail(e, COH_EINVAL, f, "%s", msg);
+    }
+    if (copy) {
+        coh_free(c->owned[idx]);
+        c->owned[idx] = copy;
+    }
     return 0;
 }
 
-static int cfg_field(const cfg_field_t *fd, const msgpack_object *v, ff_config_t *c, ff_err_t *e)
+/* The ABI's own fields: "log_level" and "v". */
+static int cfg_extra(const char *f, const msgpack_object *v, ff_config_t *c, ff_err_t *e)
 {
-    const char *f = fd->name;
+    if (!strcmp(f, "v")) return check_version(v, f, e);
     int64_t i64;
-    switch (fd->kind) {
-    case C_V: return check_version(v, f, e);
-    case C_INT:
-        if (get_int(v, f, fd->lo, fd->hi, &i64, e) < 0) return e->status;
-        *(int *)((char *)&c->cfg + fd->off) = (int)i64;
-        return 0;
-    case C_SIZE: {
-        uint64_t u;
-        if (v->type == MSGPACK_OBJECT_STR) {
-            char tmp[64];
-            if (get_str(v, f, tmp, sizeof(tmp), e) < 0) return e->status;
-            if (bs_parse_size(tmp, &u) != 0) {
-                char shown[64];
-                printable(tmp, strlen(tmp), shown, sizeof(shown));
-                return ff_fail(e, COH_EINVAL, f,
-                               "field '%s': '%s' is not a size (an integer with an optional K, M "
-                               "or G)",
-                               f, shown);
-            }
-        } else if (get_u64(v, f, &u, e) < 0) {
-            return e->status;
-        }
-        if (u < (uint64_t)fd->lo || u > SIZE_MAX)
-            return ff_fail(e, COH_EINVAL, f, "field '%s': %llu is outside [%lld, %zu]", f,
-                           (unsigned long long)u, (long long)fd->lo, (size_t)SIZE_MAX);
-        *(size_t *)((char *)&c->cfg + fd->off) = (size_t)u;
-        return 0;
-    }
-    case C_STR: return cfg_string(fd, v, c, e);
-    case C_MODE: /* a coh_sync_mode name, or its number */
-        if (v->type == MSGPACK_OBJECT_STR) {
-            int k;
-            if (get_enum(v, f, mode_names + 1, FF_SYNC_MODE_COUNT - 1, &k, e) < 0) return e->status;
-            coh_sync_mode m;
-            if (coh_sync_mode_from_name(mode_names[k + 1], &m) < 0)
-                return ff_fail(e, COH_EINTERNAL, f, "field '%s': no such mode in the C API", f);
-            c->cfg.sync_mode = (int)m;
+    if (v->type == MSGPACK_OBJECT_STR) {
+        if (str_is(v, "off")) {
+            c->log_level = -1;
             return 0;
         }
-        if (get_int(v, f, fd->lo, fd->hi, &i64, e) < 0) return e->status;
-        c->cfg.sync_mode = (int)i64;
-        return 0;
-    case C_LOG:
-        if (v->type == MSGPACK_OBJECT_STR) {
-            if (str_is(v, "off")) {
-                c->log_level = -1;
-                return 0;
-            }
-            int k;
-            if (get_enum(v, f, log_names, 4, &k, e) < 0) return e->status;
-            c->log_level = k;
-            return 0;
-        }
-        if (get_int(v, f, -1, 3, &i64, e) < 0) return e->status;
-        c->log_level = (int)i64;
+        int k;
+        if (get_enum(v, f, log_names, 4, &k, e) < 0) return e->status;
+        c->log_level = k;
         return 0;
     }
-    return ff_fail(e, COH_EINTERNAL, f, "field '%s': no decoder", f);
+    if (get_int(v, f, -1, 3, &i64, e) < 0) return e->status;
+    c->log_level = (int)i64;
+    return 0;
 }
 
 int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *e)
@@ -668,10 +613,13 @@ int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *e)
     if (coh_config_init(&c->cfg) < 0)
         return ff_fail(e, COH_EINVAL, "", "environment: %s", coh_last_error());
     if (len == 0) return 0; /* no map: defaults and the environment */
+    int nk;
+    const rx_knob_t *knobs = rx_knobs(&nk);
+    if (nk > FF_CFG_MAX - 2) return ff_fail(e, COH_EINTERNAL, "", "config: too many knobs");
     msgpack_unpacked mp;
     msgpack_unpacked_init(&mp);
     int st = unpack_map(buf, len, "config", &mp, e);
-    uint32_t seen = 0;
+    uint64_t seen = 0;
     if (st == 0) {
         const msgpack_object_map *m = &mp.data.via.map;
         for (uint32_t i = 0; i < m->size && st == 0; i++) {
@@ -681,21 +629,29 @@ int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *e)
                              ff_mp_type_name(k));
                 break;
             }
+            /* The table's fields, then "log_level" and "v". */
             int j = 0;
-            while (j < NCFG && !str_is(k, cfg_fields[j].name)) j++;
-            if (j == NCFG) {
+            while (j < nk && knobs[j].off >= 0 && !str_is(k, knobs[j].name)) j++;
+            const char *name = j < nk && knobs[j].off >= 0 ? knobs[j].name
+                               : str_is(k, "log_level")    ? "log_level"
+                               : str_is(k, "v")            ? "v"
+                                                           : NULL;
+            if (!name) {
                 char shown[64];
                 printable(k->via.str.ptr, k->via.str.size, shown, sizeof(shown));
                 st = ff_fail(e, COH_EINVAL, shown, "config: unknown field '%s'", shown);
                 break;
             }
-            if (seen & (1u << j)) {
-                st = ff_fail(e, COH_EINVAL, cfg_fields[j].name, "field '%s': given twice",
-                             cfg_fields[j].name);
+            if (!(j < nk && knobs[j].off >= 0))
+                j = name[0] == 'v' ? FF_CFG_MAX - 1 : FF_CFG_MAX - 2;
+            if (seen & (1ull << j)) {
+                st = ff_fail(e, COH_EINVAL, name, "field '%s': given twice", name);
                 break;
             }
-            seen |= 1u << j;
-            if (v->type != MSGPACK_OBJECT_NIL) st = cfg_field(&cfg_fields[j], v, c, e);
+            seen |= 1ull << j;
+            if (v->type == MSGPACK_OBJECT_NIL) continue;
+            st = j < nk && knobs[j].off >= 0 ? cfg_knob(j, &knobs[j], v, c, e)
+                                             : cfg_extra(name, v, c, e);
         }
     }
     msgpack_unpacked_destroy(&mp);
@@ -712,11 +668,10 @@ int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *e)
 
 void ff_config_fini(ff_config_t *c)
 {
-    coh_free(c->store);
-    coh_free(c->token);
-    coh_free(c->nics);
-    coh_free(c->sched);
-    c->store = c->token = c->nics = c->sched = NULL;
+    for (int i = 0; i < FF_CFG_MAX; i++) {
+        coh_free(c->owned[i]);
+        c->owned[i] = NULL;
+    }
 }
 
 /* ---- responses ---- */

@@ -171,14 +171,18 @@ int ff_resolve(const ff_req_t *req, int comm_size, ff_shape_t *shape, ff_err_t *
 
 /* ---- config (ff_codec.c) ---- */
 
+#define FF_CFG_MAX 48 /* knobs of reactor/rx_config.h, with room to grow */
+
 typedef struct ff_config {
-    coh_config_t cfg; /* string fields point at the copies below */
-    char *store, *token, *nics, *sched;
-    int log_level; /* -2: not given (leave the log handler alone); -1: "off" */
+    coh_config_t cfg;        /* string fields point at the copies below */
+    char *owned[FF_CFG_MAX]; /* by knob index: copies of string values */
+    int log_level;           /* -2: not given (leave the log handler alone); -1: "off" */
 } ff_config_t;
 
 /* Fill the defaults and the environment (coh_config_init), then apply the
- * map. Every coh_config_t field can be set by its name. */
+ * map. Every coh_config_t field can be set by its name: the fields, their
+ * kinds and bounds are the knob table's (reactor/rx_config.h), plus
+ * "log_level" and "v". */
 int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *err);
 void ff_config_fini(ff_config_t *c);
 

@@ -162,10 +162,9 @@ void rx_rail_close(rx_rail_t *r);
 void rx_rail_stop(rx_rail_t *r, uint64_t quiet_deadline_ns);
 void rx_rail_fini(rx_rail_t *r);
 
-/* ---- configuration (rx_config.c) ---- */
+/* ---- configuration: reactor/rx_config.h ---- */
 
-int rx_config_validate(const coh_config_t *cfg);
-int rx_config_spin_us(const coh_config_t *cfg);
+#include "reactor/rx_config.h"
 
 /* ---- requests ---- */
 

@@ -1,41 +1,119 @@
 /*
- * Configuration: documented defaults, then the environment. The launchers
- * cohort understands are recognised by their variables: cohortrun
- * (COHORT_*), torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open
- * MPI's mpirun (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID, SLURM_NTASKS).
+ * Configuration: documented defaults, then the environment, all from the
+ * one table in rx_config.h. The launchers cohort understands are recognised
+ * by their variables: cohortrun (COHORT_*), torchrun (RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_*), PMI,
+ * Slurm (SLURM_PROCID, SLURM_NTASKS).
  */
-#include "reactor/reactor.h"
+#include "reactor/rx_config.h"
 
 #include <errno.h>
-#include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static int env_int(const char *name, int *out, int lo, int hi)
+#include "reactor/reactor.h"
+
+static const rx_knob_t knobs[] = {
+#define RX__FIELD(f, k, d, e, lo, hi, h) {#f, k, d, e, lo, hi, h, offsetof(coh_config_t, f)},
+    RX_CONFIG_MAP(RX__FIELD)
+#undef RX__FIELD
+#define RX__ENV(f, k, d, e, lo, hi, h) {#f, k, d, e, lo, hi, h, -1},
+        RX_ENV_MAP(RX__ENV)
+#undef RX__ENV
+};
+#define NKNOBS ((int)(sizeof(knobs) / sizeof(knobs[0])))
+
+const rx_knob_t *rx_knobs(int *count)
 {
-    const char *s = getenv(name);
-    if (!s || !*s) return 0;
-    errno = 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return bs_fail(COH_EINVAL, "%s=\"%s\": expected an integer in [%d, %d]", name, s, lo, hi);
-    *out = (int)v;
-    return 1;
+    if (count) *count = NKNOBS;
+    return knobs;
 }
 
-static int env_size(const char *name, size_t *out, uint64_t lo)
+const rx_knob_t *rx_knob_find(const char *name)
 {
-    const char *s = getenv(name);
-    if (!s || !*s) return 0;
-    uint64_t v;
-    if (bs_parse_size(s, &v) != 0 || v < lo)
-        return bs_fail(COH_EINVAL, "%s=\"%s\": expected a size >= %llu (suffixes K, M, G)", name, s,
-                       (unsigned long long)lo);
-    *out = (size_t)v;
-    return 1;
+    for (int i = 0; name && i < NKNOBS; i++)
+        if (knobs[i].off >= 0 && !strcmp(knobs[i].name, name)) return &knobs[i];
+    return NULL;
+}
+
+static const rx_knob_t *env_knob(const char *name)
+{
+    for (int i = 0; i < NKNOBS; i++)
+        if (knobs[i].off < 0 && !strcmp(knobs[i].name, name)) return &knobs[i];
+    return NULL;
+}
+
+static bool in_range(long long v, const rx_knob_t *k)
+{
+    return v >= k->lo && (v < 0 || (unsigned long long)v <= k->hi);
+}
+
+/* Parse text as k's kind into out (int, size_t or const char *). Messages
+ * name the source and quote the value. */
+static int knob_parse(const rx_knob_t *k, const char *text, const char *where, void *out)
+{
+    const char *t = text ? text : "";
+    switch (k->kind) {
+    case RX_K_INT: {
+        errno = 0;
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (errno || end == t || *end || v < INT_MIN || v > INT_MAX)
+            return bs_fail(COH_EINVAL, "%s: '%s' is not an integer in [%lld, %llu]", where, t,
+                           k->lo, k->hi);
+        if (!in_range(v, k))
+            return bs_fail(COH_EINVAL, "%s: %ld is outside [%lld, %llu]", where, v, k->lo, k->hi);
+        *(int *)out = (int)v;
+        return 0;
+    }
+    case RX_K_SIZE: {
+        uint64_t v;
+        if (bs_parse_size(t, &v) != 0 || v > SIZE_MAX)
+            return bs_fail(COH_EINVAL,
+                           "%s: '%s' is not a size (an integer with an optional K, M or G)", where,
+                           t);
+        if ((long long)v < k->lo || v > k->hi)
+            return bs_fail(COH_EINVAL, "%s: %llu is outside [%lld, %llu]", where,
+                           (unsigned long long)v, k->lo, k->hi);
+        *(size_t *)out = (size_t)v;
+        return 0;
+    }
+    case RX_K_STR: {
+        size_t n = strlen(t);
+        if ((long long)n < k->lo)
+            return k->lo == 1 ? bs_fail(COH_EINVAL, "%s: empty", where)
+                              : bs_fail(COH_EINVAL, "%s: shorter than %lld bytes", where, k->lo);
+        if (n > k->hi)
+            return bs_fail(COH_EINVAL, "%s: %zu bytes, longer than the limit of %llu", where, n,
+                           k->hi);
+        *(const char **)out = text;
+        return 0;
+    }
+    case RX_K_MODE: {
+        coh_sync_mode m;
+        if (coh_sync_mode_from_name(t, &m) < 0)
+            return bs_fail(COH_EINVAL,
+                           "%s: unknown value '%s' (one of allreduce, partial, selective)", where,
+                           t);
+        *(int *)out = (int)m;
+        return 0;
+    }
+    }
+    return bs_fail(COH_EINTERNAL, "%s: unknown knob kind", where);
+}
+
+int rx_knob_set(coh_config_t *cfg, const rx_knob_t *k, const char *text, const char *where)
+{
+    union {
+        int i;
+        size_t z;
+        const char *s;
+    } tmp;
+    void *out = k->off >= 0 ? (char *)cfg + k->off : (void *)&tmp;
+    return knob_parse(k, text, where, out);
 }
 
 static const char *env_str(const char *name)
@@ -44,28 +122,28 @@ static const char *env_str(const char *name)
     return s && *s ? s : NULL;
 }
 
+/* An integer environment variable, bounds [lo, hi]: 1 when set and good,
+ * 0 when unset, COH_EINVAL naming the variable. */
+static int env_int(const char *name, int *out, long lo, long hi)
+{
+    const char *s = env_str(name);
+    if (!s) return 0;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return bs_fail(COH_EINVAL, "%s=\"%s\": expected an integer in [%ld, %ld]", name, s, lo, hi);
+    *out = (int)v;
+    return 1;
+}
+
 COH_API int coh_config_init(coh_config_t *cfg)
 {
     if (!cfg) return bs_fail(COH_EINVAL, "coh_config_init: cfg is NULL");
     memset(cfg, 0, sizeof(*cfg));
-    cfg->rank = 0;
-    cfg->world_size = 1;
-    cfg->nics = "lo";
-    cfg->token = "";
-    cfg->timeout_ms = 10000;
-    cfg->connect_timeout_ms = 60000;
-    cfg->chunk_bytes = 1 << 20;
-    cfg->small_bytes = 64 << 10;
-    cfg->rail_min_bytes = 1 << 20;
-    cfg->spin_us = -1; /* auto: see rx_config_spin_us */
-    cfg->stash_bytes = 64 << 20;
-    cfg->sync_mode = COH_SYNC_SELECTIVE;
-    cfg->coordinator = 0;
-    cfg->tick_ms = 2;
-    cfg->sched = "";
-    cfg->poll_us = 50;
-    cfg->store_fd = -1;
-    cfg->sockbuf_bytes = 0;
+    for (int i = 0; i < NKNOBS && knobs[i].off >= 0; i++)
+        BS_CHECK(rx_knob_set(cfg, &knobs[i], knobs[i].deflt, "default"));
+    cfg->store = NULL; /* "" is the table's way of saying "none" */
 
     /* Rank and world size: the first launcher whose variables are set. */
     static const char *const launchers[][2] = {{"COHORT_RANK", "COHORT_WORLD_SIZE"},
@@ -76,7 +154,7 @@ COH_API int coh_config_init(coh_config_t *cfg)
     for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]); i++) {
         if (!env_str(launchers[i][0]) || !env_str(launchers[i][1])) continue;
         int r, w;
-        if (env_int(launchers[i][1], &w, 1, 1 << 20) < 0) return COH_EINVAL;
+        if (env_int(launchers[i][1], &w, 1, RX_MAX_WORLD) < 0) return COH_EINVAL;
         if (env_int(launchers[i][0], &r, 0, w - 1) < 0) return COH_EINVAL;
         cfg->rank = r;
         cfg->world_size = w;
@@ -85,13 +163,14 @@ COH_API int coh_config_init(coh_config_t *cfg)
 
     const char *store = env_str("COHORT_STORE");
     if (store) {
-        cfg->store = store;
+        BS_CHECK(rx_knob_set(cfg, rx_knob_find("store"), store, "COHORT_STORE"));
     } else if (env_str("MASTER_ADDR") && env_str("MASTER_PORT")) {
         /* torchrun's agent already serves its own store on MASTER_PORT. */
-        int port;
+        int port, off = 1;
         if (env_int("MASTER_PORT", &port, 1, 65535) < 0) return COH_EINVAL;
-        int off = 1;
-        if (env_int("COHORT_STORE_PORT_OFFSET", &off, 0, 1000) < 0) return COH_EINVAL;
+        const rx_knob_t *ko = env_knob("store_port_offset");
+        if (env_str(ko->env) && knob_parse(ko, env_str(ko->env), ko->env, &off) < 0)
+            return COH_EINVAL;
         if (port + off > 65535)
             return bs_fail(COH_EINVAL, "MASTER_PORT + COHORT_STORE_PORT_OFFSET > 65535");
         const char *addr = env_str("MASTER_ADDR");
@@ -99,58 +178,61 @@ COH_API int coh_config_init(coh_config_t *cfg)
                  addr, port + off);
         cfg->store = cfg->_storage;
     }
-    if (env_str("COHORT_TOKEN")) cfg->token = env_str("COHORT_TOKEN");
-    if (env_str("COHORT_NICS")) cfg->nics = env_str("COHORT_NICS");
-    if (env_int("COHORT_TIMEOUT_MS", &cfg->timeout_ms, 1, INT_MAX) < 0) return COH_EINVAL;
-    if (env_int("COHORT_CONNECT_TIMEOUT_MS", &cfg->connect_timeout_ms, 1, INT_MAX) < 0)
-        return COH_EINVAL;
-    if (env_size("COHORT_CHUNK_BYTES", &cfg->chunk_bytes, 1) < 0) return COH_EINVAL;
-    if (env_size("COHORT_SMALL_BYTES", &cfg->small_bytes, 0) < 0) return COH_EINVAL;
-    if (env_size("COHORT_RAIL_MIN_BYTES", &cfg->rail_min_bytes, 0) < 0) return COH_EINVAL;
-    if (env_int("COHORT_SPIN_US", &cfg->spin_us, -1, 1000000) < 0) return COH_EINVAL;
-    if (env_int("COHORT_STORE_FD", &cfg->store_fd, -1, INT_MAX) < 0) return COH_EINVAL;
-    if (env_int("COHORT_POLL_US", &cfg->poll_us, 0, 1000000) < 0) return COH_EINVAL;
-    if (env_str("COHORT_SYNC_MODE")) {
-        coh_sync_mode m;
-        if (coh_sync_mode_from_name(env_str("COHORT_SYNC_MODE"), &m) < 0)
-            return bs_fail(COH_EINVAL,
-                           "COHORT_SYNC_MODE=\"%s\": expected allreduce, partial or "
-                           "selective",
-                           env_str("COHORT_SYNC_MODE"));
-        cfg->sync_mode = m;
+    /* Every other field from its variable, parsed and bounded by the table. */
+    for (int i = 0; i < NKNOBS && knobs[i].off >= 0; i++) {
+        const rx_knob_t *k = &knobs[i];
+        if (k->off == offsetof(coh_config_t, rank) ||
+            k->off == offsetof(coh_config_t, world_size) || k->off == offsetof(coh_config_t, store))
+            continue;
+        const char *v = env_str(k->env);
+        if (v) BS_CHECK(rx_knob_set(cfg, k, v, k->env));
     }
-    if (env_int("COHORT_COORDINATOR", &cfg->coordinator, 0, INT_MAX) < 0) return COH_EINVAL;
-    if (env_int("COHORT_TICK_MS", &cfg->tick_ms, 1, 10000) < 0) return COH_EINVAL;
-    if (env_str("COHORT_SCHED")) cfg->sched = env_str("COHORT_SCHED");
-    if (env_size("COHORT_SOCKBUF_BYTES", &cfg->sockbuf_bytes, 0) < 0) return COH_EINVAL;
-    if (env_size("COHORT_STASH_BYTES", &cfg->stash_bytes, 0) < 0) return COH_EINVAL;
     return 0;
 }
 
 int rx_config_validate(const coh_config_t *cfg)
 {
-    if (cfg->world_size < 1) return bs_fail(COH_EINVAL, "world_size %d < 1", cfg->world_size);
-    if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
+    for (int i = 0; i < NKNOBS && knobs[i].off >= 0; i++) {
+        const rx_knob_t *k = &knobs[i];
+        const char *p = (const char *)cfg + k->off;
+        char where[64];
+        snprintf(where, sizeof(where), "config field %s", k->name);
+        switch (k->kind) {
+        case RX_K_INT:
+        case RX_K_MODE: {
+            int v = *(const int *)p;
+            if (!in_range(v, k))
+                return bs_fail(COH_EINVAL, "%s = %d is outside [%lld, %llu]", where, v, k->lo,
+                               k->hi);
+            break;
+        }
+        case RX_K_SIZE: {
+            size_t v = *(const size_t *)p;
+            if ((long long)v < k->lo || v > k->hi)
+                return bs_fail(COH_EINVAL, "%s = %zu is outside [%lld, %llu]", where, v, k->lo,
+                               k->hi);
+            break;
+        }
+        case RX_K_STR: {
+            const char *s = *(const char *const *)p;
+            size_t n = s ? strlen(s) : 0;
+            if ((long long)n < k->lo || n > k->hi)
+                return bs_fail(COH_EINVAL, "%s: %zu bytes, expected %lld to %llu (%s)", where, n,
+                               k->lo, k->hi, k->env);
+            break;
+        }
+        }
+    }
+    if (cfg->rank >= cfg->world_size)
         return bs_fail(COH_EINVAL, "rank %d is outside [0, %d)", cfg->rank, cfg->world_size);
     if (cfg->world_size > 1 && (!cfg->store || !*cfg->store))
         return bs_fail(COH_EINVAL,
                        "world_size %d needs a store address: set COHORT_STORE=host:port "
                        "(or MASTER_ADDR and MASTER_PORT)",
                        cfg->world_size);
-    if (!cfg->nics || !*cfg->nics) return bs_fail(COH_EINVAL, "no NIC configured (COHORT_NICS)");
-    if (cfg->timeout_ms < 1) return bs_fail(COH_EINVAL, "timeout_ms must be >= 1");
-    if (cfg->connect_timeout_ms < 1) return bs_fail(COH_EINVAL, "connect_timeout_ms must be >= 1");
-    if (cfg->chunk_bytes < 1) return bs_fail(COH_EINVAL, "chunk_bytes must be >= 1");
-    if (cfg->spin_us < -1) return bs_fail(COH_EINVAL, "spin_us must be >= -1 (auto)");
-    if (cfg->poll_us < 0) return bs_fail(COH_EINVAL, "poll_us must be >= 0");
-    if (cfg->sync_mode < 0 || cfg->sync_mode >= COH_SYNC_MODE_COUNT)
-        return bs_fail(COH_EINVAL, "sync_mode %d is not a mode", cfg->sync_mode);
-    if (cfg->coordinator < 0 || cfg->coordinator >= cfg->world_size)
+    if (cfg->coordinator >= cfg->world_size)
         return bs_fail(COH_EINVAL, "coordinator %d is not a rank of %d", cfg->coordinator,
                        cfg->world_size);
-    if (cfg->tick_ms < 1) return bs_fail(COH_EINVAL, "tick_ms must be >= 1");
-    if (cfg->token && strlen(cfg->token) > 64)
-        return bs_fail(COH_EINVAL, "the job token is longer than 64 bytes");
     return 0;
 }
 
@@ -160,9 +242,9 @@ int rx_config_validate(const coh_config_t *cfg)
  * cores, 4 KiB allreduce 230 us without, 400-1200 us with). 2 ms covers ops up
  * to a few MiB: a waiter that gives up earlier hands the op back to the loop
  * thread mid-way, and that hand-off cost 256 KiB on 2 ranks half its
- * bandwidth at 100 us. The local rank
- * count comes from the launcher (COHORT_LOCAL_SIZE, torchrun's
- * LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE). */
+ * bandwidth at 100 us. The local rank count comes from the launcher
+ * (COHORT_LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE, Open MPI's
+ * OMPI_COMM_WORLD_LOCAL_SIZE). */
 int rx_config_spin_us(const coh_config_t *cfg)
 {
     if (cfg->spin_us >= 0) return cfg->spin_us;

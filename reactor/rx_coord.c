@@ -60,8 +60,6 @@ struct rx_coord {
     bool closing;
     int world;
     co_rank_t *ranks;
-    sc_params_t params;
-    bool params_ok;
     sc_sched_t *sched[COH_SYNC_MODE_COUNT];
     co_group_t *groups;
     uint64_t next_gid;
@@ -89,111 +87,32 @@ static double now_s(rx_coord_t *c)
     return (double)(bs_now_ns() - c->t0_ns) / 1e9;
 }
 
-/* ---- parameters: defaults, COHORT_SCHED, COHORT_SCHED_<NAME> ---- */
-
-static int load_params(rx_coord_t *c)
+/* Warm start from the trace coh_init read (COHORT_SCHED_TRACE). */
+static void apply_trace(rx_coord_t *c, sc_sched_t *s)
 {
-    sc_params_t *p = &c->params;
-    sc_params_default(p);
-    const char *list = c->ctx->cfg.sched;
-    if (list && *list) {
-        char *copy = coh_strdup(list), *save = NULL;
-        if (!copy) return COH_ENOMEM;
-        for (char *kv = strtok_r(copy, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(kv, '=');
-            if (!eq) {
-                coh_free(copy);
-                return bs_fail(COH_EINVAL, "COHORT_SCHED: \"%s\" is not name=value", kv);
-            }
-            *eq = 0;
-            if (sc_params_set(p, kv, eq + 1) < 0) {
-                int st = bs_fail(COH_EINVAL, "COHORT_SCHED: bad parameter %s=%s", kv, eq + 1);
-                coh_free(copy);
-                return st;
-            }
-        }
-        coh_free(copy);
+    const rx_sched_cfg_t *sc = &c->ctx->sched_cfg;
+    if (!sc->trace_n) return;
+    for (int w = 0; w < c->world; w++) {
+        if (sc->trace_bw[w] > 0) sc_sched_on_bandwidth(s, w, sc->trace_bw[w]);
+        if (sc->trace_n[w]) sc_sched_load_cdf(s, w, sc->trace_samples[w], sc->trace_n[w]);
     }
-    int n;
-    const sc_param_info_t *info = sc_params_info(&n);
-    for (int i = 0; i < n; i++) {
-        char var[96] = "COHORT_SCHED_";
-        size_t l = strlen(var);
-        for (const char *q = info[i].name; *q && l < sizeof(var) - 1; q++)
-            var[l++] = *q == '-' ? '_' : (char)toupper((unsigned char)*q);
-        var[l] = 0;
-        const char *v = getenv(var);
-        if (v && *v && sc_params_set(p, info[i].name, v) < 0)
-            return bs_fail(COH_EINVAL, "%s=\"%s\": not a valid value", var, v);
-    }
-    /* A group of one synchronises with nobody: below 7 ranks 0.3n rounds to
-     * 1 or 2, so the live default keeps groups of at least two. */
-    if (p->p == 0 && c->world >= 2) {
-        int pp = (int)lround(p->p_frac * c->world);
-        p->p = pp < 2 ? 2 : pp;
-    }
-    if (p->p > c->world) p->p = c->world;
-    c->params_ok = true;
-    return sc_params_validate(p, c->world);
-}
-
-/* Warm start: COHORT_SCHED_TRACE, a CSV "worker,bandwidth_gbps,compute_s"
- * as cohort-sim replay reads it: each worker's compute samples become its
- * CDF, its bandwidth the first estimate. */
-static void load_trace(rx_coord_t *c, sc_sched_t *s)
-{
-    const char *path = getenv("COHORT_SCHED_TRACE");
-    if (!path || !*path) return;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        bs_log(COH_LOG_WARN, "coordinator: cannot open COHORT_SCHED_TRACE %s", path);
-        return;
-    }
-    int n = c->world;
-    double **samp = coh_calloc((size_t)n, sizeof(double *));
-    int *cnt = coh_calloc((size_t)n, sizeof(int)), *cap = coh_calloc((size_t)n, sizeof(int));
-    char line[256];
-    while (samp && cnt && cap && fgets(line, sizeof(line), f)) {
-        int w;
-        double bw, cs;
-        if (sscanf(line, "%d,%lf,%lf", &w, &bw, &cs) != 3 || w < 0 || w >= n) continue;
-        if (bw > 0) sc_sched_on_bandwidth(s, w, bw);
-        if (cnt[w] == cap[w]) {
-            int nc = cap[w] ? 2 * cap[w] : 64;
-            double *ns = coh_reallocn(samp[w], (size_t)nc, sizeof(double));
-            if (!ns) continue;
-            samp[w] = ns;
-            cap[w] = nc;
-        }
-        samp[w][cnt[w]++] = cs;
-    }
-    fclose(f);
-    for (int w = 0; samp && cnt && w < n; w++) {
-        if (cnt[w]) sc_sched_load_cdf(s, w, samp[w], cnt[w]);
-        coh_free(samp[w]);
-    }
-    coh_free(samp);
-    coh_free(cnt);
-    coh_free(cap);
 }
 
 static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *first)
 {
     if (c->sched[mode]) return c->sched[mode];
-    sc_params_t p = c->params;
+    sc_params_t p = c->ctx->sched_cfg.params;
     static const sc_policy policy[] = {SC_POLICY_ALLREDUCE, SC_POLICY_PARTIAL, SC_POLICY_SELECTIVE};
     p.policy = policy[mode];
     /* The cost model's v is the size being synchronised. */
     if (first->count) p.model_mb = (double)first->count * coh_dtype_size(first->dtype) / 1e6;
     if (sc_sched_create(&p, c->world, &c->sched[mode]) < 0) return NULL;
     sc_sched_t *s = c->sched[mode];
-    double t = now_s(c);
+    apply_trace(c, s);
     for (int r = 0; r < c->world; r++) {
         if (c->ranks[r].lost || c->ranks[r].left) sc_sched_on_worker_lost(s, r);
         if (c->ranks[r].bw_gbps > 0) sc_sched_on_bandwidth(s, r, c->ranks[r].bw_gbps);
     }
-    load_trace(c, s);
-    (void)t;
     return s;
 }
 
@@ -663,14 +582,6 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
     if (!c->ranks) {
         coh_free(c);
         return bs_fail(COH_ENOMEM, "coordinator: out of memory");
-    }
-    int st = load_params(c);
-    if (st < 0) {
-        char why[512];
-        snprintf(why, sizeof(why), "%s", coh_last_error());
-        coh_free(c->ranks);
-        coh_free(c);
-        return bs_fail(st, "coordinator: %s", why);
     }
     uv_mutex_init(&c->mu);
     uv_cond_init(&c->idle);

@@ -229,6 +229,7 @@ static void ctx_free(struct coh_ctx *ctx)
     rx_reactor_fini(&ctx->ctrl);
     if (ctx->event_fd >= 0) close(ctx->event_fd);
     coh_free(ctx->rails);
+    rx_sched_cfg_fini(&ctx->sched_cfg);
     coh_free(ctx->store_s);
     coh_free(ctx->token_s);
     coh_free(ctx->nics_s);
@@ -287,6 +288,10 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         goto fail;
     }
     BS_CHECK_GOTO(parse_nics(ctx), st, fail);
+    /* The scheduler's parameters and trace: here, on the caller's thread. */
+    BS_CHECK_GOTO(rx_sched_cfg_load(&ctx->cfg, ctx->world, ctx->rank == ctx->cfg.coordinator,
+                                    &ctx->sched_cfg),
+                  st, fail);
     ctx->rails = coh_zalloc(sizeof(rx_rail_t) * (size_t)ctx->nrails);
     if (!ctx->rails) {
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");

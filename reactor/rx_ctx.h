@@ -28,6 +28,7 @@ struct coh_ctx {
     rx_store_server_t *store;
     struct rx_member *member;           /* every rank of a world > 1 */
     struct rx_coord *coord;             /* the coordinator rank only */
+    rx_sched_cfg_t sched_cfg;           /* read at init, for the coordinator */
     struct sockaddr_storage coord_addr; /* where the coordinator listens */
     coh_comm_t world_comm;
     _Atomic int state;

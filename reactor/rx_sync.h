@@ -19,6 +19,7 @@
 
 #include "reactor/reactor.h"
 #include "reactor/rx_ctl.h"
+#include "sched/sched.h"
 
 struct coh_ctx;
 
@@ -52,6 +53,22 @@ int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns);
 void rx_member_free(struct coh_ctx *ctx); /* after the control reactor stopped */
 /* The last slice of a sync attempt ended (rail thread). */
 void rx_sync_attempt_done(coh_request_t *req);
+
+/* ---- the scheduler's configuration, read in coh_init (rx_schedcfg.c) ---- */
+
+typedef struct rx_sched_cfg {
+    sc_params_t params; /* defaults, COHORT_SCHED, COHORT_SCHED_<NAME>; validated */
+    int world;
+    /* COHORT_SCHED_TRACE (coordinator only): per worker its bandwidth (0:
+     * none) and compute-time samples. NULL when there is no trace. */
+    double *trace_bw;
+    double **trace_samples;
+    int *trace_n;
+} rx_sched_cfg_t;
+
+/* Caller's thread. On failure nothing is left to free. */
+int rx_sched_cfg_load(const coh_config_t *cfg, int world, bool coordinator, rx_sched_cfg_t *out);
+void rx_sched_cfg_fini(rx_sched_cfg_t *c);
 
 /* ---- coordinator (on the coordinator rank's control reactor) ---- */
 

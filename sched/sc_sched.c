@@ -81,71 +81,23 @@ struct sc_sched {
     int64_t evaluations, launches, waits, suspects;
 };
 
-/* ---- parameters ---- */
+/* ---- parameters: generated from SC_PARAM_MAP (sched.h) ---- */
 
-void sc_params_default(sc_params_t *p)
-{
-    memset(p, 0, sizeof(*p));
-    p->policy = SC_POLICY_SELECTIVE;
-    p->p = 0;
-    p->p_frac = 0.3;
-    p->eta = 0.3;
-    p->theta = 1.0;
-    p->dt_s = 0.010;
-    p->c = 0;
-    p->alpha_s = 0.001;
-    p->model_mb = 500;
-    p->cost_form = SC_COST_EXACT;
-    p->default_gbps = 10;
-    p->eq4 = SC_EQ4_PRINTED;
-    p->bag_le = false;
-    p->flag_launches = false;
-    p->full_counts = true;
-    p->overdue_factor = 2.0;
-    p->starve_s = 10.0;
-    p->cdf_per_worker = true;
-    p->cdf_window = 256;
-    p->cdf_pool_window = 4096;
-    p->cdf_min_samples = 8;
-    p->tick_s = 0.005;
-    p->fault_factor = 5.0;
-    p->calib_gain = 0.1;
-}
+_Static_assert(sizeof(sc_policy) == sizeof(int) && sizeof(sc_cost_form) == sizeof(int) &&
+                   sizeof(sc_eq4_reading) == sizeof(int),
+               "enum parameters are stored as int");
 
 static const sc_param_info_t param_info[] = {
-    {"scheme", "selective", "policy: allreduce, partial, selective or relay"},
-    {"p", "0", "minimum group size (0: round(p-frac * n))"},
-    {"p-frac", "0.3", "minimum group size as a fraction of n"},
-    {"eta", "0.3", "BAG: a group takes workers within (1-eta) of its p-th bandwidth"},
-    {"theta", "1", "BPAWR: wait only if the expected saving exceeds theta*dt"},
-    {"dt-ms", "10", "BPAWR time slot and selective re-evaluation period, ms"},
-    {"c", "0", "selective: full weighted allreduce every c rounds (0: never)"},
-    {"alpha-ms", "1", "per-hop latency of the ring cost model, ms"},
-    {"model-mb", "500", "model size, MB (10^6 bytes)"},
-    {"cost", "exact", "Eq. 2 form: exact (2(m-1)a + 2(m-1)/m v/b) or approx (2ma + 2v/b)"},
-    {"default-gbps", "10", "bandwidth assumed for a worker with no estimate yet, Gbps"},
-    {"eq4", "printed", "P(ready in dt): printed F(t+dt) or conditional (F(t+dt)-F(t))/(1-F(t))"},
-    {"bag", "strict", "BAG line 6: strict (len < p) or literal (len <= p)"},
-    {"flag", "wait", "BPAWR's flag: wait (true = wait, launch otherwise) or literal (if F launch)"},
-    {"full-counts", "1", "1: a full sync advances Alg. 3's round k; 0: literal (never)"},
-    {"overdue", "2", "do not wait for a worker computing longer than this * its largest sample"},
-    {"starve-s", "10",
-     "selective: a ready worker waiting longer than this is not held back by "
-     "BAG's leftover group or BPAWR (0: off, the paper's behaviour)"},
-    {"cdf-per-worker", "1", "1: a worker's own CDF once it has cdf-min-samples; 0: pooled only"},
-    {"cdf-window", "256", "samples kept per worker"},
-    {"cdf-pool-window", "4096", "samples kept in the pooled CDF"},
-    {"cdf-min-samples", "8", "samples before a worker's own CDF is used"},
-    {"tick-ms", "5", "relay: coordinator cycle (one unit of waiting cost), ms"},
-    {"fault-factor", "5",
-     "relay: suspect relays not ready this * (phase-1 end - first ready) "
-     "after phase 1 (0: off)"},
-    {"calib-gain", "0.1", "gain of the measured/expected correction of the cost model (0: off)"},
+#define SC__INFO(nm, field, kind, scale, deflt, range, help)                                       \
+    {nm, deflt, range, help, kind, scale, offsetof(sc_params_t, field)},
+    SC_PARAM_MAP(SC__INFO)
+#undef SC__INFO
 };
+#define NPARAMS ((int)(sizeof(param_info) / sizeof(param_info[0])))
 
 const sc_param_info_t *sc_params_info(int *count)
 {
-    if (count) *count = (int)(sizeof(param_info) / sizeof(param_info[0]));
+    if (count) *count = NPARAMS;
     return param_info;
 }
 
@@ -169,22 +121,44 @@ const char *sc_policy_name(sc_policy policy)
     return (unsigned)policy < SC_POLICY_COUNT ? policy_names[policy] : "unknown";
 }
 
-static int parse_double(const char *v, double *out)
+/* "(0, 1]", "[1, inf)": the bounds and whether each end is included. */
+typedef struct interval {
+    double lo, hi;
+    bool lo_in, hi_in;
+} interval_t;
+
+static bool parse_interval(const char *r, interval_t *iv)
 {
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end != '\0' || !isfinite(x)) return COH_EINVAL;
-    *out = x;
-    return 0;
+    char lb, rb;
+    char los[32], his[32];
+    if (sscanf(r, " %c %31[^,], %31[^])] %c", &lb, los, his, &rb) != 4) return false;
+    iv->lo = strtod(los, NULL);
+    iv->hi = strtod(his, NULL);
+    iv->lo_in = lb == '[';
+    iv->hi_in = rb == ']';
+    return true;
 }
 
-static int parse_int(const char *v, int *out)
+static bool in_interval(double v, const char *range)
 {
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end != '\0' || x < -2147483647L || x > 2147483647L) return COH_EINVAL;
-    *out = (int)x;
-    return 0;
+    interval_t iv;
+    if (!parse_interval(range, &iv) || !isfinite(v)) return false;
+    return (iv.lo_in ? v >= iv.lo : v > iv.lo) && (iv.hi_in ? v <= iv.hi : v < iv.hi);
+}
+
+/* The index of value among "a|b|c", or -1. */
+static int name_index(const char *names, const char *value)
+{
+    size_t n = strlen(value);
+    int i = 0;
+    for (const char *q = names; *q; i++) {
+        const char *bar = strchr(q, '|');
+        size_t len = bar ? (size_t)(bar - q) : strlen(q);
+        if (len == n && !strncmp(q, value, n)) return i;
+        if (!bar) break;
+        q = bar + 1;
+    }
+    return -1;
 }
 
 static int parse_bool(const char *v, bool *out)
@@ -200,6 +174,68 @@ static int parse_bool(const char *v, bool *out)
     return COH_EINVAL;
 }
 
+/* Parse value as parameter pi into the struct t (no range check). */
+static int param_parse(const sc_param_info_t *pi, const char *value, sc_params_t *t)
+{
+    char *f = (char *)t + pi->off;
+    char *end;
+    switch (pi->kind) {
+    case SC_PK_DBL: {
+        double x = strtod(value, &end);
+        if (end == value || *end != '\0' || !isfinite(x)) return COH_EINVAL;
+        *(double *)f = x * pi->scale;
+        return 0;
+    }
+    case SC_PK_INT: {
+        long x = strtol(value, &end, 10);
+        if (end == value || *end != '\0' || x < -2147483647L || x > 2147483647L) return COH_EINVAL;
+        *(int *)f = (int)x;
+        return 0;
+    }
+    case SC_PK_BOOL: return parse_bool(value, (bool *)f);
+    case SC_PK_ENUM:
+    case SC_PK_ENUMB: {
+        int i = name_index(pi->range, value);
+        if (i < 0) return COH_EINVAL;
+        if (pi->kind == SC_PK_ENUM)
+            *(int *)f = i;
+        else
+            *(bool *)f = i != 0;
+        return 0;
+    }
+    }
+    return COH_EINVAL;
+}
+
+/* Is the value the struct holds for pi within its range? */
+static bool param_ok(const sc_param_info_t *pi, const sc_params_t *t)
+{
+    const char *f = (const char *)t + pi->off;
+    switch (pi->kind) {
+    case SC_PK_DBL: return in_interval(*(const double *)f / pi->scale, pi->range);
+    case SC_PK_INT: {
+        interval_t iv;
+        int v = *(const int *)f;
+        return parse_interval(pi->range, &iv) && (iv.lo_in ? v >= iv.lo : v > iv.lo) &&
+               (isinf(iv.hi) || (iv.hi_in ? v <= iv.hi : v < iv.hi));
+    }
+    case SC_PK_BOOL:
+    case SC_PK_ENUMB: return true;
+    case SC_PK_ENUM: {
+        int v = *(const int *)f, n = 1;
+        for (const char *q = pi->range; *q; q++) n += *q == '|';
+        return v >= 0 && v < n;
+    }
+    }
+    return false;
+}
+
+void sc_params_default(sc_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    for (int i = 0; i < NPARAMS; i++) param_parse(&param_info[i], param_info[i].deflt, p);
+}
+
 int sc_params_set(sc_params_t *p, const char *name, const char *value)
 {
     if (!p || !name || !value) return COH_EINVAL;
@@ -213,111 +249,24 @@ int sc_params_set(sc_params_t *p, const char *name, const char *value)
         if (ch >= 'A' && ch <= 'Z') ch = (char)(ch - 'A' + 'a');
         key[i] = ch;
     }
-    sc_params_t t = *p;
-    double d;
-    int rc = 0;
-#define DBL(field, scale) (rc = parse_double(value, &d), t.field = d * (scale))
-    if (!strcmp(key, "scheme") || !strcmp(key, "policy")) {
-        rc = sc_policy_from_name(value, &t.policy);
-    } else if (!strcmp(key, "p")) {
-        rc = parse_int(value, &t.p);
-    } else if (!strcmp(key, "p-frac")) {
-        DBL(p_frac, 1);
-    } else if (!strcmp(key, "eta")) {
-        DBL(eta, 1);
-    } else if (!strcmp(key, "theta")) {
-        DBL(theta, 1);
-    } else if (!strcmp(key, "dt-ms")) {
-        DBL(dt_s, 1e-3);
-    } else if (!strcmp(key, "c")) {
-        rc = parse_int(value, &t.c);
-    } else if (!strcmp(key, "alpha-ms")) {
-        DBL(alpha_s, 1e-3);
-    } else if (!strcmp(key, "model-mb")) {
-        DBL(model_mb, 1);
-    } else if (!strcmp(key, "cost")) {
-        if (!strcmp(value, "exact"))
-            t.cost_form = SC_COST_EXACT;
-        else if (!strcmp(value, "approx"))
-            t.cost_form = SC_COST_APPROX;
-        else
-            rc = COH_EINVAL;
-    } else if (!strcmp(key, "default-gbps")) {
-        DBL(default_gbps, 1);
-    } else if (!strcmp(key, "eq4")) {
-        if (!strcmp(value, "conditional"))
-            t.eq4 = SC_EQ4_CONDITIONAL;
-        else if (!strcmp(value, "printed"))
-            t.eq4 = SC_EQ4_PRINTED;
-        else
-            rc = COH_EINVAL;
-    } else if (!strcmp(key, "bag")) {
-        if (!strcmp(value, "strict"))
-            t.bag_le = false;
-        else if (!strcmp(value, "literal"))
-            t.bag_le = true;
-        else
-            rc = COH_EINVAL;
-    } else if (!strcmp(key, "flag")) {
-        if (!strcmp(value, "wait"))
-            t.flag_launches = false;
-        else if (!strcmp(value, "literal"))
-            t.flag_launches = true;
-        else
-            rc = COH_EINVAL;
-    } else if (!strcmp(key, "full-counts")) {
-        rc = parse_bool(value, &t.full_counts);
-    } else if (!strcmp(key, "overdue")) {
-        DBL(overdue_factor, 1);
-    } else if (!strcmp(key, "starve-s")) {
-        DBL(starve_s, 1);
-    } else if (!strcmp(key, "cdf-per-worker")) {
-        rc = parse_bool(value, &t.cdf_per_worker);
-    } else if (!strcmp(key, "cdf-window")) {
-        rc = parse_int(value, &t.cdf_window);
-    } else if (!strcmp(key, "cdf-pool-window")) {
-        rc = parse_int(value, &t.cdf_pool_window);
-    } else if (!strcmp(key, "cdf-min-samples")) {
-        rc = parse_int(value, &t.cdf_min_samples);
-    } else if (!strcmp(key, "tick-ms")) {
-        DBL(tick_s, 1e-3);
-    } else if (!strcmp(key, "fault-factor")) {
-        DBL(fault_factor, 1);
-    } else if (!strcmp(key, "calib-gain")) {
-        DBL(calib_gain, 1);
-    } else {
-        return COH_EINVAL;
+    if (!strcmp(key, "policy")) memcpy(key, "scheme", 7);
+    for (int i = 0; i < NPARAMS; i++) {
+        if (strcmp(key, param_info[i].name) != 0) continue;
+        sc_params_t t = *p;
+        if (param_parse(&param_info[i], value, &t) < 0 || !param_ok(&param_info[i], &t))
+            return COH_EINVAL;
+        *p = t;
+        return 0;
     }
-#undef DBL
-    if (rc) return rc;
-    /* Range-check with n large enough not to reject any p. */
-    rc = sc_params_validate(&t, SC_MAX_WORKERS);
-    if (rc) return rc;
-    *p = t;
-    return 0;
+    return COH_EINVAL;
 }
 
 int sc_params_validate(const sc_params_t *p, int n)
 {
     if (!p || n < 1 || n > SC_MAX_WORKERS) return COH_EINVAL;
-    if ((unsigned)p->policy >= SC_POLICY_COUNT) return COH_EINVAL;
-    if (p->p < 0 || p->p > n) return COH_EINVAL;
-    if (!(p->p_frac > 0 && p->p_frac <= 1)) return COH_EINVAL;
-    if (!(p->eta >= 0 && p->eta < 1)) return COH_EINVAL;
-    if (!(p->theta >= 0 && isfinite(p->theta))) return COH_EINVAL;
-    if (!(p->dt_s > 0 && isfinite(p->dt_s))) return COH_EINVAL;
-    if (p->c < 0) return COH_EINVAL;
-    if (!(p->alpha_s >= 0 && isfinite(p->alpha_s))) return COH_EINVAL;
-    if (!(p->model_mb > 0 && isfinite(p->model_mb))) return COH_EINVAL;
-    if (p->cost_form != SC_COST_EXACT && p->cost_form != SC_COST_APPROX) return COH_EINVAL;
-    if (!(p->default_gbps > 0 && isfinite(p->default_gbps))) return COH_EINVAL;
-    if (p->eq4 != SC_EQ4_CONDITIONAL && p->eq4 != SC_EQ4_PRINTED) return COH_EINVAL;
-    if (!(p->overdue_factor >= 0 && isfinite(p->overdue_factor))) return COH_EINVAL;
-    if (!(p->starve_s >= 0 && isfinite(p->starve_s))) return COH_EINVAL;
-    if (p->cdf_window < 1 || p->cdf_pool_window < 1 || p->cdf_min_samples < 1) return COH_EINVAL;
-    if (!(p->tick_s > 0 && isfinite(p->tick_s))) return COH_EINVAL;
-    if (!(p->fault_factor >= 0 && isfinite(p->fault_factor))) return COH_EINVAL;
-    if (!(p->calib_gain >= 0 && p->calib_gain <= 1)) return COH_EINVAL;
+    for (int i = 0; i < NPARAMS; i++)
+        if (!param_ok(&param_info[i], p)) return COH_EINVAL;
+    if (p->p > n) return COH_EINVAL;
     return 0;
 }
 

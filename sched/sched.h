@@ -43,55 +43,116 @@ typedef enum sc_policy {
 } sc_policy;
 
 /*
- * Parameters. sc_params_default() fills the defaults written beside each
- * field; sc_params_set() sets one by name (the names are the CLI flags of
- * cohort-sim without "--", and what the C API maps its request fields and
- * environment variables onto). Readings of the paper that change results are
- * options here; the defaults are argued in docs/sched.md and beside the code.
+ * Parameters, written once: SC_PARAM_MAP is the table from which the
+ * struct's defaults (sc_params_default), the setter by name (sc_params_set,
+ * what cohort-sim's flags, COHORT_SCHED and COHORT_SCHED_<NAME> go
+ * through), the range checks (sc_params_validate) and the help
+ * (sc_params_info: cohort-sim --help, docs/sched.md) are generated. Readings
+ * of the paper that change results are options here; the defaults are
+ * argued in docs/sched.md and beside the code.
+ *
+ * Columns: name (cohort-sim's flag without "--"; the variable is
+ * COHORT_SCHED_<NAME> with '-' as '_'), field, kind, scale (the field holds
+ * value * scale: milliseconds in, seconds stored), default as text, range
+ * (an interval for numbers, "a|b|c" for names: the value is the index),
+ * help.
  */
+typedef enum sc_param_kind {
+    SC_PK_DBL = 0, /* double */
+    SC_PK_INT,     /* int */
+    SC_PK_BOOL,    /* bool: 1/0, true/false, yes/no, on/off */
+    SC_PK_ENUM,    /* an int-sized enum, by name */
+    SC_PK_ENUMB,   /* a bool, by name (index 0 false, 1 true) */
+} sc_param_kind;
+
+#define SC_PARAM_MAP(X)                                                                            \
+    X("scheme", policy, SC_PK_ENUM, 1, "selective", "allreduce|partial|selective|relay",           \
+      "policy: allreduce, partial, selective or relay")                                            \
+    X("p", p, SC_PK_INT, 1, "0", "[0, inf)", "minimum group size (0: round(p-frac * n))")          \
+    X("p-frac", p_frac, SC_PK_DBL, 1, "0.3", "(0, 1]",                                             \
+      "minimum group size as a fraction of n (the paper's p = 0.3n)")                              \
+    X("eta", eta, SC_PK_DBL, 1, "0.3", "[0, 1)",                                                   \
+      "BAG: a group takes workers within (1-eta) of its p-th bandwidth")                           \
+    X("theta", theta, SC_PK_DBL, 1, "1", "[0, inf)",                                               \
+      "BPAWR: wait only if the expected saving exceeds theta*dt")                                  \
+    X("dt-ms", dt_s, SC_PK_DBL, 1e-3, "10", "(0, inf)",                                            \
+      "BPAWR time slot and selective re-evaluation period, ms")                                    \
+    X("c", c, SC_PK_INT, 1, "0", "[0, inf)",                                                       \
+      "selective: full weighted allreduce every c rounds (0: never)")                              \
+    X("alpha-ms", alpha_s, SC_PK_DBL, 1e-3, "1", "[0, inf)",                                       \
+      "per-hop latency of the ring cost model (Eq. 2), ms")                                        \
+    X("model-mb", model_mb, SC_PK_DBL, 1, "500", "(0, inf)", "model size, MB (10^6 bytes)")        \
+    X("cost", cost_form, SC_PK_ENUM, 1, "exact", "exact|approx",                                   \
+      "Eq. 2 form: exact (2(m-1)a + 2(m-1)/m v/b) or approx (2ma + 2v/b)")                         \
+    X("default-gbps", default_gbps, SC_PK_DBL, 1, "10", "(0, inf)",                                \
+      "bandwidth assumed for a worker with no estimate yet, Gbps")                                 \
+    X("eq4", eq4, SC_PK_ENUM, 1, "printed", "conditional|printed",                                 \
+      "P(ready in dt): printed F(t+dt) or conditional (F(t+dt)-F(t))/(1-F(t))")                    \
+    X("bag", bag_le, SC_PK_ENUMB, 1, "strict", "strict|literal",                                   \
+      "BAG line 6: strict (len < p) or literal (len <= p)")                                        \
+    X("flag", flag_launches, SC_PK_ENUMB, 1, "wait", "wait|literal",                               \
+      "BPAWR's flag: wait (true = wait, launch otherwise) or literal (if F launch)")               \
+    X("full-counts", full_counts, SC_PK_BOOL, 1, "1", "",                                          \
+      "1: a full sync advances Alg. 3's round k; 0: literal (never)")                              \
+    X("overdue", overdue_factor, SC_PK_DBL, 1, "2", "[0, inf)",                                    \
+      "do not wait for a worker computing longer than this * its largest sample")                  \
+    X("starve-s", starve_s, SC_PK_DBL, 1, "10", "[0, inf)",                                        \
+      "selective: a ready worker waiting longer than this is not held back by BAG's leftover "     \
+      "group or BPAWR (0: off, the paper's behaviour)")                                            \
+    X("cdf-per-worker", cdf_per_worker, SC_PK_BOOL, 1, "1", "",                                    \
+      "1: a worker's own CDF once it has cdf-min-samples; 0: pooled only")                         \
+    X("cdf-window", cdf_window, SC_PK_INT, 1, "256", "[1, inf)", "samples kept per worker")        \
+    X("cdf-pool-window", cdf_pool_window, SC_PK_INT, 1, "4096", "[1, inf)",                        \
+      "samples kept in the pooled CDF")                                                            \
+    X("cdf-min-samples", cdf_min_samples, SC_PK_INT, 1, "8", "[1, inf)",                           \
+      "samples before a worker's own CDF is used")                                                 \
+    X("tick-ms", tick_s, SC_PK_DBL, 1e-3, "5", "(0, inf)",                                         \
+      "relay: coordinator cycle (one unit of waiting cost), ms")                                   \
+    X("fault-factor", fault_factor, SC_PK_DBL, 1, "5", "[0, inf)",                                 \
+      "relay: suspect relays not ready this * (phase-1 end - first ready) after phase 1 (0: off)") \
+    X("calib-gain", calib_gain, SC_PK_DBL, 1, "0.1", "[0, 1]",                                     \
+      "gain of the measured/expected correction of the cost model (0: off)")
+
 typedef struct sc_params {
-    sc_policy policy;       /* "scheme": selective */
-    int p;                  /* "p": minimum group size; 0 = round(p_frac * n) (default 0) */
-    double p_frac;          /* "p-frac": 0.3 (the paper's p = 0.3n) */
-    double eta;             /* "eta": BAG bandwidth relaxation, 0.3 */
-    double theta;           /* "theta": BPAWR waiting threshold factor, 1 */
-    double dt_s;            /* "dt-ms": BPAWR time slot and re-evaluation period, 10 ms */
-    int c;                  /* "c": full weighted allreduce every c rounds; 0 disables (default) */
-    double alpha_s;         /* "alpha-ms": link latency of Eq. 2, 1 ms */
-    double model_mb;        /* "model-mb": model size in MB (10^6 bytes), 500 */
-    sc_cost_form cost_form; /* "cost": exact (Eq. 2, first line) or approx (second line) */
-    double default_gbps;    /* "default-gbps": bandwidth assumed before any estimate, 10 */
+    sc_policy policy;       /* "scheme" */
+    int p;                  /* "p" */
+    double p_frac;          /* "p-frac" */
+    double eta;             /* "eta" */
+    double theta;           /* "theta" */
+    double dt_s;            /* "dt-ms" */
+    int c;                  /* "c" */
+    double alpha_s;         /* "alpha-ms" */
+    double model_mb;        /* "model-mb" */
+    sc_cost_form cost_form; /* "cost" */
+    double default_gbps;    /* "default-gbps" */
 
     /* Readings of the paper (see the comments in sc_bag.c and sc_sched.c). */
-    sc_eq4_reading eq4;    /* "eq4": printed (default) or conditional; see sc_est.h */
-    bool bag_le;           /* "bag": strict (len < p, default) or literal (len <= p) */
-    bool flag_launches;    /* "flag": wait (F means wait, default) or literal (if F launch) */
-    bool full_counts;      /* "full-counts": 1 = a full sync advances the round (default) */
-    double overdue_factor; /* "overdue": a computing worker past this many times the
-                              largest compute time in its CDF is not waited for, 2 */
-    double starve_s;       /* "starve-s": a ready worker waiting longer than this is
-                              not held back by BAG's leftover or BPAWR; 0 = off, 10 s */
+    sc_eq4_reading eq4;    /* "eq4" */
+    bool bag_le;           /* "bag" */
+    bool flag_launches;    /* "flag" */
+    bool full_counts;      /* "full-counts" */
+    double overdue_factor; /* "overdue" */
+    double starve_s;       /* "starve-s" */
 
     /* Runtime CDF (Eq. 4). */
-    bool cdf_per_worker; /* "cdf-per-worker": 1 = own CDF once it has enough samples */
-    int cdf_window;      /* "cdf-window": samples kept per worker, 256 */
-    int cdf_pool_window; /* "cdf-pool-window": samples kept for the pooled CDF, 4096 */
-    int cdf_min_samples; /* "cdf-min-samples": own CDF used from this many samples, 8 */
+    bool cdf_per_worker; /* "cdf-per-worker" */
+    int cdf_window;      /* "cdf-window" */
+    int cdf_pool_window; /* "cdf-pool-window" */
+    int cdf_min_samples; /* "cdf-min-samples" */
 
     /* relay */
-    double tick_s;       /* "tick-ms": coordinator cycle, one unit of waiting cost, 5 ms */
-    double fault_factor; /* "fault-factor": T_fault = this * (phase-1 end - first ready);
-                            relays not ready by then are reported suspect; 0 = off, 5 */
+    double tick_s;       /* "tick-ms" */
+    double fault_factor; /* "fault-factor" */
 
     /* Gain of the running correction of the cost model from measured group
-     * durations (expected_s and the relay's buying cost); 0 = off, 0.1. */
+     * durations (expected_s and the relay's buying cost). */
     double calib_gain; /* "calib-gain" */
 } sc_params_t;
 
 void sc_params_default(sc_params_t *p);
-/* Set one parameter by name ("eta", "dt-ms", "scheme", "eq4", ...). Returns 0,
- * COH_EINVAL for an unknown name or a value that does not parse or is out of
- * range. */
+/* Set one parameter by name ("eta", "dt-ms", "scheme", "eq4"; environment
+ * style "DT_MS" too). Returns 0, COH_EINVAL for an unknown name or a value
+ * that does not parse or is out of range (p is not changed then). */
 int sc_params_set(sc_params_t *p, const char *name, const char *value);
 /* Check ranges; n is the number of workers (p <= n). */
 int sc_params_validate(const sc_params_t *p, int n);
@@ -101,9 +162,13 @@ int sc_params_p(const sc_params_t *p, int n);
 typedef struct sc_param_info {
     const char *name;  /* as accepted by sc_params_set */
     const char *deflt; /* default, as text */
+    const char *range; /* interval, or "a|b|c", or "" (bool) */
     const char *help;  /* one line */
+    sc_param_kind kind;
+    double scale;
+    size_t off; /* in sc_params_t */
 } sc_param_info_t;
-/* The table of every parameter, for --help and for the C API's docs. */
+/* The table of every parameter, for --help, docs and the environment. */
 const sc_param_info_t *sc_params_info(int *count);
 
 int sc_policy_from_name(const char *name, sc_policy *out); /* COH_EINVAL if unknown */

@@ -26,6 +26,10 @@
 #include <unistd.h>
 #include <uv.h>
 
+/* The knob tables, for --help and --knobs: X-macros, nothing to link. */
+#include "reactor/rx_config.h"
+#include "sched/sched.h"
+
 extern char **environ;
 
 typedef struct out_stream {
@@ -78,7 +82,59 @@ static void usage(FILE *f)
             "                     by the rank (e.g. --wrap 'ip netns exec coh{rank}')\n"
             "  --timeout SEC      kill every rank after SEC seconds and exit 124\n"
             "  --keep-going       do not kill the other ranks when one fails\n"
-            "  --no-prefix        do not prefix output lines with [rank]\n");
+            "  --no-prefix        do not prefix output lines with [rank]\n"
+            "  --knobs [config|sched]  print the knobs the ranks read, as markdown tables\n"
+            "\nThe ranks read these variables (defaults in brackets):\n");
+#define KNOB_HELP(fld, k, d, env, lo, hi, h) fprintf(f, "  %-26s [%s] %s\n", env, *d ? d : "-", h);
+    RX_CONFIG_MAP(KNOB_HELP)
+    RX_ENV_MAP(KNOB_HELP)
+#undef KNOB_HELP
+    fprintf(f, "  %-26s scheduler parameters, also COHORT_SCHED_<NAME> each:\n", "COHORT_SCHED");
+#define SCHED_HELP(nm, fl, k, sc, d, r, h) fprintf(f, "    %-24s [%s] %s\n", nm, d, h);
+    SC_PARAM_MAP(SCHED_HELP)
+#undef SCHED_HELP
+}
+
+static void sched_row(const char *name, const char *deflt, const char *range, const char *help)
+{
+    char r[128];
+    size_t n = 0;
+    /* "a|b" would split the markdown cell: "a, b" */
+    for (const char *q = *range ? range : "0 or 1"; *q && n + 3 < sizeof(r); q++) {
+        if (*q == '|') {
+            r[n++] = ',';
+            r[n++] = ' ';
+        } else {
+            r[n++] = *q;
+        }
+    }
+    r[n] = 0;
+    printf("| `%s` | `%s` | %s | %s |\n", name, deflt, r, help);
+}
+
+/* The README's knob table and docs/sched.md's parameter table are these,
+ * verbatim (the docs.knobs test compares them). */
+static void print_knobs(const char *which)
+{
+    if (!which || !strcmp(which, "config")) {
+        printf("| variable | field | default | meaning |\n|---|---|---|---|\n");
+#define KNOB_ROW(f, k, d, env, lo, hi, h)                                                          \
+    printf("| `%s` | `%s` | %s%s%s | %s |\n", env, #f, *d ? "`" : "", *d ? d : "none",             \
+           *d ? "`" : "", h);
+        RX_CONFIG_MAP(KNOB_ROW)
+#undef KNOB_ROW
+#define ENV_ROW(f, k, d, env, lo, hi, h)                                                           \
+    printf("| `%s` | - | %s%s%s | %s |\n", env, *d ? "`" : "", *d ? d : "none", *d ? "`" : "", h);
+        RX_ENV_MAP(ENV_ROW)
+#undef ENV_ROW
+    }
+    if (!which) printf("\n");
+    if (!which || !strcmp(which, "sched")) {
+        printf("| parameter | default | range | meaning |\n|---|---|---|---|\n");
+#define SCHED_ROW(nm, fl, k, sc, d, r, h) sched_row(nm, d, r, h);
+        SC_PARAM_MAP(SCHED_ROW)
+#undef SCHED_ROW
+    }
 }
 
 static void emit(out_stream_t *s, const char *p, size_t n)
@@ -253,6 +309,14 @@ int main(int argc, char **argv)
             g.keep_going = true;
         } else if (!strcmp(a, "--no-prefix")) {
             g.prefix = false;
+        } else if (!strcmp(a, "--knobs")) {
+            const char *which = i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : NULL;
+            if (which && strcmp(which, "config") && strcmp(which, "sched")) {
+                fprintf(stderr, "cohortrun: --knobs config or --knobs sched\n");
+                return 2;
+            }
+            print_knobs(which);
+            return 0;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;

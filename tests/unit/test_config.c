@@ -317,15 +317,21 @@ static void test_sizes(void **state)
         set("COHORT_CHUNK_BYTES", k[i].s);
         set("COHORT_SMALL_BYTES", k[i].s);
         set("COHORT_RAIL_MIN_BYTES", k[i].s);
-        set("COHORT_SOCKBUF_BYTES", k[i].s);
+        /* Socket buffers are an int for setsockopt. */
+        if (k[i].v <= INT_MAX) set("COHORT_SOCKBUF_BYTES", k[i].s);
         coh_config_t cfg;
         init_ok(&cfg);
         if (cfg.chunk_bytes != k[i].v) print_error("\"%s\"\n", k[i].s);
         assert_int_equal(cfg.chunk_bytes, k[i].v);
         assert_int_equal(cfg.small_bytes, k[i].v);
         assert_int_equal(cfg.rail_min_bytes, k[i].v);
-        assert_int_equal(cfg.sockbuf_bytes, k[i].v);
+        if (k[i].v <= INT_MAX) assert_int_equal(cfg.sockbuf_bytes, k[i].v);
+        unsetenv("COHORT_SOCKBUF_BYTES");
     }
+    /* Accepted before and cast to a negative int for SO_SNDBUF. */
+    set("COHORT_SOCKBUF_BYTES", "2G");
+    init_refused("COHORT_SOCKBUF_BYTES");
+    unsetenv("COHORT_SOCKBUF_BYTES");
     /* 0 is a valid small/rail/sockbuf size, not a valid chunk */
     clear_all();
     set("COHORT_SMALL_BYTES", "0");
@@ -378,6 +384,40 @@ static void test_spin_auto(void **state)
     unsetenv("LOCAL_WORLD_SIZE");
     cfg.spin_us = 7;
     assert_int_equal(rx_config_spin_us(&cfg), 7);
+}
+
+/* The knob table lists every field of coh_config_t: when the struct grows,
+ * add the field to RX_CONFIG_MAP (reactor/rx_config.h), which gives it a
+ * default, its variable, validation, the ABI field and the README row. */
+static void test_table_covers_the_struct(void **state)
+{
+    (void)state;
+    if (sizeof(coh_config_t) != 440)
+        fail_msg("coh_config_t is %zu bytes, was 440 when RX_CONFIG_MAP last listed every field",
+                 sizeof(coh_config_t));
+    int n;
+    const rx_knob_t *k = rx_knobs(&n);
+    int fields = 0;
+    for (int i = 0; i < n; i++) {
+        if (k[i].off < 0) continue;
+        fields++;
+        assert_non_null(rx_knob_find(k[i].name));
+        assert_true(strncmp(k[i].env, "COHORT_", 7) == 0);
+        /* Every default parses as its own kind and passes validation. */
+        coh_config_t cfg;
+        assert_int_equal(coh_config_init(&cfg), 0);
+        assert_int_equal(rx_knob_set(&cfg, &k[i], k[i].deflt, "default"), 0);
+    }
+    assert_int_equal(fields, 19);
+    /* tick_ms had an upper bound through the environment and the ABI but
+     * none through C: the table gives all three the same. */
+    coh_config_t cfg;
+    assert_int_equal(coh_config_init(&cfg), 0);
+    cfg.tick_ms = 10001;
+    assert_int_equal(rx_config_validate(&cfg), COH_EINVAL);
+    assert_non_null(strstr(coh_last_error(), "tick_ms"));
+    cfg.tick_ms = 10000;
+    assert_int_equal(rx_config_validate(&cfg), 0);
 }
 
 static void test_invalid_ints(void **state)
@@ -452,6 +492,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_precedence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_ints, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_table_covers_the_struct, setup, teardown),
         cmocka_unit_test_setup_teardown(test_spin_auto, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

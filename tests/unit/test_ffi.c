@@ -28,6 +28,7 @@
 
 #include "cohort.h"
 #include "cohort_ffi.h"
+#include "reactor/rx_config.h"
 #include "ffi/ffi.h"
 
 /* ---- a small msgpack writer: mp(buf, "m2 s s s u", 2, "a", "b", "c", (uint64_t)1) ----
@@ -505,13 +506,19 @@ static void test_config(void **state)
     assert_string_equal(c.cfg.sched, "eta=0.5,c=4");
     ff_config_fini(&c);
 
-    /* Every coh_config_t field is settable from the map: when the struct
-     * grows, add the field to cfg_fields in ffi/ff_codec.c (and to
-     * docs/ffi.md), then update this size. */
-    if (sizeof(coh_config_t) != 440)
-        fail_msg("coh_config_t is %zu bytes, was 440 when ffi/ff_codec.c last listed every field: "
-                 "add the new field to cfg_fields there",
-                 sizeof(coh_config_t));
+    /* Every knob of the table (reactor/rx_config.h) is a config field. */
+    int nk;
+    const rx_knob_t *knobs = rx_knobs(&nk);
+    for (int i = 0; i < nk && knobs[i].off >= 0; i++) {
+        if (knobs[i].kind == RX_K_INT)
+            mp(&b, "m1 s i", 1, knobs[i].name, (int64_t)atoll(knobs[i].deflt));
+        else
+            mp(&b, "m1 s s", 1, knobs[i].name, knobs[i].deflt);
+        if (ff_decode_config(b.data, b.len, &c, &e) != 0)
+            fail_msg("field %s = its default '%s' refused: %s", knobs[i].name, knobs[i].deflt,
+                     e.msg);
+        ff_config_fini(&c);
+    }
 
     /* Empty: the defaults (and environment). */
     assert_int_equal(ff_decode_config(NULL, 0, &c, &e), 0);

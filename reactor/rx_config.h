@@ -1,0 +1,118 @@
+/*
+ * rx_config.h - every knob of a context, written once.
+ *
+ * RX_CONFIG_MAP is the one table of coh_config_t's fields: from it come the
+ * defaults and the environment parsing of coh_config_init, the validation
+ * of coh_init (rx_config_validate), the config fields of the msgpack ABI
+ * (ffi/ff_codec.c), `cohortrun --knobs` and the README's knob table (checked
+ * against it by the docs.knobs test). RX_ENV_MAP holds the knobs that exist
+ * only as environment variables. Scheduler parameters have their own table
+ * (SC_PARAM_MAP in sched/sched.h): COHORT_SCHED and COHORT_SCHED_<NAME>.
+ *
+ * Columns: field, kind, default (as text, parsed like the environment),
+ * environment variable, lowest and highest value (for strings: length), and
+ * a line of help. Sizes take K, M, G suffixes (powers of two).
+ */
+#ifndef COH_RX_CONFIG_H
+#define COH_RX_CONFIG_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cohort.h"
+
+#define RX_MAX_WORLD (1 << 20)
+#define RX_STR_MAX   4095
+
+typedef enum rx_knob_kind {
+    RX_K_INT = 0, /* int */
+    RX_K_SIZE,    /* size_t, with K/M/G */
+    RX_K_STR,     /* const char * (length bounds) */
+    RX_K_MODE,    /* int: a coh_sync_mode by name */
+} rx_knob_kind;
+
+/* X(field, kind, default, env, lo, hi, help) */
+#define RX_CONFIG_MAP(X)                                                                           \
+    X(rank, RX_K_INT, "0", "COHORT_RANK", 0, RX_MAX_WORLD - 1,                                     \
+      "this rank; else RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID")                      \
+    X(world_size, RX_K_INT, "1", "COHORT_WORLD_SIZE", 1, RX_MAX_WORLD,                             \
+      "the number of ranks; else WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS")      \
+    X(store, RX_K_STR, "", "COHORT_STORE", 0, 1024,                                                \
+      "host:port of rank 0's bootstrap store; else MASTER_ADDR:(MASTER_PORT + "                    \
+      "COHORT_STORE_PORT_OFFSET)")                                                                 \
+    X(token, RX_K_STR, "", "COHORT_TOKEN", 0, 64,                                                  \
+      "job token every connection must present (at most 64 bytes)")                                \
+    X(nics, RX_K_STR, "lo", "COHORT_NICS", 1, RX_STR_MAX,                                          \
+      "comma list of interfaces or addresses, one rail (reactor) each; every rank needs the "      \
+      "same count")                                                                                \
+    X(timeout_ms, RX_K_INT, "10000", "COHORT_TIMEOUT_MS", 1, INT_MAX,                              \
+      "an op fails after this long without progress")                                              \
+    X(connect_timeout_ms, RX_K_INT, "60000", "COHORT_CONNECT_TIMEOUT_MS", 1, INT_MAX,              \
+      "deadline for bootstrap (store and every peer connected)")                                   \
+    X(chunk_bytes, RX_K_SIZE, "1M", "COHORT_CHUNK_BYTES", 1, SIZE_MAX,                             \
+      "pipeline chunk of ring and chain plans")                                                    \
+    X(small_bytes, RX_K_SIZE, "64K", "COHORT_SMALL_BYTES", 0, SIZE_MAX,                            \
+      "at or below this total size, latency-optimal plans (recursive doubling, tree, direct)")     \
+    X(rail_min_bytes, RX_K_SIZE, "1M", "COHORT_RAIL_MIN_BYTES", 0, SIZE_MAX,                       \
+      "smaller ops use one rail (chosen by the op's sequence), larger ones are striped over all")  \
+    X(spin_us, RX_K_INT, "-1", "COHORT_SPIN_US", -1, 1000000,                                      \
+      "coh_wait runs the request's rail loops itself this long before sleeping; -1 (auto): 2000 "  \
+      "when the host has a core per local rank (COHORT_LOCAL_SIZE), else 0")                       \
+    X(store_fd, RX_K_INT, "-1", "COHORT_STORE_FD", -1, INT_MAX,                                    \
+      "a listening socket rank 0 adopts for its store (set by cohortrun); -1: bind one")           \
+    X(sockbuf_bytes, RX_K_SIZE, "0", "COHORT_SOCKBUF_BYTES", 0, INT_MAX,                           \
+      "SO_SNDBUF and SO_RCVBUF of data sockets; 0: kernel autotuning")                             \
+    X(stash_bytes, RX_K_SIZE, "64M", "COHORT_STASH_BYTES", 0, SIZE_MAX,                            \
+      "frames that arrive before their receive is posted are kept, per rail, up to this; beyond "  \
+      "it the connection pauses")                                                                  \
+    X(sync_mode, RX_K_MODE, "selective", "COHORT_SYNC_MODE", 0, COH_SYNC_MODE_COUNT - 1,           \
+      "default mode of coh_sync: allreduce, partial or selective")                                 \
+    X(coordinator, RX_K_INT, "0", "COHORT_COORDINATOR", 0, RX_MAX_WORLD - 1,                       \
+      "the rank that runs the scheduler")                                                          \
+    X(tick_ms, RX_K_INT, "2", "COHORT_TICK_MS", 1, 10000,                                          \
+      "the scheduler fiber's period (it also runs after every event)")                             \
+    X(sched, RX_K_STR, "", "COHORT_SCHED", 0, RX_STR_MAX,                                          \
+      "scheduler parameters name=value,... (docs/sched.md); also COHORT_SCHED_<NAME> each")        \
+    X(poll_us, RX_K_INT, "50", "COHORT_POLL_US", 0, 1000000,                                       \
+      "a rail with ops in flight polls its sockets this long before sleeping")
+
+/* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
+#define RX_ENV_MAP(X)                                                                              \
+    X(store_port_offset, RX_K_INT, "1", "COHORT_STORE_PORT_OFFSET", 0, 1000,                       \
+      "added to MASTER_PORT when the store address comes from torchrun's variables")               \
+    X(local_size, RX_K_INT, "1", "COHORT_LOCAL_SIZE", 1, RX_MAX_WORLD,                             \
+      "ranks on this host (set by cohortrun; else LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE)")  \
+    X(sched_trace, RX_K_STR, "", "COHORT_SCHED_TRACE", 0, RX_STR_MAX,                              \
+      "warm start of the coordinator: a CSV worker,bandwidth_gbps,compute_s (cohort-sim "          \
+      "replay's)")
+
+typedef struct rx_knob {
+    const char *name; /* the coh_config_t field (or the env-only knob's name) */
+    rx_knob_kind kind;
+    const char *deflt;
+    const char *env;
+    long long lo;
+    unsigned long long hi;
+    const char *help;
+    ptrdiff_t off; /* in coh_config_t; -1 for environment-only knobs */
+} rx_knob_t;
+
+/* The knobs, fields first, then environment-only ones. */
+const rx_knob_t *rx_knobs(int *count);
+/* The field knob called name, or NULL. */
+const rx_knob_t *rx_knob_find(const char *name);
+
+/* Parse text as the knob's kind and check its bounds; write the value into
+ * cfg (nothing for environment-only knobs). Strings are stored as given
+ * (not copied). where names the source in the error ("COHORT_TIMEOUT_MS",
+ * "field 'timeout_ms'"). Returns 0 or COH_EINVAL with coh_last_error set. */
+int rx_knob_set(coh_config_t *cfg, const rx_knob_t *k, const char *text, const char *where);
+/* Check every field of cfg against the table, then the fields that depend
+ * on each other (rank < world_size, coordinator < world_size, a store for
+ * a world > 1). */
+int rx_config_validate(const coh_config_t *cfg);
+/* spin_us resolved: -1 (auto) becomes 2000 or 0 from the local rank count. */
+int rx_config_spin_us(const coh_config_t *cfg);
+
+#endif
