@@ -162,6 +162,10 @@ void rx_rail_close(rx_rail_t *r);
 void rx_rail_stop(rx_rail_t *r, uint64_t quiet_deadline_ns);
 void rx_rail_fini(rx_rail_t *r);
 
+/* ---- addresses: reactor/rx_addr.h ---- */
+
+#include "reactor/rx_addr.h"
+
 /* ---- configuration: reactor/rx_config.h ---- */
 
 #include "reactor/rx_config.h"

@@ -24,7 +24,7 @@
 #include "sched/sched.h"
 
 typedef struct co_rank {
-    rx_ctl_conn_t *conn;
+    rx_conn_t *conn;
     bool lost;
     bool left;      /* said LEAVE: out of the schedule, connection kept */
     bool has_ready; /* a READY waits for a group */
@@ -54,9 +54,8 @@ typedef struct co_group {
 struct rx_coord {
     struct coh_ctx *ctx;
     rx_reactor_t *rx;
-    uv_tcp_t listen;
+    rx_listener_t *listener;
     uv_timer_t tick;
-    int handles;
     bool closing;
     int world;
     co_rank_t *ranks;
@@ -69,9 +68,6 @@ struct rx_coord {
     int active;
     uv_mutex_t mu;
     uv_cond_t idle;
-    /* connections that have not said HELLO yet */
-    rx_ctl_conn_t *strangers[64];
-    int nstrangers;
 };
 
 static void active_add(rx_coord_t *c, int d)
@@ -204,7 +200,7 @@ static void declare_lost(rx_coord_t *c, int r, const char *why)
     bs_log(COH_LOG_WARN, "coordinator: rank %d is out of the schedule: %s", r, why);
     for (int m = 0; m < COH_SYNC_MODE_COUNT; m++)
         if (c->sched[m]) sc_sched_on_worker_lost(c->sched[m], r);
-    if (cr->conn) rx_ctl_close(cr->conn, COH_EPEER, why);
+    if (cr->conn) rx_conn_close(cr->conn, COH_EPEER, why);
     co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
     if (g) member_done(c, g, r, COH_EPEER, 0);
 }
@@ -364,7 +360,7 @@ static void apply_ready(rx_coord_t *c, int r)
 
 /* ---- messages ---- */
 
-static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
+static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
 {
     rx_coord_t *c = conn->owner;
     int r = conn->peer;
@@ -460,31 +456,32 @@ static void on_msg(rx_ctl_conn_t *conn, const rx_ctl_msg_t *m)
     tick_all(c);
 }
 
-static void forget_stranger(rx_coord_t *c, rx_ctl_conn_t *conn)
+static int on_bytes(rx_conn_t *conn, const uint8_t *buf, size_t len)
 {
-    for (int i = 0; i < c->nstrangers; i++)
-        if (c->strangers[i] == conn) c->strangers[i] = c->strangers[--c->nstrangers];
+    rx_ctl_msg_t m;
+    int n = rx_ctl_parse(buf, len, &m);
+    if (n > 0) on_msg(conn, &m);
+    return n;
 }
 
-static void on_ready(rx_ctl_conn_t *conn, int peer)
+static void on_ready(rx_conn_t *conn)
 {
     rx_coord_t *c = conn->owner;
-    forget_stranger(c, conn);
+    int peer = conn->peer;
     if (peer < 0 || peer >= c->world || c->ranks[peer].conn || c->ranks[peer].lost) {
-        rx_ctl_close(conn, COH_EPROTO, "duplicate or unknown rank");
+        rx_conn_close(conn, COH_EPROTO, "duplicate or unknown rank");
         return;
     }
     c->ranks[peer].conn = conn;
     active_add(c, 1);
 }
 
-static void on_close(rx_ctl_conn_t *conn, int status, const char *why)
+static void on_close(rx_conn_t *conn, int status, const char *why)
 {
     (void)status;
     rx_coord_t *c = conn->owner;
-    forget_stranger(c, conn);
     int r = conn->peer;
-    if (r < 0 || r >= c->world || c->ranks[r].conn != conn) {
+    if (!conn->ready || r < 0 || r >= c->world || c->ranks[r].conn != conn) {
         if (!c->closing) bs_log(COH_LOG_WARN, "coordinator: dropped a connection: %s", why);
         return;
     }
@@ -499,33 +496,12 @@ static void on_close(rx_ctl_conn_t *conn, int status, const char *why)
     tick_all(c);
 }
 
-static const rx_ctl_handlers_t coord_handlers = {
-    .on_msg = on_msg, .on_ready = on_ready, .on_close = on_close};
-
-static void on_connection(uv_stream_t *server, int status)
-{
-    rx_coord_t *c = server->data;
-    if (status < 0 || c->closing) return;
-    rx_ctl_conn_t *conn;
-    if (rx_ctl_accept(server, c->ctx->token_s, c->ctx->rank, c->world, &coord_handlers, c, &conn) !=
-        0)
-        return;
-    if (c->nstrangers == (int)(sizeof(c->strangers) / sizeof(c->strangers[0]))) {
-        rx_ctl_close(conn, COH_EAGAIN, "too many connections in handshake");
-        return;
-    }
-    c->strangers[c->nstrangers++] = conn;
-}
+static const rx_conn_proto_t coord_proto = RX_CTL_PROTO_INIT(on_bytes, on_ready, on_close);
 
 static void on_tick(uv_timer_t *t)
 {
     rx_coord_t *c = t->data;
     tick_all(c);
-    /* A connection that never says HELLO does not keep a slot. */
-    uint64_t now = bs_now_ns();
-    for (int i = c->nstrangers - 1; i >= 0; i--)
-        if (now - c->strangers[i]->t_open_ns > 10000000000ull)
-            rx_ctl_close(c->strangers[i], COH_ETIMEDOUT, "no handshake in time");
     /* A group where someone failed and others never report (a hung rank)
      * ends after the op timeout: the silent ones are out. */
     double tnow = now_s(c), limit = c->ctx->cfg.timeout_ms / 1e3;
@@ -540,10 +516,9 @@ static void on_tick(uv_timer_t *t)
     }
 }
 
-static void handle_closed(uv_handle_t *h)
+static void tick_closed(uv_handle_t *h)
 {
     rx_coord_t *c = h->data;
-    if (--c->handles > 0) return;
     for (int m = 0; m < COH_SYNC_MODE_COUNT; m++) sc_sched_destroy(c->sched[m]);
     while (c->groups) {
         co_group_t *g = c->groups;
@@ -563,11 +538,10 @@ void rx_coord_close(rx_coord_t *c)
 {
     if (!c || c->closing) return;
     c->closing = true;
-    for (int r = 0; r < c->world; r++)
-        if (c->ranks[r].conn) rx_ctl_close(c->ranks[r].conn, COH_ECANCELED, "finalizing");
-    while (c->nstrangers) rx_ctl_close(c->strangers[0], COH_ECANCELED, "finalizing");
-    uv_close((uv_handle_t *)&c->tick, handle_closed);
-    uv_close((uv_handle_t *)&c->listen, handle_closed);
+    /* Closes every connection accepted on it; their on_close runs now. */
+    rx_listener_close(c->listener);
+    c->listener = NULL;
+    uv_close((uv_handle_t *)&c->tick, tick_closed);
 }
 
 int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
@@ -585,22 +559,17 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
     }
     uv_mutex_init(&c->mu);
     uv_cond_init(&c->idle);
-    uv_tcp_init(&rx->loop, &c->listen);
-    c->listen.data = c;
     uv_timer_init(&rx->loop, &c->tick);
     c->tick.data = c;
-    c->handles = 2;
     struct sockaddr_storage a = ctx->rail_addr[0]; /* port 0: any */
-    int e = uv_tcp_bind(&c->listen, (struct sockaddr *)&a, 0);
-    if (!e) e = uv_listen((uv_stream_t *)&c->listen, 1024, on_connection);
-    if (e) {
+    int st = rx_listener_start(&rx->loop, (struct sockaddr *)&a, -1, &coord_proto, c, ctx->token_s,
+                               ctx->rank, ctx->world, &c->listener);
+    if (st < 0) {
         c->closing = true;
-        uv_close((uv_handle_t *)&c->tick, handle_closed);
-        uv_close((uv_handle_t *)&c->listen, handle_closed);
-        return bs_fail(bs_errno_status(e), "coordinator: listen: %s", uv_strerror(e));
+        uv_close((uv_handle_t *)&c->tick, tick_closed);
+        return st;
     }
-    int len = sizeof(c->addr);
-    uv_tcp_getsockname(&c->listen, (struct sockaddr *)&c->addr, &len);
+    c->addr = c->listener->addr;
     uint64_t period = (uint64_t)(ctx->cfg.tick_ms > 0 ? ctx->cfg.tick_ms : 2);
     uv_timer_start(&c->tick, on_tick, period, period);
     *out = c;
@@ -622,4 +591,9 @@ int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr)
 {
     *addr = c->addr;
     return 0;
+}
+
+uint64_t rx_coord_rejected(rx_coord_t *c)
+{
+    return c && c->listener ? rx_listener_rejected(c->listener) : 0;
 }

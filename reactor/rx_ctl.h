@@ -3,7 +3,8 @@
  *
  * Every rank keeps one TCP connection to the coordinator (rank
  * COHORT_COORDINATOR), opened at init with a HELLO of kind EN_HELLO_CTRL (job
- * token first), separate from the data rails. It carries small messages:
+ * token first, rx_conn.h), separate from the data rails. It carries small
+ * messages:
  *
  *   READY   rank -> coordinator  "I finished a step: place me in a group"
  *   PLAN    coordinator -> rank  "your group: these members, this weight"
@@ -25,6 +26,7 @@
 #include <uv.h>
 
 #include "reactor/reactor.h"
+#include "reactor/rx_conn.h"
 
 #define RX_CTL_MAGIC 0x43484f43u /* "COHC" */
 #define RX_CTL_HDR   16
@@ -104,45 +106,16 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap);
 /* Bytes rx_ctl_encode needs for m. */
 size_t rx_ctl_size(const rx_ctl_msg_t *m);
 
-/* ---- a framed control connection on a reactor ---- */
+/* ---- on a connection (reactor/rx_conn.h) ---- */
 
-typedef struct rx_ctl_conn rx_ctl_conn_t;
-typedef struct rx_ctl_handlers {
-    /* A message arrived. Threading: the loop thread. */
-    void (*on_msg)(rx_ctl_conn_t *c, const rx_ctl_msg_t *m);
-    /* The handshake passed (hello has the peer's rank). */
-    void (*on_ready)(rx_ctl_conn_t *c, int peer_rank);
-    /* The connection is gone (after on_ready, or a failed handshake). The
-     * conn is freed after this returns. */
-    void (*on_close)(rx_ctl_conn_t *c, int status, const char *why);
-} rx_ctl_handlers_t;
+/* The framing for rx_conn_proto_t: the coordinator's and the members'. */
+#define RX_CTL_PROTO_INIT(parse_fn, ready_fn, close_fn)                                            \
+    {                                                                                              \
+        .name = "control", .hello_kind = EN_HELLO_CTRL, .max_msg = RX_CTL_HDR + RX_CTL_MAX,        \
+        .parse = parse_fn, .on_ready = ready_fn, .on_close = close_fn                              \
+    }
 
-struct rx_ctl_conn {
-    uv_tcp_t tcp;
-    uv_connect_t creq;
-    const rx_ctl_handlers_t *h;
-    void *owner;
-    int peer; /* -1 until the handshake */
-    bool ready, closing, outgoing;
-    const char *token;
-    int rank, world;
-    uint8_t hello[88];
-    size_t hello_got;
-    uint8_t *buf;
-    size_t len, cap;
-    uint64_t t_open_ns;
-};
-
-/* Loop thread. Dial addr from local (port 0) and handshake as rank. */
-int rx_ctl_dial(uv_loop_t *loop, const struct sockaddr *local, const struct sockaddr *addr,
-                const char *token, int rank, int world, const rx_ctl_handlers_t *h, void *owner,
-                rx_ctl_conn_t **out);
-/* Loop thread. Take an accepted connection (server side). */
-int rx_ctl_accept(uv_stream_t *server, const char *token, int rank, int world,
-                  const rx_ctl_handlers_t *h, void *owner, rx_ctl_conn_t **out);
-/* Loop thread. Queue a message; COH_EPEER when the conn is closing. */
-int rx_ctl_send(rx_ctl_conn_t *c, const rx_ctl_msg_t *m);
-/* Loop thread. Close (on_close runs once, from here or later). */
-void rx_ctl_close(rx_ctl_conn_t *c, int status, const char *why);
+/* Loop thread. Encode and queue a message; COH_EPEER when the conn is closing. */
+int rx_ctl_send(rx_conn_t *c, const rx_ctl_msg_t *m);
 
 #endif

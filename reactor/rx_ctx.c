@@ -439,7 +439,9 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
         s->connections_rejected += atomic_load(&en->stat_rejected);
         s->frames_invalid += atomic_load(&en->stat_bad_frames);
     }
+    /* Every listener's refusals: the rails', the store's and the coordinator's. */
     if (ctx->store) s->connections_rejected += rx_store_server_rejected(ctx->store);
+    s->connections_rejected += rx_coord_rejected(ctx->coord);
     s->requests_completed = atomic_load(&ctx->n_completed);
     s->requests_failed = atomic_load(&ctx->n_failed);
     return 0;

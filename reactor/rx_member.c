@@ -17,8 +17,8 @@
 
 struct rx_member {
     struct coh_ctx *ctx;
-    rx_ctl_conn_t *conn; /* loop thread */
-    uv_mutex_t mu;       /* conn_state and why, for the initialising thread */
+    rx_conn_t *conn; /* loop thread */
+    uv_mutex_t mu;   /* conn_state and why, for the initialising thread */
     uv_cond_t cv;
     int conn_state; /* 0 connecting, 1 ready, < 0 failed or lost */
     char why[BS_ERR_LEN];
@@ -301,27 +301,31 @@ static void set_state(rx_member_t *m, int st, const char *why)
     uv_mutex_unlock(&m->mu);
 }
 
-static void on_msg(rx_ctl_conn_t *c, const rx_ctl_msg_t *msg)
+static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
 {
     rx_member_t *m = c->owner;
-    if (msg->type == RX_CTL_PLAN) {
-        handle_plan(m, &msg->u.plan);
-    } else {
-        rx_ctl_close(c, COH_EPROTO, "unexpected message from the coordinator");
+    rx_ctl_msg_t msg;
+    int n = rx_ctl_parse(buf, len, &msg);
+    if (n <= 0) return n;
+    if (msg.type != RX_CTL_PLAN) {
+        rx_conn_close(c, COH_EPROTO, "unexpected message from the coordinator");
+        return n;
     }
+    handle_plan(m, &msg.u.plan);
+    return n;
 }
 
-static void on_ready(rx_ctl_conn_t *c, int peer)
+static void on_ready(rx_conn_t *c)
 {
     rx_member_t *m = c->owner;
-    if (peer != m->ctx->cfg.coordinator) {
-        rx_ctl_close(c, COH_EPROTO, "the coordinator's address answered as another rank");
+    if (c->peer != m->ctx->cfg.coordinator) {
+        rx_conn_close(c, COH_EPROTO, "the coordinator's address answered as another rank");
         return;
     }
     set_state(m, 1, NULL);
 }
 
-static void on_close(rx_ctl_conn_t *c, int status, const char *why)
+static void on_close(rx_conn_t *c, int status, const char *why)
 {
     rx_member_t *m = c->owner;
     m->conn = NULL;
@@ -338,8 +342,7 @@ static void on_close(rx_ctl_conn_t *c, int status, const char *why)
     if (req && !req->sync->members) finish(m, req, COH_EPEER, msg);
 }
 
-static const rx_ctl_handlers_t member_handlers = {
-    .on_msg = on_msg, .on_ready = on_ready, .on_close = on_close};
+static const rx_conn_proto_t member_proto = RX_CTL_PROTO_INIT(on_bytes, on_ready, on_close);
 
 static int dial_fn(rx_reactor_t *rx, void *arg)
 {
@@ -347,8 +350,8 @@ static int dial_fn(rx_reactor_t *rx, void *arg)
     struct coh_ctx *ctx = m->ctx;
     /* Leave through rail 0's interface. */
     struct sockaddr_storage local = ctx->rail_addr[0];
-    return rx_ctl_dial(&rx->loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
-                       ctx->token_s, ctx->rank, ctx->world, &member_handlers, m, &m->conn);
+    return rx_conn_dial(&rx->loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
+                        &member_proto, m, ctx->token_s, ctx->rank, ctx->world, &m->conn);
 }
 
 int rx_member_start(struct coh_ctx *ctx)
@@ -386,7 +389,7 @@ static int close_fn(rx_reactor_t *rx, void *arg)
 {
     (void)rx;
     rx_member_t *m = arg;
-    if (m->conn) rx_ctl_close(m->conn, COH_ECANCELED, "finalizing");
+    if (m->conn) rx_conn_close(m->conn, COH_ECANCELED, "finalizing");
     return 0;
 }
 

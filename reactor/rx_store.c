@@ -1,14 +1,12 @@
 /*
- * The bootstrap store: codec, server (libuv, on the control reactor of
- * rank 0) and a blocking client (used only inside coh_init).
+ * The bootstrap store: codec, server (its table, on a framed-connection
+ * listener of rank 0's control reactor: reactor/rx_conn.h) and a blocking
+ * client (used only inside coh_init).
  */
 #include "reactor/rx_store.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include "base/bs_alloc.h"
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -18,6 +16,7 @@
 #include <unistd.h>
 
 #include "engines/en_frame.h"
+#include "reactor/rx_conn.h"
 
 /* ---- codec ---- */
 
@@ -69,7 +68,6 @@ int rx_store_encode(uint8_t type, uint8_t status, uint32_t arg, const void *key,
 
 #define NBUCKETS 256
 #define MSG_MAX  (RX_STORE_HDR + RX_STORE_KEY_MAX + RX_STORE_VAL_MAX)
-#define HELLO_MS 10000
 #define TICK_MS  50
 
 typedef struct kv {
@@ -80,36 +78,25 @@ typedef struct kv {
     size_t vlen;
 } kv_t;
 
-typedef enum { CL_HELLO = 0, CL_READY, CL_CLOSING } cl_state;
-
+/* A client's state, beside its connection (rx_conn_t.data). */
 typedef struct st_client {
-    uv_tcp_t tcp;
-    struct rx_store_server *srv;
+    rx_conn_t *conn;
     struct st_client *prev, *next;
-    int state;
-    uint8_t hello[EN_HELLO_SIZE];
-    size_t hello_got;
-    uint8_t *buf;
-    size_t len, cap;
     bool waiting; /* a WAIT is pending: later requests wait their turn */
     uint8_t wkey[RX_STORE_KEY_MAX];
     size_t wklen;
     uint64_t wdeadline_ns;
-    uint64_t t_accept_ns;
 } st_client_t;
 
 struct rx_store_server {
-    rx_reactor_t *rx;
-    uv_tcp_t listen;
+    rx_listener_t *listener;
     uv_timer_t tick;
     kv_t *buckets[NBUCKETS];
     st_client_t *clients;
     char token[EN_TOKEN_MAX + 1];
     int world;
-    int handles;
     bool closing;
     struct sockaddr_storage addr;
-    _Atomic uint64_t rejected;
 };
 
 static uint32_t khash(const uint8_t *k, size_t n)
@@ -154,77 +141,19 @@ static int kv_set(rx_store_server_t *s, const uint8_t *k, size_t n, const uint8_
     return 0;
 }
 
-static void srv_handle_closed(uv_handle_t *h)
-{
-    rx_store_server_t *s = h->data;
-    if (--s->handles > 0) return;
-    for (int b = 0; b < NBUCKETS; b++) {
-        kv_t *e = s->buckets[b];
-        while (e) {
-            kv_t *n = e->next;
-            coh_free(e->key);
-            coh_free(e->val);
-            coh_free(e);
-            e = n;
-        }
-    }
-    coh_free(s);
-}
-
-static void client_closed(uv_handle_t *h)
-{
-    st_client_t *c = h->data;
-    rx_store_server_t *s = c->srv;
-    coh_free(c->buf);
-    coh_free(c);
-    srv_handle_closed((uv_handle_t *)&s->listen);
-}
-
-static void client_close(st_client_t *c, const char *why)
-{
-    if (c->state == CL_CLOSING) return;
-    rx_store_server_t *s = c->srv;
-    if (why) bs_log(COH_LOG_WARN, "store: dropped a client: %s", why);
-    c->state = CL_CLOSING;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->clients = c->next;
-    if (c->next) c->next->prev = c->prev;
-    uv_close((uv_handle_t *)&c->tcp, client_closed);
-}
-
-typedef struct wr {
-    uv_write_t req;
-    uint8_t data[];
-} wr_t;
-
-static void wrote(uv_write_t *req, int status)
-{
-    (void)status;
-    coh_free(req->data);
-}
-
 static void reply(st_client_t *c, uint8_t status, uint32_t arg, const void *val, size_t vlen)
 {
-    wr_t *w = coh_malloc(sizeof(wr_t) + RX_STORE_HDR + vlen);
-    if (!w) {
-        client_close(c, "out of memory");
-        return;
-    }
-    int n = rx_store_encode(RX_STORE_RESP, status, arg, NULL, 0, val, vlen, w->data,
-                            RX_STORE_HDR + vlen);
-    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
-    w->req.data = w;
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, wrote) != 0) {
-        coh_free(w);
-        client_close(c, "write failed");
-    }
+    uint8_t stack[256];
+    size_t n = RX_STORE_HDR + vlen;
+    uint8_t *b = n <= sizeof(stack) ? stack : coh_malloc(n);
+    int len = b ? rx_store_encode(RX_STORE_RESP, status, arg, NULL, 0, val, vlen, b, n) : -1;
+    if (len < 0 || rx_conn_send(c->conn, b, (size_t)len) != 0)
+        rx_conn_close(c->conn, COH_ENOMEM, "cannot answer");
+    if (b != stack) coh_free(b);
 }
 
-static void process(st_client_t *c);
-
-/* Answer WAITs on key (or all expired ones when key is NULL). */
+/* Answer WAITs on key (or all expired ones when key is NULL); each client
+ * answered goes on with the requests it sent meanwhile. */
 static void wake_waiters(rx_store_server_t *s, const uint8_t *key, size_t klen, uint64_t now)
 {
     st_client_t *next;
@@ -241,13 +170,14 @@ static void wake_waiters(rx_store_server_t *s, const uint8_t *key, size_t klen, 
         } else {
             continue;
         }
-        if (c->state == CL_READY) process(c);
+        /* Resuming may answer, close or free others: start over. */
+        rx_conn_resume(c->conn);
+        next = s->clients;
     }
 }
 
-static void handle(st_client_t *c, const rx_store_msg_t *m)
+static void handle(st_client_t *c, rx_store_server_t *s, const rx_store_msg_t *m)
 {
-    rx_store_server_t *s = c->srv;
     switch (m->type) {
     case RX_STORE_SET:
         if (kv_set(s, m->key, m->klen, m->val, m->vlen) != 0) {
@@ -293,150 +223,79 @@ static void handle(st_client_t *c, const rx_store_msg_t *m)
         wake_waiters(s, m->key, m->klen, 0);
         return;
     }
-    default: client_close(c, "a response sent to the store");
+    default: rx_conn_close(c->conn, COH_EPROTO, "a response sent to the store");
     }
 }
 
-static void process(st_client_t *c)
+/* One request off the stream; 0 while a WAIT of this client is pending. */
+static int st_parse(rx_conn_t *conn, const uint8_t *buf, size_t len)
 {
-    size_t off = 0;
-    while (c->state == CL_READY && !c->waiting && off < c->len) {
-        rx_store_msg_t m;
-        int n = rx_store_parse(c->buf + off, c->len - off, &m);
-        if (n == 0) break;
-        if (n < 0) {
-            client_close(c, "malformed store message");
-            return;
-        }
-        handle(c, &m);
-        off += (size_t)n;
-    }
-    if (off && c->state != CL_CLOSING) {
-        memmove(c->buf, c->buf + off, c->len - off);
-        c->len -= off;
-    }
+    st_client_t *c = conn->data;
+    if (!c || c->waiting) return 0;
+    rx_store_msg_t m;
+    int n = rx_store_parse(buf, len, &m);
+    if (n > 0) handle(c, conn->owner, &m);
+    return n;
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+static void st_ready(rx_conn_t *conn)
 {
-    (void)suggested;
-    st_client_t *c = h->data;
-    if (c->state == CL_HELLO) {
-        buf->base = (char *)c->hello + c->hello_got;
-        buf->len = EN_HELLO_SIZE - c->hello_got;
-        return;
-    }
-    if (c->cap - c->len < 4096 && c->cap < MSG_MAX + 4096) {
-        size_t ncap = c->cap ? c->cap * 2 : 8192;
-        if (ncap > MSG_MAX + 4096) ncap = MSG_MAX + 4096;
-        uint8_t *nb = coh_realloc(c->buf, ncap);
-        if (nb) {
-            c->buf = nb;
-            c->cap = ncap;
-        }
-    }
-    buf->base = (char *)c->buf + c->len;
-    buf->len = c->cap - c->len;
-}
-
-static void on_hello(st_client_t *c)
-{
-    rx_store_server_t *s = c->srv;
-    en_hello_t h;
-    const char *why = NULL;
-    if (en_hello_decode(c->hello, EN_HELLO_SIZE, &h) != EN_HELLO_SIZE)
-        why = "malformed handshake";
-    else if (!en_hello_token_ok(&h, s->token))
-        why = "wrong job token";
-    else if (h.kind != EN_HELLO_STORE || (int)h.world != s->world)
-        why = "not a store client of this job";
-    if (why) {
-        atomic_fetch_add(&s->rejected, 1);
-        client_close(c, why);
-        return;
-    }
-    en_hello_t me = {.version = EN_PROTO_VERSION,
-                     .kind = EN_HELLO_STORE,
-                     .rank = 0,
-                     .world = (uint32_t)s->world};
-    en_hello_set_token(&me, s->token);
-    wr_t *w = coh_malloc(sizeof(wr_t) + EN_HELLO_SIZE);
-    if (!w) {
-        client_close(c, "out of memory");
-        return;
-    }
-    en_hello_encode(&me, w->data);
-    uv_buf_t b = uv_buf_init((char *)w->data, EN_HELLO_SIZE);
-    w->req.data = w;
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, wrote) != 0) {
-        coh_free(w);
-        client_close(c, "write failed");
-        return;
-    }
-    c->state = CL_READY;
-}
-
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
-{
-    (void)buf;
-    st_client_t *c = st->data;
-    if (nread == 0 || nread == UV_ENOBUFS || c->state == CL_CLOSING) {
-        if (nread == UV_ENOBUFS) client_close(c, "message too large");
-        return;
-    }
-    if (nread < 0) {
-        client_close(c, NULL); /* clients hang up when they are done */
-        return;
-    }
-    if (c->state == CL_HELLO) {
-        c->hello_got += (size_t)nread;
-        en_hello_t h;
-        if (en_hello_decode(c->hello, c->hello_got, &h) < 0) {
-            atomic_fetch_add(&c->srv->rejected, 1);
-            client_close(c, "malformed handshake");
-            return;
-        }
-        if (c->hello_got == EN_HELLO_SIZE) on_hello(c);
-        return;
-    }
-    c->len += (size_t)nread;
-    process(c);
-}
-
-static void on_conn(uv_stream_t *server, int status)
-{
-    rx_store_server_t *s = server->data;
-    if (status < 0 || s->closing) return;
+    rx_store_server_t *s = conn->owner;
     st_client_t *c = coh_zalloc(sizeof(*c));
-    if (!c) return;
-    c->srv = s;
-    uv_tcp_init(&s->rx->loop, &c->tcp);
-    c->tcp.data = c;
-    s->handles++;
-    c->state = CL_HELLO;
-    c->t_accept_ns = bs_now_ns();
+    if (!c) {
+        rx_conn_close(conn, COH_ENOMEM, "out of memory");
+        return;
+    }
+    c->conn = conn;
+    conn->data = c;
     c->next = s->clients;
     if (s->clients) s->clients->prev = c;
     s->clients = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
-        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
-        client_close(c, "accept failed");
 }
+
+static void st_close(rx_conn_t *conn, int status, const char *why)
+{
+    rx_store_server_t *s = conn->owner;
+    st_client_t *c = conn->data;
+    /* Clients hang up when they are done; only refusals are news. */
+    if (!conn->ready && status != COH_ECANCELED)
+        bs_log(COH_LOG_WARN, "store: dropped a client: %s", why);
+    if (!c) return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->clients = c->next;
+    if (c->next) c->next->prev = c->prev;
+    coh_free(c);
+    conn->data = NULL;
+}
+
+static const rx_conn_proto_t store_proto = {.name = "store",
+                                            .hello_kind = EN_HELLO_STORE,
+                                            .max_msg = MSG_MAX,
+                                            .parse = st_parse,
+                                            .on_ready = st_ready,
+                                            .on_close = st_close};
 
 static void on_tick(uv_timer_t *t)
 {
-    rx_store_server_t *s = t->data;
-    uint64_t now = bs_now_ns();
-    wake_waiters(s, NULL, 0, now);
-    /* A connection that never says HELLO does not keep a slot. */
-    st_client_t *next;
-    for (st_client_t *c = s->clients; c; c = next) {
-        next = c->next;
-        if (c->state == CL_HELLO && now - c->t_accept_ns > HELLO_MS * 1000000ull) {
-            atomic_fetch_add(&s->rejected, 1);
-            client_close(c, "no handshake in time");
+    wake_waiters(t->data, NULL, 0, bs_now_ns());
+}
+
+static void tick_closed(uv_handle_t *h)
+{
+    rx_store_server_t *s = h->data;
+    for (int b = 0; b < NBUCKETS; b++) {
+        kv_t *e = s->buckets[b];
+        while (e) {
+            kv_t *n = e->next;
+            coh_free(e->key);
+            coh_free(e->val);
+            coh_free(e);
+            e = n;
         }
     }
+    coh_free(s);
 }
 
 int rx_store_server_start(rx_reactor_t *rx, const struct sockaddr *addr, int fd, const char *token,
@@ -444,25 +303,17 @@ int rx_store_server_start(rx_reactor_t *rx, const struct sockaddr *addr, int fd,
 {
     rx_store_server_t *s = coh_zalloc(sizeof(*s));
     if (!s) return COH_ENOMEM;
-    s->rx = rx;
     s->world = world;
     snprintf(s->token, sizeof(s->token), "%s", token ? token : "");
-    uv_tcp_init(&rx->loop, &s->listen);
-    s->listen.data = s;
     uv_timer_init(&rx->loop, &s->tick);
     s->tick.data = s;
-    s->handles = 2;
-    int e = fd >= 0 ? uv_tcp_open(&s->listen, fd) : uv_tcp_bind(&s->listen, addr, 0);
-    if (!e) e = uv_listen((uv_stream_t *)&s->listen, 1024, on_conn);
-    if (e) {
-        uv_close((uv_handle_t *)&s->listen, srv_handle_closed);
-        uv_close((uv_handle_t *)&s->tick, srv_handle_closed);
-        char a[128] = "inherited socket";
-        if (fd < 0) rx_format_addr(addr, a, sizeof(a));
-        return bs_fail(bs_errno_status(e), "store: cannot listen on %s: %s", a, uv_strerror(e));
+    int st =
+        rx_listener_start(&rx->loop, addr, fd, &store_proto, s, s->token, 0, world, &s->listener);
+    if (st < 0) {
+        uv_close((uv_handle_t *)&s->tick, tick_closed);
+        return st;
     }
-    int len = sizeof(s->addr);
-    uv_tcp_getsockname(&s->listen, (struct sockaddr *)&s->addr, &len);
+    s->addr = s->listener->addr;
     uv_timer_start(&s->tick, on_tick, TICK_MS, TICK_MS);
     *out = s;
     return 0;
@@ -476,19 +327,16 @@ int rx_store_server_addr(rx_store_server_t *s, struct sockaddr_storage *addr)
 
 uint64_t rx_store_server_rejected(rx_store_server_t *s)
 {
-    return atomic_load(&s->rejected);
+    return s->listener ? rx_listener_rejected(s->listener) : 0;
 }
 
 void rx_store_server_close(rx_store_server_t *s)
 {
+    if (s->closing) return;
     s->closing = true;
-    st_client_t *next;
-    for (st_client_t *c = s->clients; c; c = next) {
-        next = c->next;
-        client_close(c, NULL);
-    }
-    uv_close((uv_handle_t *)&s->tick, srv_handle_closed);
-    uv_close((uv_handle_t *)&s->listen, srv_handle_closed);
+    rx_listener_close(s->listener); /* every client's st_close runs now */
+    s->listener = NULL;
+    uv_close((uv_handle_t *)&s->tick, tick_closed);
 }
 
 /* ---- blocking client ---- */
@@ -686,93 +534,4 @@ void rx_store_close(rx_store_client_t *c)
     c->fd = -1;
     coh_free(c->buf);
     c->buf = NULL;
-}
-
-/* ---- addresses ---- */
-
-int rx_resolve_hostport(const char *s, struct sockaddr_storage *out)
-{
-    char host[256];
-    const char *port;
-    if (!s || !*s) return bs_fail(COH_EINVAL, "empty address");
-    if (s[0] == '[') {
-        const char *end = strchr(s, ']');
-        if (!end || end[1] != ':' || (size_t)(end - s - 1) >= sizeof(host))
-            return bs_fail(COH_EINVAL, "bad address \"%s\" (want [v6]:port)", s);
-        memcpy(host, s + 1, (size_t)(end - s - 1));
-        host[end - s - 1] = 0;
-        port = end + 2;
-    } else {
-        const char *colon = strrchr(s, ':');
-        if (!colon || (size_t)(colon - s) >= sizeof(host))
-            return bs_fail(COH_EINVAL, "bad address \"%s\" (want host:port)", s);
-        memcpy(host, s, (size_t)(colon - s));
-        host[colon - s] = 0;
-        port = colon + 1;
-    }
-    char *end;
-    long p = strtol(port, &end, 10);
-    if (*port == 0 || *end || p < 0 || p > 65535)
-        return bs_fail(COH_EINVAL, "bad port in \"%s\"", s);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    int e = getaddrinfo(host, port, &hints, &res);
-    if (e || !res) return bs_fail(COH_EINVAL, "cannot resolve \"%s\": %s", host, gai_strerror(e));
-    memset(out, 0, sizeof(*out));
-    /* Prefer IPv4: the interfaces cohort binds are usually IPv4. */
-    struct addrinfo *pick = res;
-    for (struct addrinfo *a = res; a; a = a->ai_next)
-        if (a->ai_family == AF_INET) {
-            pick = a;
-            break;
-        }
-    memcpy(out, pick->ai_addr, pick->ai_addrlen);
-    freeaddrinfo(res);
-    return 0;
-}
-
-int rx_resolve_nic(const char *s, struct sockaddr_storage *out)
-{
-    memset(out, 0, sizeof(*out));
-    if (uv_ip4_addr(s, 0, (struct sockaddr_in *)out) == 0) return 0;
-    if (uv_ip6_addr(s, 0, (struct sockaddr_in6 *)out) == 0) return 0;
-    uv_interface_address_t *ifs;
-    int n;
-    if (uv_interface_addresses(&ifs, &n) != 0)
-        return bs_fail(COH_ESYS, "cannot list network interfaces");
-    int found = -1;
-    for (int i = 0; i < n; i++) {
-        if (strcmp(ifs[i].name, s) != 0) continue;
-        if (ifs[i].address.address4.sin_family == AF_INET) {
-            found = i;
-            break;
-        }
-        if (found < 0) found = i;
-    }
-    if (found >= 0) {
-        if (ifs[found].address.address4.sin_family == AF_INET)
-            memcpy(out, &ifs[found].address.address4, sizeof(struct sockaddr_in));
-        else
-            memcpy(out, &ifs[found].address.address6, sizeof(struct sockaddr_in6));
-        ((struct sockaddr_in *)out)->sin_port = 0;
-    }
-    uv_free_interface_addresses(ifs, n);
-    if (found < 0) return bs_fail(COH_EINVAL, "no network interface or address named \"%s\"", s);
-    return 0;
-}
-
-void rx_format_addr(const struct sockaddr *sa, char *out, size_t cap)
-{
-    char ip[64] = "?";
-    int port = 0;
-    if (sa->sa_family == AF_INET) {
-        uv_ip4_name((const struct sockaddr_in *)sa, ip, sizeof(ip));
-        port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
-        snprintf(out, cap, "%s:%d", ip, port);
-    } else if (sa->sa_family == AF_INET6) {
-        uv_ip6_name((const struct sockaddr_in6 *)sa, ip, sizeof(ip));
-        port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
-        snprintf(out, cap, "[%s]:%d", ip, port);
-    } else {
-        snprintf(out, cap, "?");
-    }
 }

@@ -87,11 +87,4 @@ int rx_store_add(rx_store_client_t *c, const char *key, int32_t delta, int64_t *
                  uint64_t deadline_ns);
 void rx_store_close(rx_store_client_t *c);
 
-/* "host:port", "[v6]:port"; the host may be a name (resolved, blocking). */
-int rx_resolve_hostport(const char *s, struct sockaddr_storage *out);
-/* An interface name or an address (port 0). */
-int rx_resolve_nic(const char *s, struct sockaddr_storage *out);
-/* "a.b.c.d:port" / "[v6]:port" */
-void rx_format_addr(const struct sockaddr *sa, char *out, size_t cap);
-
 #endif

@@ -77,6 +77,8 @@ typedef struct rx_coord rx_coord_t;
 int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out);
 void rx_coord_close(rx_coord_t *c); /* loop thread: close everything */
 int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr);
+/* Control connections refused at the handshake (any thread, before stop). */
+uint64_t rx_coord_rejected(rx_coord_t *c);
 /* Any thread: wait until no rank is connected and in the schedule (they
  * have all left or gone), or the deadline. */
 void rx_coord_wait_idle(rx_coord_t *c, uint64_t deadline_ns);

@@ -262,12 +262,56 @@ static void test_finalize_cancels(void **state)
     if (!ok) fail_msg("pending request ended with %s: %s", coh_status_name(st), why);
 }
 
+/* A stranger at the coordinator's control port (wrong token, then
+ * garbage) is refused and counted in connections_rejected, like the rails'
+ * and the store's refusals (the coordinator's listener used to be missed). */
+static void stranger_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    (void)w;
+    if (r != 0) return;
+    coh_stats_t before, after;
+    assert_int_equal(coh_ctx_stats(ctx, &before), 0);
+    for (int k = 0; k < 2; k++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(
+            connect(fd, (struct sockaddr *)&ctx->coord_addr, sizeof(struct sockaddr_in)), 0);
+        uint8_t b[EN_HELLO_SIZE];
+        if (k == 0) {
+            en_hello_t h = {.version = EN_PROTO_VERSION, .kind = EN_HELLO_CTRL, .world = 2};
+            en_hello_set_token(&h, "not-the-token");
+            en_hello_encode(&h, b);
+        } else {
+            memset(b, 'G', sizeof(b));
+        }
+        assert_int_equal(send(fd, b, sizeof(b), MSG_NOSIGNAL), (ssize_t)sizeof(b));
+        char c;
+        assert_true(recv(fd, &c, 1, 0) <= 0); /* closed without an answer */
+        close(fd);
+    }
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(coh_ctx_stats(ctx, &after), 0);
+        if (after.connections_rejected >= before.connections_rejected + 2) break;
+        usleep(10000);
+    }
+    assert_int_equal(after.connections_rejected, before.connections_rejected + 2);
+}
+
+static void test_coordinator_counts_strangers(void **state)
+{
+    (void)state;
+    world_t w;
+    run_world(&w, 2, COH_SYNC_ALLREDUCE, stranger_fn);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refuse_gone_member),       cmocka_unit_test(test_mismatched_counts),
-        cmocka_unit_test(test_left_rank_not_waited_for), cmocka_unit_test(test_every_mode),
+        cmocka_unit_test(test_refuse_gone_member),
+        cmocka_unit_test(test_mismatched_counts),
+        cmocka_unit_test(test_left_rank_not_waited_for),
+        cmocka_unit_test(test_every_mode),
         cmocka_unit_test(test_finalize_cancels),
+        cmocka_unit_test(test_coordinator_counts_strangers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

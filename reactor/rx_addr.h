@@ -1,0 +1,16 @@
+/* rx_addr.h - addresses: resolution of "host:port" and of interface
+ * names, and formatting. */
+#ifndef COH_RX_ADDR_H
+#define COH_RX_ADDR_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+
+/* "host:port", "[v6]:port"; the host may be a name (resolved, blocking). */
+int rx_resolve_hostport(const char *s, struct sockaddr_storage *out);
+/* An interface name or an address (port 0). */
+int rx_resolve_nic(const char *s, struct sockaddr_storage *out);
+/* "a.b.c.d:port" / "[v6]:port" */
+void rx_format_addr(const struct sockaddr *sa, char *out, size_t cap);
+
+#endif
