@@ -710,14 +710,14 @@ void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, co
         fin_record(rail, comm, seq, status, why);
 }
 
-/* Periodic check: ops without progress for timeout_ms fail; a failed op
- * whose writes do not drain (the peer stopped reading) closes those
- * connections so the writes are cancelled and the op can end. */
 void en_exec_drop_stash(en_rail_t *rail)
 {
     while (rail->stash_head) stash_unlink(rail, rail->stash_head);
 }
 
+/* Periodic check: ops without progress for timeout_ms fail; a failed op
+ * whose writes do not drain (the peer stopped reading) closes those
+ * connections so the writes are cancelled and the op can end. */
 void en_exec_check_timeouts(en_rail_t *rail)
 {
     uint64_t now = bs_now_ns(), limit = (uint64_t)rail->timeout_ms * 1000000ull;

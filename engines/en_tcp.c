@@ -13,7 +13,6 @@
  * Threading: every function here runs on the rail's loop thread.
  */
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <string.h>
 
 #include "engines/engine.h"

@@ -27,7 +27,6 @@
 #include "cohort_ffi.h"
 #include "ffi/ffi.h"
 #include "reactor/reactor.h"
-#include "base/bs_alloc.h"
 
 /* ---- handle tables ----
  * A handle is (generation << 32) | (slot + 1): 0 is never a handle, and a

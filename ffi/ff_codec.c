@@ -16,7 +16,6 @@
 #include "ffi/ffi.h"
 #include "reactor/reactor.h"
 #include "reactor/rx_config.h"
-#include "base/bs_alloc.h"
 
 const char *const ff_tensor_names[FF_NTENSORS] = {"buf", "send", "recv"};
 

@@ -84,9 +84,11 @@ typedef struct rx_reactor {
     void *owner;
     uv_sem_t started;
     int start_status;
-    uv_mutex_t run_mu;   /* held by whichever thread runs the loop right now */
-    _Atomic int helpers; /* waiters driving the loop: its thread sleeps meanwhile */
-    _Atomic int closed;  /* rx_reactor_close posted its stop task */
+    uv_mutex_t run_mu;     /* held by whichever thread runs the loop right now */
+    _Atomic int helpers;   /* waiters driving the loop: its thread sleeps meanwhile */
+    _Atomic int closed;    /* rx_reactor_close posted its stop task */
+    _Atomic int accepting; /* posts are taken (until the loop begins to stop) */
+    _Atomic int posters;   /* threads inside rx_reactor_post right now */
     rx_task_t stop_task;
 } rx_reactor_t;
 
@@ -98,10 +100,14 @@ int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reac
 int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
                              void *owner, bool (*busy)(rx_reactor_t *), uint64_t poll_ns);
 /* Any thread but the loop's: run the task right here if nobody runs the
- * loop (keeping the order of posted tasks), else post it. */
-void rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task);
-/* Any thread: queue a task for the loop thread. Never blocks. */
-void rx_reactor_post(rx_reactor_t *rx, rx_task_t *task);
+ * loop (keeping the order of posted tasks), else post it. False when the
+ * reactor no longer accepts tasks (see rx_reactor_post). */
+bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task);
+/* Any thread: queue a task for the loop thread. Never blocks. False when
+ * the reactor is stopping or stopped: the task will not run and stays the
+ * caller's (a post to a stopped loop must not reach libuv, which aborts on
+ * a wake-up of a closed loop). */
+bool rx_reactor_post(rx_reactor_t *rx, rx_task_t *task);
 /* Any thread but the loop's: run fn(arg) on the loop thread and wait for it.
  * Returns what fn returned. For set-up and tear-down paths only. */
 int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *arg);

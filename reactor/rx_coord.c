@@ -12,13 +12,11 @@
  * since the coordinator started; compute times are measured by the ranks
  * themselves (from the end of their previous sync to their READY).
  */
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/bs_alloc.h"
 #include "reactor/rx_ctx.h"
 #include "reactor/rx_sync.h"
 #include "sched/sched.h"

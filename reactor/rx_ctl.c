@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "engines/en_frame.h"
-#include "base/bs_alloc.h"
 
 /* ---- codec ---- */
 

@@ -223,7 +223,7 @@ static void describe(struct coh_ctx *ctx)
     }
 }
 
-static void ctx_free(struct coh_ctx *ctx)
+static void ctx_fini(struct coh_ctx *ctx)
 {
     for (int r = 0; ctx->rails && r < ctx->nrails; r++) rx_rail_fini(&ctx->rails[r]);
     rx_reactor_fini(&ctx->ctrl);
@@ -237,7 +237,7 @@ static void ctx_free(struct coh_ctx *ctx)
     coh_free(ctx);
 }
 
-static void stop_all(struct coh_ctx *ctx)
+static void ctx_stop(struct coh_ctx *ctx)
 {
     /* The control link first (no new plans), then the rails (their ops end
      * and hand sync attempts to the control reactor), then that reactor. */
@@ -247,7 +247,7 @@ static void stop_all(struct coh_ctx *ctx)
     for (int r = 0; r < ctx->nrails; r++) rx_rail_stop(&ctx->rails[r], quiet);
     if (ctx->ctrl_started) rx_reactor_stop(&ctx->ctrl);
     ctx->ctrl_started = false;
-    rx_member_free(ctx);
+    rx_member_fini(ctx);
 }
 
 COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
@@ -343,8 +343,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
 fail : {
     char why[512];
     snprintf(why, sizeof(why), "%s", coh_last_error());
-    stop_all(ctx);
-    ctx_free(ctx);
+    ctx_stop(ctx);
+    ctx_fini(ctx);
     return bs_fail(st, "coh_init (rank %d of %d): %s", cfg_in->rank, cfg_in->world_size, why);
 }
 }
@@ -365,7 +365,7 @@ COH_API int coh_finalize(coh_ctx_t *ctx)
         rx_coord_wait_idle(ctx->coord, bs_now_ns() + (uint64_t)ctx->cfg.timeout_ms * 1000000ull);
     /* Rails first: their running ops end (cancelled) and complete their
      * requests; then the store that may still serve late peers. */
-    stop_all(ctx);
+    ctx_stop(ctx);
     rx_ctx_unref(ctx);
     return 0;
 }
@@ -377,7 +377,7 @@ void rx_ctx_ref(struct coh_ctx *ctx)
 
 void rx_ctx_unref(struct coh_ctx *ctx)
 {
-    if (atomic_fetch_sub(&ctx->refs, 1) == 1) ctx_free(ctx);
+    if (atomic_fetch_sub(&ctx->refs, 1) == 1) ctx_fini(ctx);
 }
 
 static int ctx_ok(coh_ctx_t *ctx, const char *fn)

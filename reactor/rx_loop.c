@@ -56,6 +56,14 @@ rx_task_t *rx_mpsc_pop(rx_mpsc_t *q)
     return NULL;
 }
 
+/* Consumer only: nothing queued and no push half done. pop returns NULL in
+ * both cases; only here is it safe to run a task ahead of the queue. */
+static bool mpsc_drained(rx_mpsc_t *q)
+{
+    return q->tail == atomic_load_explicit(&q->head, memory_order_acquire) &&
+           atomic_load_explicit(&q->tail->next, memory_order_acquire) == NULL;
+}
+
 /* Threading: loop thread. */
 static void wake_cb(uv_async_t *h)
 {
@@ -186,9 +194,11 @@ int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)
     /* Loops need little stack; a smaller one keeps many rails cheap. */
     uv_thread_options_t opts = {.flags = UV_THREAD_HAS_STACK_SIZE, .stack_size = 1 << 20};
     atomic_store(&rx->state, RX_RUNNING);
+    atomic_store(&rx->accepting, 1);
     e = uv_thread_create_ex(&rx->thread, &opts, thread_main, rx);
     if (e) {
         atomic_store(&rx->state, RX_INIT);
+        atomic_store(&rx->accepting, 0);
         uv_sem_destroy(&rx->started);
         uv_mutex_destroy(&rx->run_mu);
         uv_close((uv_handle_t *)&rx->wake, NULL);
@@ -200,27 +210,41 @@ int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)
     return 0;
 }
 
-void rx_reactor_post(rx_reactor_t *rx, rx_task_t *task)
+bool rx_reactor_post(rx_reactor_t *rx, rx_task_t *task)
 {
-    rx_mpsc_push(&rx->queue, task);
-    uv_async_send(&rx->wake);
+    /* A poster announces itself, then looks at `accepting`; the stop task
+     * clears `accepting`, then waits for the posters to leave (seq_cst on
+     * both sides: one of them sees the other). So no wake-up is ever sent
+     * to a loop whose async handle is closing. */
+    atomic_fetch_add(&rx->posters, 1);
+    bool ok = atomic_load(&rx->accepting) != 0;
+    if (ok) {
+        rx_mpsc_push(&rx->queue, task);
+        uv_async_send(&rx->wake);
+    }
+    atomic_fetch_sub(&rx->posters, 1);
+    return ok;
 }
 
-void rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
+bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
 {
     /* Nobody runs the loop right now: run the task here, after whatever was
-     * posted before it (order is kept). No wake-up of the loop thread. */
+     * posted before it (order is kept). No wake-up of the loop thread. When
+     * another thread's push is half done, a task of ours may sit behind it:
+     * then queue this one too, after it (test_loop caught the overtaking). */
     if (uv_mutex_trylock(&rx->run_mu) == 0) {
-        if (atomic_load(&rx->state) == RX_RUNNING) {
+        if (atomic_load(&rx->state) == RX_RUNNING && atomic_load(&rx->accepting)) {
             rx_task_t *t;
             while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
-            task->run(task, rx);
-            uv_mutex_unlock(&rx->run_mu);
-            return;
+            if (mpsc_drained(&rx->queue)) {
+                task->run(task, rx);
+                uv_mutex_unlock(&rx->run_mu);
+                return true;
+            }
         }
         uv_mutex_unlock(&rx->run_mu);
     }
-    rx_reactor_post(rx, task);
+    return rx_reactor_post(rx, task);
 }
 
 typedef struct call_task {
@@ -244,7 +268,10 @@ int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *a
         return bs_fail(COH_ESTATE, "reactor %s is not running", rx->name);
     call_task_t c = {.task.run = call_run, .fn = fn, .arg = arg};
     if (uv_sem_init(&c.done, 0) != 0) return bs_fail(COH_ESYS, "uv_sem_init failed");
-    rx_reactor_post(rx, &c.task);
+    if (!rx_reactor_post(rx, &c.task)) {
+        uv_sem_destroy(&c.done);
+        return bs_fail(COH_ESTATE, "reactor %s is stopping", rx->name);
+    }
     uv_sem_wait(&c.done);
     uv_sem_destroy(&c.done);
     return c.result;
@@ -253,6 +280,12 @@ int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *a
 static void stop_run(rx_task_t *t, rx_reactor_t *rx)
 {
     (void)t;
+    /* No more posts; those already in rx_reactor_post finish first, and
+     * what they queued runs now, before the owner closes its handles. */
+    atomic_store(&rx->accepting, 0);
+    while (atomic_load(&rx->posters) > 0) sched_yield();
+    rx_task_t *q;
+    while ((q = rx_mpsc_pop(&rx->queue)) != NULL) q->run(q, rx);
     atomic_store(&rx->state, RX_STOPPING);
     if (rx->on_stop) rx->on_stop(rx);
     /* Once the owner's handles and this one are closed, uv_run returns. */
@@ -272,7 +305,7 @@ void rx_reactor_close(rx_reactor_t *rx)
     int was = 0;
     if (!atomic_compare_exchange_strong(&rx->closed, &was, 1)) return;
     rx->stop_task.run = stop_run;
-    rx_reactor_post(rx, &rx->stop_task);
+    rx_reactor_post(rx, &rx->stop_task); /* accepted: only stop_run stops accepting */
 }
 
 int rx_reactor_stop(rx_reactor_t *rx)

@@ -287,7 +287,11 @@ void rx_sync_attempt_done(coh_request_t *req)
     }
     dt->task.run = attempt_end;
     dt->req = req;
-    rx_reactor_post(&req->ctx->ctrl, &dt->task);
+    if (rx_reactor_post(&req->ctx->ctrl, &dt->task)) return;
+    /* The control reactor is stopping: nobody will try again. */
+    coh_free(dt);
+    rx_request_set_error(req, COH_ECANCELED, "the context was finalized");
+    rx_request_complete(req);
 }
 
 /* ---- the connection to the coordinator ---- */
@@ -399,7 +403,7 @@ void rx_member_close(struct coh_ctx *ctx)
         rx_reactor_call(&ctx->ctrl, close_fn, ctx->member);
 }
 
-void rx_member_free(struct coh_ctx *ctx)
+void rx_member_fini(struct coh_ctx *ctx)
 {
     rx_member_t *m = ctx->member;
     if (!m) return;
@@ -519,7 +523,12 @@ COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dty
     }
     rt->task.run = ready_run;
     rt->req = req;
-    rx_reactor_post(&ctx->ctrl, &rt->task);
+    if (!rx_reactor_post(&ctx->ctrl, &rt->task)) {
+        coh_free(rt);
+        rx_request_discard(req);
+        atomic_store(&m->busy, 0);
+        return bs_fail(COH_ESTATE, "coh_sync: the context is finalizing");
+    }
     *out = req;
     return 0;
 }

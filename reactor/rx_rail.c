@@ -71,7 +71,10 @@ int rx_rail_dial(rx_rail_t *r, int peer, const struct sockaddr *addr)
     dt->peer = peer;
     memcpy(&dt->addr, addr,
            addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
-    rx_reactor_post(&r->rx, &dt->task);
+    if (!rx_reactor_post(&r->rx, &dt->task)) {
+        coh_free(dt);
+        return bs_fail(COH_ESTATE, "rail %d is stopping", r->en.index);
+    }
     return 0;
 }
 
@@ -90,10 +93,18 @@ void rx_rail_submit(rx_rail_t *r, rx_slice_t *s, bool inline_ok)
     /* A small op starts right here when the loop is free: no wake-up on the
      * latency path. A large one is posted, so the caller is not held up by
      * its first sends and copies (it may want to compute meanwhile). */
-    if (inline_ok)
-        rx_reactor_run_or_post(&r->rx, &s->task);
-    else
-        rx_reactor_post(&r->rx, &s->task);
+    bool taken =
+        inline_ok ? rx_reactor_run_or_post(&r->rx, &s->task) : rx_reactor_post(&r->rx, &s->task);
+    if (taken) return;
+    /* The rail is stopping (a finalize raced the submission): the slice
+     * ends cancelled here, as the engine would have ended it. */
+    en_op_t *op = s->op;
+    s->op = NULL;
+    en_completion_t *c = op->comp;
+    int slice = op->slice;
+    en_op_free(op);
+    en_result_t res = {.slice = slice, .status = COH_ECANCELED, .why = "the context was finalized"};
+    c->fn(c, &res);
 }
 
 typedef struct cancel_task {
@@ -126,7 +137,8 @@ void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const 
     ct->npeers = npeers < 64 ? npeers : 64;
     if (ct->npeers > 0) memcpy(ct->peers, peers, sizeof(int) * (size_t)ct->npeers);
     snprintf(ct->why, sizeof(ct->why), "%s", why);
-    rx_reactor_post(&r->rx, &ct->task);
+    /* A stopped rail runs nothing more: there is nothing left to cancel. */
+    if (!rx_reactor_post(&r->rx, &ct->task)) coh_free(ct);
 }
 
 void rx_rail_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why)
