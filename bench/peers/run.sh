@@ -24,6 +24,7 @@ OUT=""
 STRICT=0
 QUICK=0
 ITERS_SET=0 WARMUP_SET=0 SIZES_SET=0
+BASELINE=""
 
 usage() {
     cat <<EOF
@@ -41,6 +42,9 @@ usage: bench/peers/run.sh [options]
                      the console report goes to FILE with .txt instead of .csv
   --timeout SEC      per benchmark run (default 300)
   --strict           also exit 1 when a target is missed
+  --baseline DIR     also run DIR/bin/cohort-bench (another build of cohort, e.g. a
+                     worktree of an earlier commit) as "base", in the same run,
+                     and print cohort / base per size
 EOF
 }
 
@@ -57,6 +61,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --timeout) TIMEOUT=$2; shift ;;
     --strict) STRICT=1 ;;
+    --baseline) BASELINE=$(cd "$2" && pwd); IMPLS="$IMPLS base"; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -76,6 +81,7 @@ for impl in $IMPLS; do
     cohort) need+=(cohortrun cohort-bench) ;;
     gloo) need+=(cohortrun gloo-bench) ;;
     mpi) need+=(mpi-bench) ;;
+    base) [ -x "$BASELINE/bin/cohort-bench" ] || { echo "run.sh: $BASELINE/bin/cohort-bench not found" >&2; exit 2; } ;;
     *) echo "run.sh: unknown implementation '$impl'" >&2; exit 2 ;;
     esac
 done
@@ -148,6 +154,9 @@ for n in $RANKS; do
         mpi)
             run "mpi-$n" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" \
                 "$BIN/mpi-bench" "${ARGS[@]}" ;;
+        base)
+            run "base-$n" "$BASELINE/bin/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
+                "$BASELINE/bin/cohort-bench" "${ARGS[@]}" ;;
         esac
     done
 done
@@ -186,7 +195,7 @@ say "# B (end) = ${B1:-?} GB/s"
 
 # The tables, and the targets of the issue: for S >= 1 MiB cohort busbw >= 2x Gloo,
 # >= 1.3x Open MPI, >= 0.75 of ideal; at 4 KiB with 2 ranks, time <= Open MPI's.
-awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" '
+awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" -v base="$BASELINE" '
     function human(b) {
         if (b >= 1048576 && b % 1048576 == 0) return (b / 1048576) "M"
         if (b >= 1024 && b % 1024 == 0) return (b / 1024) "K"
@@ -226,6 +235,19 @@ awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" '
                 printf "%8s %10s %10s %10s %11s %10s %12s  %s%s\n", human(s), cell(c, 10), cell(g, 10),
                     cell(m, 10), cell(rg, 11), cell(rm, 10), cell(c != "" ? f : "", 12), verdict,
                     gn != "" ? "  (gloo: " gn ")" : ""
+            }
+            nb = 0
+            for (i = 1; i <= ns; i++) if (("base" SUBSEP n SUBSEP ss[i]) in bus) nb++
+            if (nb) {
+                printf "   this build vs the baseline (%s), same run:\n", base
+                printf "%8s %10s %10s %12s %12s %12s\n", "size", "cohort", "base", "cohort/base",
+                    "cohort us", "base us"
+                for (i = 1; i <= ns; i++) {
+                    s = ss[i]; c = bus["cohort" SUBSEP n SUBSEP s]; b = bus["base" SUBSEP n SUBSEP s]
+                    printf "%8s %10s %10s %12s %12s %12s\n", human(s), cell(c, 10), cell(b, 10),
+                        cell((c != "" && b > 0) ? c / b : "", 12), tus["cohort" SUBSEP n SUBSEP s],
+                        tus["base" SUBSEP n SUBSEP s]
+                }
             }
             s = 4096
             c = tus["cohort" SUBSEP n SUBSEP s]; g = tus["gloo" SUBSEP n SUBSEP s]; m = tus["mpi" SUBSEP n SUBSEP s]
