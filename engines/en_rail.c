@@ -110,10 +110,8 @@ int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns)
 {
     int st = 0;
     uv_mutex_lock(&rail->mu);
-    while (rail->nready < rail->world - 1 && rail->conn_status == 0) {
-        uint64_t now = bs_now_ns();
-        if (now >= deadline_ns) break;
-        uv_cond_timedwait(&rail->cv, &rail->mu, deadline_ns - now);
+    while (rail->nready < rail->world - 1 && rail->conn_status == 0 &&
+           en_cond_wait_until(&rail->cv, &rail->mu, deadline_ns)) {
     }
     if (rail->conn_status < 0) {
         st = bs_fail(rail->conn_status, "rail %d: %s", rail->index, rail->conn_why);
@@ -266,10 +264,7 @@ void en_rail_wait_quiet(en_rail_t *rail, uint64_t deadline_ns)
     /* A dead or stopped peer must not hold the finalize: at most until the
      * deadline. */
     uv_mutex_lock(&rail->mu);
-    while (rail->bye_pending > 0) {
-        uint64_t now = bs_now_ns();
-        if (now >= deadline_ns) break;
-        uv_cond_timedwait(&rail->cv, &rail->mu, deadline_ns - now);
+    while (rail->bye_pending > 0 && en_cond_wait_until(&rail->cv, &rail->mu, deadline_ns)) {
     }
     uv_mutex_unlock(&rail->mu);
 }

@@ -372,6 +372,17 @@ static void free_handle(uv_handle_t *h)
     coh_free(h);
 }
 
+void en_drop_accept(uv_stream_t *server)
+{
+    uv_tcp_t *t = coh_malloc(sizeof(*t));
+    if (t && uv_tcp_init(server->loop, t) == 0) {
+        uv_accept(server, (uv_stream_t *)t);
+        uv_close((uv_handle_t *)t, free_handle);
+    } else {
+        coh_free(t);
+    }
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     tcp_listener_t *l = server->data;
@@ -382,15 +393,7 @@ static void on_connection(uv_stream_t *server, int status)
     }
     tcp_conn_t *t = conn_new(rail);
     if (!t) {
-        /* Take the connection off the backlog anyway so it does not linger;
-         * the handle lives until its close callback. */
-        uv_tcp_t *tmp = coh_malloc(sizeof(*tmp));
-        if (tmp && uv_tcp_init(rail->loop, tmp) == 0) {
-            uv_accept(server, (uv_stream_t *)tmp);
-            uv_close((uv_handle_t *)tmp, free_handle);
-        } else {
-            coh_free(tmp);
-        }
+        en_drop_accept(server); /* so it does not linger on the backlog */
         return;
     }
     if (uv_accept(server, (uv_stream_t *)&t->tcp) != 0) {

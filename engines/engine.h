@@ -35,6 +35,20 @@
 
 #define EN_MAX_RAILS SC_MAX_RAILS
 
+/* Wait on cv (mu held) until signalled or the deadline; false when the
+ * deadline has passed. The callers loop on their own condition. */
+static inline bool en_cond_wait_until(uv_cond_t *cv, uv_mutex_t *mu, uint64_t deadline_ns)
+{
+    uint64_t now = bs_now_ns();
+    if (now >= deadline_ns) return false;
+    uv_cond_timedwait(cv, mu, deadline_ns - now);
+    return true;
+}
+
+/* Take a connection off server's backlog and drop it (no room for it); the
+ * handle lives until its close callback. Loop thread. */
+void en_drop_accept(uv_stream_t *server);
+
 /* ---- completion: how an op reports to whoever submitted it ---- */
 
 /* What a slice measured of a peer's link: bytes received from it in large

@@ -78,6 +78,7 @@ static int get_int(const msgpack_object *o, const char *f, int64_t lo, int64_t h
                    ff_err_t *e)
 {
     int64_t v;
+    *out = 0; /* written on every path, as every getter here */
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
         if (o->via.u64 > (uint64_t)INT64_MAX) goto range;
         v = (int64_t)o->via.u64;
@@ -99,6 +100,7 @@ range:
 
 static int get_u64(const msgpack_object *o, const char *f, uint64_t *out, ff_err_t *e)
 {
+    *out = 0;
     if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
         return ff_fail(e, COH_EINVAL, f, "field '%s': %lld is negative", f, (long long)o->via.i64);
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return want(o, f, "a non-negative integer", e);
@@ -108,6 +110,7 @@ static int get_u64(const msgpack_object *o, const char *f, uint64_t *out, ff_err
 
 static int get_double(const msgpack_object *o, const char *f, double *out, ff_err_t *e)
 {
+    *out = 0;
     switch (o->type) {
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64: *out = o->via.f64; break;
@@ -549,8 +552,8 @@ static int cfg_knob(int idx, const rx_knob_t *k, const msgpack_object *v, ff_con
     char where[FF_FIELD_MAX + 16];
     snprintf(where, sizeof(where), "field '%s'", f);
     char text[FF_MAX_STR];
-    int64_t i64;
-    uint64_t u;
+    int64_t i64 = 0;
+    uint64_t u = 0;
     /* Strings go to the table's parser as they are ("64K", "selective");
      * numbers are written out for it. */
     if (k->kind == RX_K_STR || (k->kind != RX_K_INT && v->type == MSGPACK_OBJECT_STR)) {

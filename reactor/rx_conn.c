@@ -286,11 +286,6 @@ int rx_conn_dial(uv_loop_t *loop, const struct sockaddr *local, const struct soc
 
 /* ---- listening ---- */
 
-static void free_handle(uv_handle_t *h)
-{
-    coh_free(h);
-}
-
 static void on_connection(uv_stream_t *server, int status)
 {
     rx_listener_t *l = server->data;
@@ -302,13 +297,7 @@ static void on_connection(uv_stream_t *server, int status)
         /* Too many handshakes at once (or no memory): take it off the
          * backlog and drop it; the handle lives until its close callback. */
         atomic_fetch_add(&l->rejected, 1);
-        uv_tcp_t *t = coh_malloc(sizeof(*t));
-        if (t && uv_tcp_init(server->loop, t) == 0) {
-            uv_accept(server, (uv_stream_t *)t);
-            uv_close((uv_handle_t *)t, free_handle);
-        } else {
-            coh_free(t);
-        }
+        en_drop_accept(server);
         return;
     }
     c->listener = l;

@@ -577,10 +577,7 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
 void rx_coord_wait_idle(rx_coord_t *c, uint64_t deadline_ns)
 {
     uv_mutex_lock(&c->mu);
-    while (c->active > 0) {
-        uint64_t now = bs_now_ns();
-        if (now >= deadline_ns) break;
-        uv_cond_timedwait(&c->idle, &c->mu, deadline_ns - now);
+    while (c->active > 0 && en_cond_wait_until(&c->idle, &c->mu, deadline_ns)) {
     }
     uv_mutex_unlock(&c->mu);
 }

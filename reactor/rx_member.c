@@ -375,10 +375,7 @@ int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns)
 {
     rx_member_t *m = ctx->member;
     uv_mutex_lock(&m->mu);
-    while (m->conn_state == 0) {
-        uint64_t now = bs_now_ns();
-        if (now >= deadline_ns) break;
-        uv_cond_timedwait(&m->cv, &m->mu, deadline_ns - now);
+    while (m->conn_state == 0 && en_cond_wait_until(&m->cv, &m->mu, deadline_ns)) {
     }
     int st = m->conn_state;
     char why[BS_ERR_LEN];
