@@ -36,8 +36,6 @@ void rx_conn_close(rx_conn_t *c, int status, const char *why)
 {
     if (c->closing) return;
     c->closing = true;
-    if (c->listener && !c->ready && status != COH_ECANCELED)
-        atomic_fetch_add(&c->listener->rejected, 1);
     unlink_from_listener(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->hs_timer);
@@ -46,9 +44,17 @@ void rx_conn_close(rx_conn_t *c, int status, const char *why)
     uv_close((uv_handle_t *)&c->hs_timer, handle_closed);
 }
 
+/* A connection refused at the handshake: counted on its listener (a peer
+ * that hangs up before it says anything is not a refusal). */
+static void refuse(rx_conn_t *c, int status, const char *why)
+{
+    if (c->listener && !c->closing) atomic_fetch_add(&c->listener->rejected, 1);
+    rx_conn_close(c, status, why);
+}
+
 static void hs_timeout(uv_timer_t *t)
 {
-    rx_conn_close(t->data, COH_ETIMEDOUT, "no handshake in time");
+    refuse(t->data, COH_ETIMEDOUT, "no handshake in time");
 }
 
 static rx_conn_t *conn_new(uv_loop_t *loop, const rx_conn_proto_t *p, void *owner,
@@ -152,7 +158,7 @@ static void on_hello(rx_conn_t *c)
     else if ((int)h.world != c->world || (int)h.rank >= c->world)
         why = "a rank of another world size";
     if (why) {
-        rx_conn_close(c, COH_EAUTH, why);
+        refuse(c, COH_EAUTH, why);
         return;
     }
     if (!c->outgoing && send_hello(c) != 0) {
@@ -225,7 +231,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
         /* Garbage is refused as soon as the magic is wrong. */
         en_hello_t h;
         if (en_hello_decode(c->hello, c->hello_got, &h) < 0) {
-            rx_conn_close(c, COH_EAUTH, "malformed handshake");
+            refuse(c, COH_EAUTH, "malformed handshake");
             return;
         }
         if (c->hello_got == EN_HELLO_SIZE) on_hello(c);
