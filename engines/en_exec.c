@@ -213,10 +213,19 @@ static void op_unlink(en_op_t *op)
 
 /* The op has ended and nothing of it is in flight: free it, then tell its
  * completion (which may free the buffers the op used). */
+static void starter_cb(uv_idle_t *h)
+{
+    en_exec_start_waiting(h->data);
+}
+
 static void op_finish(en_op_t *op)
 {
     en_rail_t *rail = op->rail;
     op_unlink(op);
+    rail->nrunning--;
+    /* Room for a waiting op: start it from the top of the loop, not from
+     * inside whatever frame ended this one. */
+    if (rail->wait_head && rail->starter_open) uv_idle_start(&rail->starter, starter_cb);
     if (op->state == EN_OP_RUNNING) {
         op->state = EN_OP_DONE;
         fin_record(rail, op->comm, op->seq, 0, NULL);
@@ -466,18 +475,25 @@ void en_exec_kick(en_op_t *op)
 
 /* ---- entry points ---- */
 
-void en_rail_start_op(en_rail_t *rail, en_op_t *op)
+static void op_run(en_rail_t *rail, en_op_t *op)
 {
     op->rail = rail;
     op->prev = rail->ops_tail;
+    op->next = NULL;
     if (rail->ops_tail)
         rail->ops_tail->next = op;
     else
         rail->ops_head = op;
     rail->ops_tail = op;
+    rail->nrunning++;
     op->state = EN_OP_RUNNING;
     op->t_progress_ns = bs_now_ns();
     en_rail_arm_timer(rail);
+    if (op->doomed) {
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why), "%s", op->why);
+        op_fail(op, op->status, false, "%s", why);
+    }
     struct en_fin *f = fin_find(rail, op->comm, op->seq);
     for (en_stash_t *e = rail->stash_head; e && !(f && f->status < 0); e = e->next)
         if (e->complete && e->seq == op->seq && e->comm == op->comm && e->sig != op->sig) {
@@ -512,6 +528,46 @@ void en_rail_start_op(en_rail_t *rail, en_op_t *op)
     }
     op->progressing = false;
     en_exec_kick(op);
+}
+
+void en_rail_start_op(en_rail_t *rail, en_op_t *op)
+{
+    op->rail = rail;
+    /* Behind ops already waiting, even with room: the order is kept. */
+    if (!rail->closing && (rail->wait_head || rail->nrunning >= rail->max_running)) {
+        op->state = EN_OP_QUEUED;
+        op->next = NULL;
+        op->prev = rail->wait_tail;
+        if (rail->wait_tail)
+            rail->wait_tail->next = op;
+        else
+            rail->wait_head = op;
+        rail->wait_tail = op;
+        return;
+    }
+    op_run(rail, op);
+}
+
+static en_op_t *wait_pop(en_rail_t *rail)
+{
+    en_op_t *op = rail->wait_head;
+    if (!op) return NULL;
+    rail->wait_head = op->next;
+    if (rail->wait_head)
+        rail->wait_head->prev = NULL;
+    else
+        rail->wait_tail = NULL;
+    op->prev = op->next = NULL;
+    return op;
+}
+
+void en_exec_start_waiting(en_rail_t *rail)
+{
+    en_op_t *op;
+    while ((rail->closing || rail->nrunning < rail->max_running) && (op = wait_pop(rail)))
+        op_run(rail, op);
+    if (rail->starter_open && (!rail->wait_head || rail->nrunning >= rail->max_running))
+        uv_idle_stop(&rail->starter);
 }
 
 int en_exec_match(en_rail_t *rail, en_conn_t *c)
@@ -704,10 +760,23 @@ void en_exec_fail_all(en_rail_t *rail, int status, bool tell_peers, const char *
 void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
 {
     en_op_t *op = op_find(rail, comm, seq);
-    if (op)
+    if (op) {
         en_exec_fail_op(op, status, false, why);
-    else if (!fin_find(rail, comm, seq))
-        fin_record(rail, comm, seq, status, why);
+        return;
+    }
+    /* Waiting for its turn: it fails as it starts (a fin record could be
+     * overwritten by then). Newest first: a cancel is usually for one just
+     * submitted. */
+    for (op = rail->wait_tail; op; op = op->prev)
+        if (op->seq == seq && op->comm == comm) {
+            if (!op->doomed) {
+                op->doomed = true;
+                op->status = status;
+                snprintf(op->why, sizeof(op->why), "%s", why && *why ? why : coh_strerror(status));
+            }
+            return;
+        }
+    if (!fin_find(rail, comm, seq)) fin_record(rail, comm, seq, status, why);
 }
 
 void en_exec_drop_stash(en_rail_t *rail)
@@ -734,10 +803,15 @@ void en_exec_check_timeouts(en_rail_t *rail)
         if (!op) break;
         char waiting[128] = "";
         size_t wl = 0;
-        for (uint32_t i = 0; i < op->plan.nsteps && wl < sizeof(waiting) - 12; i++) {
+        int named[8], nnamed = 0;
+        for (uint32_t i = 0; i < op->plan.nsteps && nnamed < 8; i++) {
             const sc_step_t *s = &op->plan.steps[i];
-            if (op->sstate[i] == EN_STEP_RUN && s->peer >= 0)
-                wl += (size_t)snprintf(waiting + wl, sizeof(waiting) - wl, " %d", s->peer);
+            if (op->sstate[i] != EN_STEP_RUN || s->peer < 0) continue;
+            bool seen = false;
+            for (int k = 0; k < nnamed && !seen; k++) seen = named[k] == s->peer;
+            if (seen) continue;
+            named[nnamed++] = s->peer;
+            wl += (size_t)snprintf(waiting + wl, sizeof(waiting) - wl, " %d", s->peer);
         }
         char why[BS_ERR_LEN];
         snprintf(why, sizeof(why), "no progress for %d ms (waiting on rank(s)%s)", rail->timeout_ms,

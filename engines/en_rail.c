@@ -34,6 +34,7 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     rail->nrails = cfg->nrails;
     rail->token = cfg->token ? cfg->token : "";
     rail->timeout_ms = cfg->timeout_ms;
+    rail->max_running = cfg->max_inflight > 0 ? (uint32_t)cfg->max_inflight : 1024;
     rail->sockbuf_bytes = cfg->sockbuf_bytes;
     rail->stash_limit = cfg->stash_bytes;
     rail->ops_full = cfg->ops ? *cfg->ops : en_tcp_ops;
@@ -75,13 +76,16 @@ int en_rail_open(en_rail_t *rail, uv_loop_t *loop)
     uv_timer_init(loop, &rail->timer);
     rail->timer.data = rail;
     rail->timer_open = true;
+    uv_idle_init(loop, &rail->starter);
+    rail->starter.data = rail;
+    rail->starter_open = true;
     en_rail_arm_timer(rail);
     return rail->ops->tr_listen(rail, (struct sockaddr *)&rail->local, &rail->bound);
 }
 
 bool en_rail_busy(en_rail_t *rail)
 {
-    return rail->ops_head != NULL;
+    return rail->ops_head != NULL || rail->wait_head != NULL;
 }
 
 static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)
@@ -215,6 +219,15 @@ void en_rail_conn_lost(en_rail_t *rail, en_conn_t *c, int status, const char *wh
     en_exec_fail_peer(rail, p, COH_EPEER, msg);
 }
 
+void en_rail_drop_peer(en_rail_t *rail, int peer, int status, const char *why)
+{
+    if (peer < 0 || peer >= rail->world || !rail->peers[peer]) return;
+    en_conn_t *c = rail->peers[peer];
+    /* The ops fail with why itself, not "lost the connection": say it first. */
+    en_exec_fail_peer(rail, peer, status, why);
+    rail->ops->tr_close(c, status, why);
+}
+
 void en_rail_cancel_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
 {
     en_exec_cancel(rail, comm, seq, status, why);
@@ -248,6 +261,7 @@ void en_rail_close(en_rail_t *rail)
     if (rail->closing) return;
     rail->closing = true;
     en_exec_fail_all(rail, COH_ECANCELED, true, "the context was finalized");
+    en_exec_start_waiting(rail); /* closing: each fails as it starts */
     /* Say goodbye so peers log a finalize, not a failure. */
     for (int p = 0; p < rail->world; p++) {
         en_conn_t *c = rail->peers[p];
@@ -273,7 +287,10 @@ void en_rail_shutdown(en_rail_t *rail)
 {
     rail->closing = true;
     en_exec_fail_all(rail, COH_ECANCELED, false, "the context was finalized");
+    en_exec_start_waiting(rail);
     en_exec_drop_stash(rail);
+    if (rail->starter_open) uv_close((uv_handle_t *)&rail->starter, NULL);
+    rail->starter_open = false;
     if (rail->timer_open) uv_close((uv_handle_t *)&rail->timer, NULL);
     rail->timer_open = rail->timer_on = false;
     rail->ops->tr_shutdown(rail);

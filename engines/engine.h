@@ -229,6 +229,7 @@ struct en_op {
     en_wreq_t *wreqs;
     uint32_t nwreqs;
     bool progressing;
+    bool doomed; /* cancelled while queued: fails as it starts (status, why) */
     int state;
     int status;
     char why[BS_ERR_LEN];
@@ -259,6 +260,7 @@ typedef struct en_rail_cfg {
     int rank, world, nrails;
     const char *token; /* must outlive the rail */
     int timeout_ms;    /* an op fails after this long without progress */
+    int max_inflight;  /* ops running at once; later ones queue in order (0: 1024) */
     size_t sockbuf_bytes;
     size_t stash_bytes;
     const struct sockaddr *local;  /* the interface's address, port 0 */
@@ -283,7 +285,14 @@ struct en_rail {
     int bye_pending;               /* BYE frames not yet written (under mu) */
     uint8_t *lost;                 /* [world]: the peer's connection is gone (under mu) */
     int nready;
-    en_op_t *ops_head, *ops_tail;
+    en_op_t *ops_head, *ops_tail; /* running */
+    /* Ops beyond max_running wait here in submission order, not started
+     * (no frames sent, no timeout running): any number may be submitted,
+     * and per-frame lookups stay bounded by the window. */
+    en_op_t *wait_head, *wait_tail;
+    uint32_t nrunning, max_running;
+    uv_idle_t starter; /* starts waiting ops from the top of the loop */
+    bool starter_open;
     /* Recently ended ops (comm, seq) and how: frames of a failed op are
      * dropped, an ABORT for an op not yet submitted fails it on arrival. */
     struct en_fin {
@@ -327,7 +336,8 @@ void en_rail_dial(en_rail_t *rail, int peer, const struct sockaddr *addr);
 /* Any thread. Wait until every peer is connected or the deadline passes. */
 int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns);
 /* Loop thread. Start an op (from en_op_new); the rail owns it until its
- * completion runs. A rail that is closing fails it with COH_ECANCELED. */
+ * completion runs. A rail that is closing fails it with COH_ECANCELED.
+ * With max_running ops running, it waits its turn (in order). */
 void en_rail_start_op(en_rail_t *rail, en_op_t *op);
 /* Loop thread. Fail (comm, seq) here if it still runs, or when it comes:
  * another slice of the same request failed. No ABORT is sent for it. */
@@ -349,6 +359,10 @@ void en_rail_wait_quiet(en_rail_t *rail, uint64_t deadline_ns);
 void en_rail_shutdown(en_rail_t *rail);
 /* Any thread, once the loop has ended (or never ran the rail). */
 void en_rail_fini(en_rail_t *rail);
+/* Loop thread. The peer is unresponsive (said from above: the control
+ * plane's liveness check): close its connection; ops that need it fail with
+ * status and why, and so does every later op that needs it. */
+void en_rail_drop_peer(en_rail_t *rail, int peer, int status, const char *why);
 /* Any thread: has the peer's connection gone on this rail? */
 bool en_rail_peer_lost(en_rail_t *rail, int peer);
 
@@ -381,6 +395,8 @@ void en_exec_fail_all(en_rail_t *rail, int status, bool tell_peers, const char *
 void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
 void en_exec_check_timeouts(en_rail_t *rail);
 void en_exec_drop_stash(en_rail_t *rail); /* free every kept frame (the rail stops) */
+/* Start waiting ops while there is room (closing: they fail at once). */
+void en_exec_start_waiting(en_rail_t *rail);
 void en_rail_arm_timer(en_rail_t *rail);
 /* A BYE frame left, or its connection closed before it could. */
 void en_rail_bye_sent(en_rail_t *rail);

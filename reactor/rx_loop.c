@@ -125,8 +125,46 @@ static void thread_main(void *arg)
     }
 }
 
+/*
+ * SIGPIPE on threads that are not ours. A write to a peer that just died
+ * raises SIGPIPE on the writing thread, and libuv writes with write(2), not
+ * send(MSG_NOSIGNAL). Loop threads block every signal; an application thread
+ * that runs loop code (a waiter helping, a small op started inline) blocks
+ * SIGPIPE for that while, then takes any SIGPIPE it raised off its pending
+ * set before the application's mask comes back: the write has already seen
+ * EPIPE, and the signal must not kill (or reach) the host process. Nested:
+ * only the outermost hold does the work.
+ */
+static _Thread_local int pipe_depth;
+static _Thread_local bool pipe_owned;
+static _Thread_local sigset_t pipe_old;
+
+void rx_sigpipe_hold(void)
+{
+    if (pipe_depth++ > 0) return;
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &s, &pipe_old);
+    pipe_owned = !sigismember(&pipe_old, SIGPIPE);
+}
+
+void rx_sigpipe_release(void)
+{
+    if (--pipe_depth > 0 || !pipe_owned) return;
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&s, NULL, &zero) == SIGPIPE) {
+    }
+    pthread_sigmask(SIG_SETMASK, &pipe_old, NULL);
+    pipe_owned = false;
+}
+
 void rx_reactor_help_begin(rx_reactor_t *rx)
 {
+    rx_sigpipe_hold();
     atomic_fetch_add(&rx->helpers, 1);
 }
 
@@ -137,6 +175,7 @@ void rx_reactor_help_end(rx_reactor_t *rx, bool wake)
      * wake the thread now; when the work is done, let it wake on its own. */
     if (atomic_fetch_sub(&rx->helpers, 1) == 1 && wake)
         syscall(SYS_futex, (int *)&rx->helpers, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    rx_sigpipe_release();
 }
 
 bool rx_reactor_help(rx_reactor_t *rx)
@@ -234,10 +273,13 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
      * then queue this one too, after it (test_loop caught the overtaking). */
     if (uv_mutex_trylock(&rx->run_mu) == 0) {
         if (atomic_load(&rx->state) == RX_RUNNING && atomic_load(&rx->accepting)) {
+            rx_sigpipe_hold();
             rx_task_t *t;
             while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
-            if (mpsc_drained(&rx->queue)) {
-                task->run(task, rx);
+            bool ran = mpsc_drained(&rx->queue);
+            if (ran) task->run(task, rx);
+            rx_sigpipe_release();
+            if (ran) {
                 uv_mutex_unlock(&rx->run_mu);
                 return true;
             }
