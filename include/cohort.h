@@ -139,6 +139,11 @@ typedef struct coh_config {
                                COHORT_SCHED_<NAME> per parameter, e.g. COHORT_SCHED_ETA */
     int poll_us;            /* COHORT_POLL_US: a rail with ops in flight polls its sockets this
                                long before sleeping (50; 0 = always sleep in epoll) */
+    int liveness_ms;        /* COHORT_LIVENESS_MS: a rank or coordinator silent this long on the
+                               control plane (heartbeats every fifth of it) is taken for hung:
+                               dropped by every rank, its syncs regrouped (3000; 0 = off) */
+    int max_inflight;       /* COHORT_MAX_INFLIGHT: ops running at once per rail; later ones
+                               wait in order, their timeout not yet started (1024) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -252,10 +257,24 @@ COH_API void coh_set_log_handler(coh_log_fn fn, void *arg, int max_level);
  *                       with a full synchronisation every c rounds.
  * The mode and the scheduler's parameters come from the configuration
  * (sync_mode, sched); COH_SYNC_DEFAULT uses it. All ranks must use the same
- * mode. weight > 0 (e.g. the number of local steps since the last sync).
+ * mode. weight in [COH_SYNC_WEIGHT_MIN, COH_SYNC_WEIGHT_MAX] (e.g. the number
+ * of local steps since the last sync); for integer dtypes a whole number at
+ * most COH_SYNC_WEIGHT_INT_MAX. Each member scales its input by w_i / 2^e,
+ * where 2^e is the power of two just above the group's total weight, so the
+ * arithmetic neither overflows nor underflows for any weights in range.
+ *
+ * Bounds: a rank that does not reach its sync (hung, or stopped) is taken out
+ * of the schedule after COHORT_TIMEOUT_MS and the waiting ranks are grouped
+ * without it; a rank silent on the control plane for COHORT_LIVENESS_MS
+ * (SIGSTOP, a frozen host) is dropped by every rank at once. Ranks that
+ * disagree on the mode all fail with COH_EMISMATCH.
  * Group information (members, wait and communication time) is read with
  * coh_request_group() once the request is complete.
  */
+#define COH_SYNC_WEIGHT_MIN     1e-30
+#define COH_SYNC_WEIGHT_MAX     1e30
+#define COH_SYNC_WEIGHT_INT_MAX 16777216.0 /* 2^24 */
+
 typedef enum coh_sync_mode {
     COH_SYNC_DEFAULT = -1,
     COH_SYNC_ALLREDUCE = 0,

@@ -122,8 +122,13 @@ void rx_reactor_fini(rx_reactor_t *rx);
 /* Any thread but the loop's: if nobody is running the loop, run one
  * non-blocking pass of it here (progress for a waiter). False if busy. */
 bool rx_reactor_help(rx_reactor_t *rx);
+/* Any thread: block SIGPIPE while this thread runs loop code (nested);
+ * release takes a SIGPIPE raised meanwhile off the thread's pending set. */
+void rx_sigpipe_hold(void);
+void rx_sigpipe_release(void);
 /* Bracket a series of rx_reactor_help calls: while a helper is active the
- * reactor's own thread sleeps instead of waking on every event. */
+ * reactor's own thread sleeps instead of waking on every event (and SIGPIPE
+ * is held for the caller, see rx_sigpipe_hold). */
 void rx_reactor_help_begin(rx_reactor_t *rx);
 void rx_reactor_help_end(rx_reactor_t *rx, bool wake);
 
@@ -162,6 +167,9 @@ void rx_rail_submit(rx_rail_t *r, rx_slice_t *s, bool inline_ok);
 void rx_rail_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why);
 void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why,
                    const int *peers, int npeers);
+/* Any thread: the peer is unresponsive: drop its connection on this rail
+ * (what waits on it fails with status and why; so do later ops). */
+void rx_rail_drop_peer(rx_rail_t *r, int peer, int status, const char *why);
 /* close: cancel what runs, say BYE (blocks for one loop round trip). */
 void rx_rail_close(rx_rail_t *r);
 /* stop: close, wait for the BYEs (until quiet_deadline_ns), join. */

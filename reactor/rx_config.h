@@ -75,7 +75,12 @@ typedef enum rx_knob_kind {
     X(sched, RX_K_STR, "", "COHORT_SCHED", 0, RX_STR_MAX,                                          \
       "scheduler parameters name=value,... (docs/sched.md); also COHORT_SCHED_<NAME> each")        \
     X(poll_us, RX_K_INT, "50", "COHORT_POLL_US", 0, 1000000,                                       \
-      "a rail with ops in flight polls its sockets this long before sleeping")
+      "a rail with ops in flight polls its sockets this long before sleeping")                     \
+    X(liveness_ms, RX_K_INT, "3000", "COHORT_LIVENESS_MS", 0, INT_MAX,                             \
+      "a rank (or the coordinator) silent this long on the control plane is taken for hung and "   \
+      "dropped by every rank; heartbeats every fifth of it; 0: off")                               \
+    X(max_inflight, RX_K_INT, "1024", "COHORT_MAX_INFLIGHT", 1, INT_MAX,                           \
+      "ops running at once per rail; later ones queue (their timeout starts when they run)")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

@@ -27,10 +27,13 @@ typedef struct co_rank {
     bool left;      /* said LEAVE: out of the schedule, connection kept */
     bool has_ready; /* a READY waits for a group */
     bool deferred;  /* a READY arrived while its group still ran */
+    bool owe_mode;  /* ranks disagreed on the mode: its next READY is refused */
     rx_ctl_ready_t ready;
-    uint64_t group;    /* the running group it is in, 0 if none */
-    double bw_gbps;    /* estimate of its link's rate, 0 if none */
-    double bw_hist[8]; /* the last measurements of its sending rate */
+    uint64_t t_heard_ns; /* last message from it (liveness) */
+    uint64_t t_ready_ns; /* when has_ready was set */
+    uint64_t group;      /* the running group it is in, 0 if none */
+    double bw_gbps;      /* estimate of its link's rate, 0 if none */
+    double bw_hist[8];   /* the last measurements of its sending rate */
     int bw_n;
 } co_rank_t;
 
@@ -61,6 +64,10 @@ struct rx_coord {
     co_group_t *groups;
     uint64_t next_gid;
     uint64_t t0_ns;
+    uint64_t t_ping_ns; /* last heartbeat sent */
+    /* The disagreement on the mode that owe_mode ranks are told about. */
+    int mode_rank[2];
+    uint32_t mode_mode[2];
     struct sockaddr_storage addr;
     /* Ranks connected and not gone or left; finalize waits (under mu) for 0. */
     int active;
@@ -74,6 +81,11 @@ static void active_add(rx_coord_t *c, int d)
     c->active += d;
     if (c->active == 0) uv_cond_broadcast(&c->idle);
     uv_mutex_unlock(&c->mu);
+}
+
+static bool dtype_is_int(uint32_t dt)
+{
+    return dt == COH_I32 || dt == COH_I64 || dt == COH_U8;
 }
 
 static double now_s(rx_coord_t *c)
@@ -188,6 +200,17 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
     if (g->ndone == g->n) group_end(c, g);
 }
 
+/* Every other rank drops r's data connections: ops that wait on it end
+ * (EPEER, naming it) instead of running into their timeout, now and later. */
+static void broadcast_lost(rx_coord_t *c, int r, uint32_t silent_ms)
+{
+    rx_ctl_msg_t msg = {.type = RX_CTL_LOST};
+    msg.u.lost.rank = (uint32_t)r;
+    msg.u.lost.silent_ms = silent_ms;
+    for (int k = 0; k < c->world; k++)
+        if (k != r && c->ranks[k].conn && !c->ranks[k].lost) rx_ctl_send(c->ranks[k].conn, &msg);
+}
+
 static void declare_lost(rx_coord_t *c, int r, const char *why)
 {
     co_rank_t *cr = &c->ranks[r];
@@ -201,6 +224,34 @@ static void declare_lost(rx_coord_t *c, int r, const char *why)
     if (cr->conn) rx_conn_close(cr->conn, COH_EPEER, why);
     co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
     if (g) member_done(c, g, r, COH_EPEER, 0);
+}
+
+/* Out of the schedule until its next READY (LEAVE, or a rank that held the
+ * others up): nobody waits for it, its connection stays. */
+static void take_out(rx_coord_t *c, int r)
+{
+    co_rank_t *cr = &c->ranks[r];
+    if (cr->left || cr->lost) return;
+    cr->left = true;
+    active_add(c, -1);
+    cr->has_ready = cr->deferred = false;
+    for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+        if (c->sched[md]) sc_sched_on_worker_lost(c->sched[md], r);
+    co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
+    if (g) member_done(c, g, r, 0, 0);
+}
+
+/* Tell rank r its sync has no group: status and an rx_ctl_why, with up to
+ * two detail words in the members list. */
+static void refuse_rank(rx_coord_t *c, int r, int status, int why, const int *detail, int ndetail)
+{
+    co_rank_t *cr = &c->ranks[r];
+    int one[2] = {r, 0};
+    if (!detail) {
+        detail = one;
+        ndetail = 1;
+    }
+    send_plan(c, r, 0, cr->ready.attempt, status, why, 0, detail, ndetail);
 }
 
 static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
@@ -218,8 +269,10 @@ static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
         }
         if (!first) first = &cr->ready;
         mismatch |= cr->ready.count != first->count || cr->ready.dtype != first->dtype;
-        total += cr->ready.weight;
+        total += cr->ready.weight; /* weights are in range (on_msg): the sum is finite */
     }
+    /* Integer data is scaled by whole weights and divided by their sum. */
+    bool bad_weight = first && dtype_is_int(first->dtype) && total > COH_SYNC_WEIGHT_INT_MAX;
     co_group_t *g = coh_zalloc(sizeof(*g));
     if (g) {
         g->members = coh_malloc(sizeof(int) * (size_t)n);
@@ -246,16 +299,19 @@ static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
         g->members[i] = d->members[i];
         g->readys[i] = c->ranks[d->members[i]].ready;
     }
-    if (mismatch || missing) {
+    if (mismatch || missing || bad_weight) {
         /* Refuse the group: every member's sync fails with the reason. */
-        int st = mismatch ? COH_EMISMATCH : COH_EPROTO;
+        int st = mismatch ? COH_EMISMATCH : bad_weight ? COH_EINVAL : COH_EPROTO;
+        int why = mismatch ? RX_CTL_WHY_COUNT : bad_weight ? RX_CTL_WHY_WEIGHT : RX_CTL_WHY_NONE;
         bs_log(COH_LOG_WARN, "coordinator: group %llu refused: %s", (unsigned long long)g->gid,
-               mismatch ? "members disagree on count or dtype" : "a member is not ready");
+               mismatch     ? "members disagree on count or dtype"
+               : bad_weight ? "integer weights sum beyond 2^24"
+                            : "a member is not ready");
         for (int i = 0; i < n; i++) {
             co_rank_t *cr = &c->ranks[g->members[i]];
             if (!cr->has_ready) continue;
             cr->has_ready = false;
-            send_plan(c, g->members[i], g->gid, cr->ready.attempt, st, 0, 0, g->members, n);
+            send_plan(c, g->members[i], g->gid, cr->ready.attempt, st, why, 0, g->members, n);
         }
         sc_sched_on_group_done(c->sched[mode], g->sgid, now_s(c), 0);
         coh_free(g->members);
@@ -342,6 +398,16 @@ static void apply_ready(rx_coord_t *c, int r)
 {
     co_rank_t *cr = &c->ranks[r];
     const rx_ctl_ready_t *rd = &cr->ready;
+    if (cr->owe_mode) {
+        /* Ranks disagreed on the mode: every rank's current or next sync
+         * fails, naming a rank that asked for another mode. */
+        cr->owe_mode = false;
+        int k = c->mode_mode[1] != rd->mode ? 1 : 0;
+        int detail[2] = {c->mode_rank[k], (int)c->mode_mode[k]};
+        refuse_rank(c, r, COH_EMISMATCH, RX_CTL_WHY_MODE, detail, 2);
+        take_out(c, r);
+        return;
+    }
     sc_sched_t *s = sched_for(c, (int)rd->mode, rd);
     int st = cr->left ? COH_ESTATE
              : s      ? sc_sched_on_ready(s, r, now_s(c), rd->compute_s)
@@ -349,11 +415,50 @@ static void apply_ready(rx_coord_t *c, int r)
     if (st < 0) {
         /* The scheduler has this rank out of the schedule (or lost): tell it
          * rather than leave it waiting. */
-        int one[1] = {r};
-        send_plan(c, r, 0, rd->attempt, st == COH_ESTATE ? COH_EPEER : st, 0, 0, one, 1);
+        refuse_rank(c, r, st == COH_ESTATE ? COH_EPEER : st, RX_CTL_WHY_OUT, NULL, 0);
         return;
     }
     cr->has_ready = true;
+    cr->t_ready_ns = bs_now_ns();
+}
+
+/* The mode a rank is syncing in right now, or -1. */
+static int mode_of(rx_coord_t *c, int r)
+{
+    co_rank_t *cr = &c->ranks[r];
+    if (cr->lost || cr->left) return -1;
+    if (cr->has_ready || cr->deferred) return (int)cr->ready.mode;
+    co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
+    return g ? g->mode : -1;
+}
+
+/* A READY in `mode` from r while another rank syncs in a different one:
+ * remember the pair, and fail every rank's current or next sync. */
+static void check_mode(rx_coord_t *c, int r, uint32_t mode)
+{
+    int other = -1, om = -1;
+    for (int k = 0; k < c->world && other < 0; k++) {
+        int m = k == r ? -1 : mode_of(c, k);
+        if (m >= 0 && (uint32_t)m != mode) {
+            other = k;
+            om = m;
+        }
+    }
+    if (other < 0) return;
+    bs_log(COH_LOG_ERROR, "coordinator: ranks disagree on the sync mode: rank %d %s, rank %d %s",
+           other, coh_sync_mode_name((coh_sync_mode)om), r,
+           coh_sync_mode_name((coh_sync_mode)mode));
+    c->mode_rank[0] = other;
+    c->mode_mode[0] = (uint32_t)om;
+    c->mode_rank[1] = r;
+    c->mode_mode[1] = mode;
+    for (int k = 0; k < c->world; k++)
+        if (!c->ranks[k].lost) c->ranks[k].owe_mode = true;
+    for (int k = 0; k < c->world; k++)
+        if (c->ranks[k].has_ready) {
+            c->ranks[k].has_ready = false;
+            apply_ready(c, k); /* refuses it (owe_mode) */
+        }
 }
 
 /* ---- messages ---- */
@@ -367,12 +472,14 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
     case RX_CTL_READY: {
         const rx_ctl_ready_t *rd = &m->u.ready;
         if ((int)rd->rank != r || rd->mode >= COH_SYNC_MODE_COUNT || rd->dtype >= COH_DTYPE_COUNT ||
-            !(rd->weight > 0) || cr->has_ready) {
+            !(rd->weight >= COH_SYNC_WEIGHT_MIN && rd->weight <= COH_SYNC_WEIGHT_MAX) ||
+            cr->has_ready) {
             declare_lost(c, r, "malformed or duplicate READY");
             return;
         }
         cr->ready = *rd;
-        if (cr->left) {
+        check_mode(c, r, rd->mode);
+        if (cr->left && !cr->owe_mode) {
             /* A rank that left syncs again: back in the schedule. */
             cr->left = false;
             active_add(c, 1);
@@ -437,18 +544,9 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
             declare_lost(c, r, "LEAVE for another rank");
             return;
         }
-        if (!cr->left && !cr->lost) {
-            /* Out of the schedule like a lost rank, but its connection stays:
-             * nobody waits for it, and a later sync is refused. */
-            cr->left = true;
-            active_add(c, -1);
-            cr->has_ready = cr->deferred = false;
-            for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
-                if (c->sched[md]) sc_sched_on_worker_lost(c->sched[md], r);
-            co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
-            if (g) member_done(c, g, r, 0, 0);
-        }
+        take_out(c, r);
         break;
+    case RX_CTL_PING: break; /* heard (on_bytes) is all it says */
     default: declare_lost(c, r, "unexpected message");
     }
     tick_all(c);
@@ -456,9 +554,12 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
 
 static int on_bytes(rx_conn_t *conn, const uint8_t *buf, size_t len)
 {
+    rx_coord_t *c = conn->owner;
     rx_ctl_msg_t m;
     int n = rx_ctl_parse(buf, len, &m);
-    if (n > 0) on_msg(conn, &m);
+    if (n <= 0) return n;
+    if (conn->peer >= 0 && conn->peer < c->world) c->ranks[conn->peer].t_heard_ns = bs_now_ns();
+    on_msg(conn, &m);
     return n;
 }
 
@@ -471,6 +572,7 @@ static void on_ready(rx_conn_t *conn)
         return;
     }
     c->ranks[peer].conn = conn;
+    c->ranks[peer].t_heard_ns = bs_now_ns();
     active_add(c, 1);
 }
 
@@ -496,10 +598,73 @@ static void on_close(rx_conn_t *conn, int status, const char *why)
 
 static const rx_conn_proto_t coord_proto = RX_CTL_PROTO_INIT(on_bytes, on_ready, on_close);
 
+/* Heartbeats out; ranks silent for liveness_ms are hung (SIGSTOP, a frozen
+ * host: their sockets stay open) and are dropped by everybody. */
+static void check_liveness(rx_coord_t *c, uint64_t now)
+{
+    uint64_t live = (uint64_t)c->ctx->cfg.liveness_ms * 1000000ull;
+    if (!live) return;
+    if (now - c->t_ping_ns >= live / 5) {
+        c->t_ping_ns = now;
+        rx_ctl_msg_t ping = {.type = RX_CTL_PING};
+        ping.u.ping_rank = (uint32_t)c->ctx->rank;
+        for (int r = 0; r < c->world; r++)
+            if (c->ranks[r].conn && !c->ranks[r].lost) rx_ctl_send(c->ranks[r].conn, &ping);
+    }
+    for (int r = 0; r < c->world; r++) {
+        co_rank_t *cr = &c->ranks[r];
+        if (!cr->conn || cr->lost || now - cr->t_heard_ns <= live) continue;
+        uint32_t ms = (uint32_t)((now - cr->t_heard_ns) / 1000000ull);
+        char why[96];
+        snprintf(why, sizeof(why), "unresponsive: nothing heard for %u ms", ms);
+        declare_lost(c, r, why);
+        broadcast_lost(c, r, ms);
+    }
+}
+
+/* A rank waiting for a group longer than the op timeout: the live ranks
+ * that have not come to their sync hold it up. They leave the schedule
+ * until their next sync (as with coh_sync_leave) and the waiting ranks are
+ * grouped without them. Should a rank still wait twice as long, its sync
+ * fails with ETIMEDOUT rather than never ending. */
+static void check_waiting(rx_coord_t *c, uint64_t now)
+{
+    uint64_t limit = (uint64_t)c->ctx->cfg.timeout_ms * 1000000ull;
+    int stuck = -1;
+    for (int r = 0; r < c->world && stuck < 0; r++)
+        if (c->ranks[r].has_ready && now - c->ranks[r].t_ready_ns > limit) stuck = r;
+    if (stuck < 0) return;
+    int out = 0;
+    for (int r = 0; r < c->world; r++) {
+        co_rank_t *cr = &c->ranks[r];
+        if (cr->lost || cr->left || cr->has_ready || cr->deferred || cr->group || !cr->conn)
+            continue;
+        bs_log(COH_LOG_WARN,
+               "coordinator: rank %d has not come to its sync while rank %d waited %d ms: out of "
+               "the schedule until its next sync",
+               r, stuck, c->ctx->cfg.timeout_ms);
+        take_out(c, r);
+        out++;
+    }
+    if (out) {
+        tick_all(c);
+        return;
+    }
+    for (int r = 0; r < c->world; r++) {
+        co_rank_t *cr = &c->ranks[r];
+        if (!cr->has_ready || now - cr->t_ready_ns <= 2 * limit) continue;
+        refuse_rank(c, r, COH_ETIMEDOUT, RX_CTL_WHY_NONE, NULL, 0);
+        take_out(c, r);
+    }
+}
+
 static void on_tick(uv_timer_t *t)
 {
     rx_coord_t *c = t->data;
+    uint64_t now = bs_now_ns();
+    check_liveness(c, now);
     tick_all(c);
+    check_waiting(c, now);
     /* A group where someone failed and others never report (a hung rank)
      * ends after the op timeout: the silent ones are out. */
     double tnow = now_s(c), limit = c->ctx->cfg.timeout_ms / 1e3;

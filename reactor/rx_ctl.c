@@ -29,6 +29,8 @@ static double get_f64(const uint8_t *p)
 #define DONE_LEN   32 /* + 24 per measurement */
 #define REFUSE_LEN 24
 #define LEAVE_LEN  4
+#define PING_LEN   4
+#define LOST_LEN   8
 
 size_t rx_ctl_size(const rx_ctl_msg_t *m)
 {
@@ -38,6 +40,8 @@ size_t rx_ctl_size(const rx_ctl_msg_t *m)
     case RX_CTL_DONE: return RX_CTL_HDR + DONE_LEN + 24 * (size_t)m->u.done.nbw;
     case RX_CTL_REFUSE: return RX_CTL_HDR + REFUSE_LEN;
     case RX_CTL_LEAVE: return RX_CTL_HDR + LEAVE_LEN;
+    case RX_CTL_PING: return RX_CTL_HDR + PING_LEN;
+    case RX_CTL_LOST: return RX_CTL_HDR + LOST_LEN;
     default: return 0;
     }
 }
@@ -106,6 +110,11 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         break;
     }
     case RX_CTL_LEAVE: en_put32(p, m->u.leave_rank); break;
+    case RX_CTL_PING: en_put32(p, m->u.ping_rank); break;
+    case RX_CTL_LOST:
+        en_put32(p, m->u.lost.rank);
+        en_put32(p + 4, m->u.lost.silent_ms);
+        break;
     default: return COH_EINVAL;
     }
     return (int)n;
@@ -144,6 +153,12 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
     case RX_CTL_LEAVE:
         if (plen != LEAVE_LEN) return COH_EPROTO;
         break;
+    case RX_CTL_PING:
+        if (plen != PING_LEN) return COH_EPROTO;
+        break;
+    case RX_CTL_LOST:
+        if (plen != LOST_LEN) return COH_EPROTO;
+        break;
     default: return COH_EPROTO;
     }
     if (len < RX_CTL_HDR + (size_t)plen) return 0;
@@ -175,7 +190,8 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         pl->total_weight = get_f64(p + 24);
         pl->nmembers = en_get32(p + 32);
         pl->members = p + 40;
-        if (en_get32(p + 36) != 0 || pl->nmembers != (plen - PLAN_LEN) / 4 || pl->full > 1 ||
+        if (en_get32(p + 36) != 0 || pl->nmembers != (plen - PLAN_LEN) / 4 ||
+            pl->full >= (pl->status < 0 ? (uint32_t)RX_CTL_WHY_COUNT_MAX : 2u) ||
             !finite_nonneg(pl->total_weight) || pl->status > 0)
             return COH_EPROTO;
         break;
@@ -208,6 +224,11 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         break;
     }
     case RX_CTL_LEAVE: m->u.leave_rank = en_get32(p); break;
+    case RX_CTL_PING: m->u.ping_rank = en_get32(p); break;
+    case RX_CTL_LOST:
+        m->u.lost.rank = en_get32(p);
+        m->u.lost.silent_ms = en_get32(p + 4);
+        break;
     }
     return (int)(RX_CTL_HDR + plen);
 }

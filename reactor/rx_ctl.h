@@ -12,6 +12,13 @@
  *                                 what I measured of my peers' links)"
  *   REFUSE  rank -> coordinator  "your plan names a rank I know is gone"
  *   LEAVE   rank -> coordinator  "I will not sync again: do not wait for me"
+ *   PING    both ways            "I am alive" (every COHORT_LIVENESS_MS / 5):
+ *                                 a side that hears nothing, PING or other,
+ *                                 for COHORT_LIVENESS_MS takes the other for
+ *                                 hung (a SIGSTOPped process keeps its TCP
+ *                                 connections open, so only silence tells)
+ *   LOST    coordinator -> rank  "rank r is unresponsive: drop it" (its data
+ *                                 connections too, so no op waits on it)
  *
  * Framing: a 16-byte header, then `len` payload bytes, little-endian:
  *   0 u32 magic "COHC"  4 u8 type  5 u8 flags (0)  6 u16 reserved (0)
@@ -39,7 +46,20 @@ typedef enum rx_ctl_type {
     RX_CTL_DONE = 3,
     RX_CTL_REFUSE = 4,
     RX_CTL_LEAVE = 5, /* rank -> coordinator: "I will not sync again": payload u32 rank */
+    RX_CTL_PING = 6,  /* either way: payload u32 sender rank */
+    RX_CTL_LOST = 7,  /* coordinator -> rank: payload u32 rank, u32 silent ms */
 } rx_ctl_type;
+
+/* Why a PLAN refuses (status < 0): carried in `full`, which a refusal does
+ * not otherwise use. */
+typedef enum rx_ctl_why {
+    RX_CTL_WHY_NONE = 0,
+    RX_CTL_WHY_COUNT = 1,  /* members disagree on count or dtype */
+    RX_CTL_WHY_MODE = 2,   /* ranks disagree on the sync mode: members = {rank, its mode} */
+    RX_CTL_WHY_WEIGHT = 3, /* the group's total weight is out of range */
+    RX_CTL_WHY_OUT = 4,    /* this rank is out of the schedule */
+    RX_CTL_WHY_COUNT_MAX
+} rx_ctl_why;
 
 typedef struct rx_ctl_ready {
     uint32_t rank;
@@ -56,7 +76,7 @@ typedef struct rx_ctl_plan {
     uint64_t group_id;
     uint64_t attempt;
     int32_t status; /* < 0: no group; the sync fails with this status */
-    uint32_t full;
+    uint32_t full;  /* 1: every live rank; for a refusal, an rx_ctl_why */
     double total_weight;
     uint32_t nmembers;
     const uint8_t *members;     /* nmembers little-endian u32 ranks, ring order (decode) */
@@ -94,6 +114,11 @@ typedef struct rx_ctl_msg {
         rx_ctl_done_t done;
         rx_ctl_refuse_t refuse;
         uint32_t leave_rank;
+        uint32_t ping_rank;
+        struct {
+            uint32_t rank;
+            uint32_t silent_ms;
+        } lost;
     } u;
 } rx_ctl_msg_t;
 

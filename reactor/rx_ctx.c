@@ -134,6 +134,61 @@ static int coord_start_fn(rx_reactor_t *rx, void *arg)
     return rx_coord_start(ctx, rx, &ctx->coord);
 }
 
+/* The settings every rank must share, as text: a rank that disagrees would
+ * otherwise hang (two coordinators each waiting for the whole world). */
+static void conf_text(const struct coh_ctx *ctx, char *out, size_t cap)
+{
+    snprintf(out, cap, "coordinator=%d sync_mode=%s nrails=%d", ctx->cfg.coordinator,
+             coh_sync_mode_name((coh_sync_mode)ctx->cfg.sync_mode), ctx->nrails);
+}
+
+/* Rank 0 compares every rank's settings with its own and publishes the
+ * verdict ("" or what differs); every rank reads it, so they all fail, with
+ * the same EMISMATCH, naming the setting. */
+static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
+{
+    char mine[128], key[64], val[256];
+    conf_text(ctx, mine, sizeof(mine));
+    snprintf(key, sizeof(key), "conf/%d", ctx->rank);
+    BS_CHECK(rx_store_set(sc, key, mine, strlen(mine), deadline));
+    if (ctx->rank == 0) {
+        char verdict[512] = "";
+        for (int r = 1; r < ctx->world && !verdict[0]; r++) {
+            int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
+            size_t vl = 0;
+            memset(val, 0, sizeof(val));
+            snprintf(key, sizeof(key), "conf/%d", r);
+            BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline));
+            if (strcmp(val, mine) != 0)
+                snprintf(verdict, sizeof(verdict), "rank %d has %s, rank 0 has %s", r, val, mine);
+        }
+        BS_CHECK(rx_store_set(sc, "conf", verdict, strlen(verdict), deadline));
+    }
+    int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
+    size_t vl = 0;
+    char verdict[512];
+    memset(verdict, 0, sizeof(verdict));
+    BS_CHECK(rx_store_get(sc, "conf", verdict, sizeof(verdict) - 1, &vl, left_ms, deadline));
+    if (vl) {
+        /* Rank 0 holds the store until every rank has read the verdict. */
+        int64_t seen = 0;
+        BS_CHECK(rx_store_add(sc, "conf_seen", 1, &seen, deadline));
+        if (seen == ctx->world) BS_CHECK(rx_store_set(sc, "conf_done", "1", 1, deadline));
+        if (ctx->rank == 0) {
+            char one[8];
+            left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
+            rx_store_get(sc, "conf_done", one, sizeof(one), NULL, left_ms, deadline);
+        }
+    }
+    if (vl)
+        return bs_fail(COH_EMISMATCH,
+                       "ranks disagree on the job's settings: %s (COHORT_COORDINATOR, "
+                       "COHORT_SYNC_MODE and the number of COHORT_NICS must be the same on every "
+                       "rank)",
+                       verdict);
+    return 0;
+}
+
 /* Exchange addresses through the store, dial lower ranks, wait for all. */
 static int connect_mesh(struct coh_ctx *ctx, uint64_t deadline)
 {
@@ -144,6 +199,7 @@ static int connect_mesh(struct coh_ctx *ctx, uint64_t deadline)
                               ctx->world, deadline));
     char key[64], val[128];
     int st = 0;
+    BS_CHECK_GOTO(agree_conf(ctx, &sc, deadline), st, out);
     snprintf(key, sizeof(key), "nrails/%d", ctx->rank);
     snprintf(val, sizeof(val), "%d", ctx->nrails);
     BS_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
@@ -312,6 +368,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                             .nrails = ctx->nrails,
                             .token = ctx->token_s,
                             .timeout_ms = ctx->cfg.timeout_ms,
+                            .max_inflight = ctx->cfg.max_inflight,
                             .sockbuf_bytes = ctx->cfg.sockbuf_bytes,
                             .stash_bytes = ctx->cfg.stash_bytes,
                             .local = (struct sockaddr *)&ctx->rail_addr[r]};

@@ -28,6 +28,9 @@ struct rx_member {
     _Atomic int busy; /* a sync is outstanding (checked by coh_sync) */
     _Atomic int lost; /* the coordinator is gone: syncs fail at once */
     struct sockaddr_storage coord;
+    uv_timer_t beat; /* heartbeats out, the coordinator's silence checked */
+    bool beat_open;
+    uint64_t t_heard_ns, t_ping_ns;
 };
 
 #define SYNC_RETRIES 3
@@ -121,10 +124,37 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
     rx_syncreq_t *s = req->sync;
     if (p->status < 0) {
         char why[BS_ERR_LEN];
-        snprintf(why, sizeof(why), "the coordinator refused group %llu: %s",
-                 (unsigned long long)p->group_id,
-                 p->status == COH_EMISMATCH ? "its members disagree on count or dtype"
-                                            : coh_strerror(p->status));
+        uint32_t d0 = p->nmembers > 0 ? en_get32(p->members) : 0;
+        uint32_t d1 = p->nmembers > 1 ? en_get32(p->members + 4) : 0;
+        switch (p->full) {
+        case RX_CTL_WHY_COUNT:
+            snprintf(why, sizeof(why),
+                     "the coordinator refused group %llu: its members disagree "
+                     "on count or dtype",
+                     (unsigned long long)p->group_id);
+            break;
+        case RX_CTL_WHY_MODE:
+            snprintf(why, sizeof(why),
+                     "ranks disagree on the sync mode (field 'mode'): this rank asked for %s, "
+                     "rank %u for %s",
+                     coh_sync_mode_name(s->mode), d0,
+                     coh_sync_mode_name(d1 < COH_SYNC_MODE_COUNT ? (coh_sync_mode)d1
+                                                                 : COH_SYNC_DEFAULT));
+            break;
+        case RX_CTL_WHY_WEIGHT:
+            snprintf(why, sizeof(why),
+                     "the group's integer weights add up to more than 2^24 "
+                     "(field 'weight')");
+            break;
+        case RX_CTL_WHY_OUT:
+            snprintf(why, sizeof(why), "the coordinator has this rank out of the schedule: %s",
+                     coh_strerror(p->status));
+            break;
+        default:
+            snprintf(why, sizeof(why), "the coordinator formed no group for this rank: %s",
+                     p->status == COH_ETIMEDOUT ? "no group within twice COHORT_TIMEOUT_MS"
+                                                : coh_strerror(p->status));
+        }
         finish(m, req, p->status, why);
         return;
     }
@@ -178,7 +208,17 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
 
     /* The group's weighted ring allreduce: this rank's input (the caller's
      * buffer) times its weight, summed over the members, divided by the
-     * total weight, into the scratch buffer. */
+     * total weight, into the scratch buffer. Floating-point data is scaled
+     * by w / 2^e and divided by W / 2^e, 2^e the power of two just above the
+     * total W: powers of two scale exactly, and every factor is at most 1,
+     * so no weight in range overflows the data type (1e30 on an f32 would). */
+    double scale = s->weight, divide = p->total_weight;
+    if (!(s->dtype == COH_I32 || s->dtype == COH_I64 || s->dtype == COH_U8)) {
+        int e;
+        frexp(p->total_weight, &e);
+        scale = ldexp(scale, -e);
+        divide = ldexp(divide, -e);
+    }
     const coh_config_t *cfg = &ctx->cfg;
     size_t es = coh_dtype_size(s->dtype);
     uint64_t chunk = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
@@ -197,8 +237,8 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
                               .count = s->count,
                               .chunk_elems = chunk,
                               .small_elems = cfg->small_bytes / es,
-                              .scale = s->weight,
-                              .divide = p->total_weight},
+                              .scale = scale,
+                              .divide = divide},
                      .comm = gcomm,
                      .seq = 0,
                      .sig = sig,
@@ -305,18 +345,60 @@ static void set_state(rx_member_t *m, int st, const char *why)
     uv_mutex_unlock(&m->mu);
 }
 
+/* Every rail drops `peer` (unresponsive): what waits on it ends with EPEER
+ * now, and later ops fail at once instead of each running into a timeout. */
+static void drop_peer(struct coh_ctx *ctx, int peer, const char *why)
+{
+    if (peer < 0 || peer >= ctx->world || peer == ctx->rank) return;
+    for (int r = 0; r < ctx->nrails; r++) rx_rail_drop_peer(&ctx->rails[r], peer, COH_EPEER, why);
+}
+
 static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
 {
     rx_member_t *m = c->owner;
     rx_ctl_msg_t msg;
     int n = rx_ctl_parse(buf, len, &msg);
     if (n <= 0) return n;
-    if (msg.type != RX_CTL_PLAN) {
-        rx_conn_close(c, COH_EPROTO, "unexpected message from the coordinator");
-        return n;
+    m->t_heard_ns = bs_now_ns();
+    switch (msg.type) {
+    case RX_CTL_PLAN: handle_plan(m, &msg.u.plan); break;
+    case RX_CTL_PING: break;
+    case RX_CTL_LOST: {
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why),
+                 "rank %u is unresponsive (the coordinator heard nothing from it "
+                 "for %u ms)",
+                 msg.u.lost.rank, msg.u.lost.silent_ms);
+        bs_log(COH_LOG_WARN, "rank %d: %s", m->ctx->rank, why);
+        drop_peer(m->ctx, (int)msg.u.lost.rank, why);
+        break;
     }
-    handle_plan(m, &msg.u.plan);
+    default: rx_conn_close(c, COH_EPROTO, "unexpected message from the coordinator");
+    }
     return n;
+}
+
+/* Threading: control loop. Heartbeats to the coordinator, and its silence
+ * checked: a coordinator that stopped (SIGSTOP keeps its sockets open) is
+ * gone for this rank like one whose connection closed. */
+static void on_beat(uv_timer_t *t)
+{
+    rx_member_t *m = t->data;
+    if (!m->conn) return;
+    uint64_t now = bs_now_ns(), live = (uint64_t)m->ctx->cfg.liveness_ms * 1000000ull;
+    if (now - m->t_ping_ns >= live / 5) {
+        m->t_ping_ns = now;
+        rx_ctl_msg_t ping = {.type = RX_CTL_PING};
+        ping.u.ping_rank = (uint32_t)m->ctx->rank;
+        rx_ctl_send(m->conn, &ping);
+    }
+    if (now - m->t_heard_ns <= live) return;
+    char why[BS_ERR_LEN];
+    snprintf(why, sizeof(why),
+             "the coordinator (rank %d) is unresponsive: nothing heard for %llu ms",
+             m->ctx->cfg.coordinator, (unsigned long long)((now - m->t_heard_ns) / 1000000ull));
+    drop_peer(m->ctx, m->ctx->cfg.coordinator, why);
+    rx_conn_close(m->conn, COH_EPEER, why);
 }
 
 static void on_ready(rx_conn_t *c)
@@ -326,6 +408,12 @@ static void on_ready(rx_conn_t *c)
         rx_conn_close(c, COH_EPROTO, "the coordinator's address answered as another rank");
         return;
     }
+    m->t_heard_ns = bs_now_ns();
+    int live = m->ctx->cfg.liveness_ms;
+    if (live > 0) {
+        uint64_t period = (uint64_t)(live / 10 > 0 ? live / 10 : 1);
+        uv_timer_start(&m->beat, on_beat, period, period);
+    }
     set_state(m, 1, NULL);
 }
 
@@ -333,6 +421,7 @@ static void on_close(rx_conn_t *c, int status, const char *why)
 {
     rx_member_t *m = c->owner;
     m->conn = NULL;
+    uv_timer_stop(&m->beat);
     atomic_store(&m->lost, 1);
     char msg[BS_ERR_LEN];
     snprintf(msg, sizeof(msg), "connection to the coordinator (rank %d): %s",
@@ -352,6 +441,9 @@ static int dial_fn(rx_reactor_t *rx, void *arg)
 {
     rx_member_t *m = arg;
     struct coh_ctx *ctx = m->ctx;
+    uv_timer_init(&rx->loop, &m->beat);
+    m->beat.data = m;
+    m->beat_open = true;
     /* Leave through rail 0's interface. */
     struct sockaddr_storage local = ctx->rail_addr[0];
     return rx_conn_dial(&rx->loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
@@ -391,6 +483,8 @@ static int close_fn(rx_reactor_t *rx, void *arg)
     (void)rx;
     rx_member_t *m = arg;
     if (m->conn) rx_conn_close(m->conn, COH_ECANCELED, "finalizing");
+    if (m->beat_open) uv_close((uv_handle_t *)&m->beat, NULL);
+    m->beat_open = false;
     return 0;
 }
 
@@ -420,6 +514,18 @@ static int leave_fn(rx_reactor_t *rx, void *arg)
     rx_ctl_msg_t msg = {.type = RX_CTL_LEAVE};
     msg.u.leave_rank = (uint32_t)m->ctx->rank;
     return rx_ctl_send(m->conn, &msg);
+}
+
+/* Tests: put a raw message on this rank's control connection. */
+static int raw_fn(rx_reactor_t *rx, void *arg)
+{
+    rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
+    return m && m->conn ? rx_ctl_send(m->conn, arg) : COH_EPEER;
+}
+
+int rx_member_send_raw(struct coh_ctx *ctx, const rx_ctl_msg_t *msg)
+{
+    return rx_reactor_call(&ctx->ctrl, raw_fn, (void *)msg);
 }
 
 /* ---- API ---- */
@@ -467,8 +573,13 @@ COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dty
     if (!es) return bs_fail(COH_EINVAL, "coh_sync: unknown dtype %d", (int)dtype);
     if (count && !buf) return bs_fail(COH_EINVAL, "coh_sync: NULL buffer with count %zu", count);
     if (count > SIZE_MAX / es) return bs_fail(COH_EINVAL, "coh_sync: count overflows");
-    if (!(weight > 0) || !isfinite(weight))
-        return bs_fail(COH_EINVAL, "coh_sync: weight must be a positive number");
+    if (!(weight >= COH_SYNC_WEIGHT_MIN && weight <= COH_SYNC_WEIGHT_MAX))
+        return bs_fail(COH_EINVAL, "coh_sync: weight %g is out of range [%g, %g]", weight,
+                       COH_SYNC_WEIGHT_MIN, COH_SYNC_WEIGHT_MAX);
+    bool integral = dtype == COH_I32 || dtype == COH_I64 || dtype == COH_U8;
+    if (integral && (weight != floor(weight) || weight > COH_SYNC_WEIGHT_INT_MAX))
+        return bs_fail(COH_EINVAL, "coh_sync: integer data takes whole weights up to 2^24, not %g",
+                       weight);
     if (mode == COH_SYNC_DEFAULT) mode = (coh_sync_mode)ctx->cfg.sync_mode;
     if ((unsigned)mode >= COH_SYNC_MODE_COUNT)
         return bs_fail(COH_EINVAL, "coh_sync: unknown mode %d", (int)mode);

@@ -146,6 +146,31 @@ void rx_rail_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const
     rx_rail_abort(r, comm, seq, status, why, NULL, 0);
 }
 
+typedef struct drop_task {
+    rx_task_t task;
+    int peer, status;
+    char why[BS_ERR_LEN];
+} drop_task_t;
+
+static void drop_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    drop_task_t *dt = (drop_task_t *)t;
+    rx_rail_t *r = rx->owner;
+    en_rail_drop_peer(&r->en, dt->peer, dt->status, dt->why);
+    coh_free(dt);
+}
+
+void rx_rail_drop_peer(rx_rail_t *r, int peer, int status, const char *why)
+{
+    drop_task_t *dt = coh_zalloc(sizeof(*dt));
+    if (!dt) return; /* its ops still end, at their timeout */
+    dt->task.run = drop_run;
+    dt->peer = peer;
+    dt->status = status;
+    snprintf(dt->why, sizeof(dt->why), "%s", why);
+    if (!rx_reactor_post(&r->rx, &dt->task)) coh_free(dt);
+}
+
 static int close_fn(rx_reactor_t *rx, void *arg)
 {
     (void)arg;

@@ -51,6 +51,8 @@ typedef struct rx_member rx_member_t;
 int rx_member_start(struct coh_ctx *ctx); /* any thread; dials the coordinator */
 int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns);
 void rx_member_fini(struct coh_ctx *ctx); /* after the control reactor stopped */
+/* Tests (any thread but the control loop's): send a raw control message. */
+int rx_member_send_raw(struct coh_ctx *ctx, const rx_ctl_msg_t *msg);
 /* The last slice of a sync attempt ended (rail thread). */
 void rx_sync_attempt_done(coh_request_t *req);
 

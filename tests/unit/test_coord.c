@@ -7,7 +7,9 @@
  *     coordinator drops that rank and groups the others again;
  *   - members whose counts differ get EMISMATCH from the coordinator;
  *   - a rank that left is not waited for, even in allreduce mode;
- *   - results are the weighted mean of the group, in every mode.
+ *   - results are the weighted mean of the group, in every mode;
+ *   - a malformed READY (a weight no API call lets through) takes only its
+ *     sender out: the coordinator stays up and the others sync on.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include "reactor/rx_ctx.h"
+#include "reactor/rx_sync.h"
 
 #define MAXR 4
 
@@ -208,6 +211,47 @@ static void test_left_rank_not_waited_for(void **state)
     assert_int_equal(w.gsize[2], 1);
 }
 
+static void malformed_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    if (r == 2) {
+        /* What the API refuses: a READY with weight 1e308 (two of them made
+         * the group's total infinite, and every member then lost the
+         * coordinator to a PLAN it could not parse). */
+        rx_ctl_msg_t m = {.type = RX_CTL_READY};
+        m.u.ready = (rx_ctl_ready_t){
+            .rank = 2, .count = 8, .dtype = COH_F64, .weight = 1e308, .attempt = 99};
+        assert_int_equal(rx_member_send_raw(ctx, &m), 0);
+        usleep(300000);
+        coh_comm_t *world;
+        coh_ctx_world(ctx, &world);
+        double x[8] = {0};
+        coh_request_t *req;
+        int st = coh_sync(world, x, 8, COH_F64, 0, 1.0, &req);
+        if (st == 0) {
+            st = coh_wait(req, 15000);
+            coh_request_free(req);
+        }
+        w->status[2] = st; /* out: its connection to the coordinator is gone */
+        return;
+    }
+    usleep(100000);
+    for (int i = 0; i < 3; i++) {
+        sync_once(w, r, ctx, 8);
+        assert_int_equal(w->status[r], 0);
+    }
+}
+
+static void test_malformed_ready(void **state)
+{
+    (void)state;
+    world_t w;
+    run_world(&w, 3, COH_SYNC_ALLREDUCE, malformed_fn);
+    assert_int_equal(w.status[0], 0);
+    assert_int_equal(w.status[1], 0);
+    assert_int_equal(w.gsize[0], 2);
+    assert_int_equal(w.status[2], COH_EPEER);
+}
+
 static void modes_fn(world_t *w, int r, coh_ctx_t *ctx)
 {
     for (int i = 0; i < 5; i++) {
@@ -309,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_refuse_gone_member),
         cmocka_unit_test(test_mismatched_counts),
         cmocka_unit_test(test_left_rank_not_waited_for),
+        cmocka_unit_test(test_malformed_ready),
         cmocka_unit_test(test_every_mode),
         cmocka_unit_test(test_finalize_cancels),
         cmocka_unit_test(test_coordinator_counts_strangers),
