@@ -408,6 +408,14 @@ static void apply_ready(rx_coord_t *c, int r)
         take_out(c, r);
         return;
     }
+    /* A rank that left while its last group still ran is still linked to
+     * that group in the scheduler when it comes back: it rejoins the
+     * schedule here, once the group is over (deferred READYs run after
+     * sc_sched_on_group_done). Returning a sync of such a rank EPEER was a
+     * race (test_sync.py test_sync_leave_and_come_back, 2 in 60 runs). */
+    if (!cr->left)
+        for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+            if (c->sched[md]) sc_sched_on_worker_back(c->sched[md], r, now_s(c));
     sc_sched_t *s = sched_for(c, (int)rd->mode, rd);
     int st = cr->left ? COH_ESTATE
              : s      ? sc_sched_on_ready(s, r, now_s(c), rd->compute_s)
