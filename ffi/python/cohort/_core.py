@@ -2,8 +2,11 @@
 
 import asyncio
 import ctypes
+import math
+import numbers
 import os
 import threading
+import time
 
 import msgpack
 import numpy as np
@@ -32,6 +35,15 @@ _packb = msgpack.packb
 _addressof = ctypes.addressof
 _c_char = ctypes.c_char
 _WAIT_SLICE_MS = 1000  # blocking calls return to Python this often (Ctrl-C works)
+# A context tests the requests it still tracks (async ops nobody waited for)
+# once it tracks this many, then again at twice what is left: completed ones
+# are dropped with their arrays, at an amortized cost of ~1 test per submission.
+_PRUNE_MIN = 64
+_INT64_MAX = (1 << 63) - 1
+_CANCELED = {"status": -10, "code": "ECANCELED",
+             "error": "the context was finalized before the request completed"}
+# Work outcomes are set once, under this lock (finalize and a waiter may race).
+_outcome_lock = threading.Lock()
 
 
 class Result:
@@ -69,9 +81,25 @@ def _check(resp, what):
     return resp
 
 
-def _dtype_of(arr, dtype, what):
+def _array(arr, what, field):
+    if not isinstance(arr, np.ndarray):
+        raise errors.InvalidArgumentError(
+            "%s: %s must be a numpy.ndarray, got %s" % (what, field, type(arr).__name__),
+            field=field)
+    return arr
+
+
+def _dtype_of(arr, dtype, what, field="array"):
+    _array(arr, what, field)
     if dtype is not None:
-        name = _ALIASES.get(str(dtype), str(dtype))
+        if isinstance(dtype, str):
+            key = dtype
+        else:  # numpy.float32, numpy.dtype("f8"), ml_dtypes.bfloat16, ...
+            try:
+                key = np.dtype(dtype).name
+            except Exception:  # noqa: BLE001 - anything numpy does not take is unknown
+                key = repr(dtype)
+        name = _ALIASES.get(key, key)
         if name not in _NAMES:
             raise errors.DtypeError("%s: unknown dtype %r (supported: %s)" % (
                 what, dtype, ", ".join(SUPPORTED_DTYPES)), field="dtype")
@@ -90,10 +118,7 @@ def _dtype_of(arr, dtype, what):
 
 def _tensor(arr, what, field, writable=True):
     """(address, nbytes) of a numpy array cohort may read and write in place."""
-    if not isinstance(arr, np.ndarray):
-        raise errors.InvalidArgumentError(
-            "%s: %s must be a numpy.ndarray, got %s" % (what, field, type(arr).__name__),
-            field=field)
+    _array(arr, what, field)
     if not arr.flags.c_contiguous:
         raise errors.InvalidArgumentError(
             "%s: %s is not contiguous (strides %s): cohort works in place on the array's "
@@ -116,11 +141,103 @@ def _op(op, what):
     return op
 
 
+def _integer(v, what, field, lo, hi, name=None):
+    """An int (or numpy integer, not a bool) in [lo, hi]."""
+    name = name or field
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise errors.InvalidArgumentError("%s: %s must be an int, got %s" % (
+            what, name, type(v).__name__), field=field)
+    v = int(v)
+    if not lo <= v <= hi:
+        raise errors.InvalidArgumentError("%s: %s %d is outside [%d, %d]" % (
+            what, name, v, lo, hi), field=field)
+    return v
+
+
+def _flag(v, what, field, name):
+    """A bool (or numpy bool, the ints 0 and 1, or None for False)."""
+    if v is None:
+        return False
+    if isinstance(v, (bool, np.bool_)) or (isinstance(v, (int, np.integer)) and v in (0, 1)):
+        return bool(v)
+    raise errors.InvalidArgumentError("%s: %s must be a bool, got %s" % (
+        what, name, type(v).__name__), field=field)
+
+
+def _weight(w, what):
+    """sync's weight: a finite number > 0 (the library checks its range)."""
+    if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real):
+        raise errors.InvalidArgumentError("%s: weight must be a number, got %s" % (
+            what, type(w).__name__), field="weight")
+    try:
+        f = float(w)
+    except (OverflowError, ValueError):  # an int past the float range
+        raise errors.InvalidArgumentError("%s: field 'weight': %s is not a finite number" % (
+            what, w), field="weight") from None
+    if not math.isfinite(f):
+        raise errors.InvalidArgumentError("%s: field 'weight': %r is not a finite number" % (
+            what, f), field="weight")
+    if not f > 0:
+        raise errors.InvalidArgumentError("%s: field 'weight': %g is not > 0" % (what, f),
+                                          field="weight")
+    return f
+
+
+def _timeout_s(timeout, what):
+    """Work.wait's timeout in seconds: None (or inf) waits forever."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real):
+        raise errors.InvalidArgumentError("%s: timeout must be a number of seconds or None, "
+                                          "got %s" % (what, type(timeout).__name__),
+                                          field="timeout")
+    try:
+        t = float(timeout)
+    except (OverflowError, ValueError):
+        return None  # an int too large for a float: forever
+    if math.isnan(t):
+        raise errors.InvalidArgumentError("%s: timeout is NaN" % what, field="timeout")
+    if math.isinf(t):
+        return None if t > 0 else 0.0
+    return max(0.0, t)
+
+
+def _pack(obj, what):
+    """msgpack bytes of a request or config map; what msgpack cannot encode
+    (an int outside [-2^63, 2^64), an object) is a typed error that names
+    the field."""
+    try:
+        return _packb(obj)
+    except (OverflowError, TypeError, ValueError) as e:
+        field, value = None, None
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                try:
+                    _packb(v)
+                except (OverflowError, TypeError, ValueError):
+                    field, value = k, v
+                    break
+        if field is None:
+            msg = "%s: cannot encode the request: %s" % (what, e)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            msg = "%s: field '%s': %d is outside the integer range [-2^63, 2^64 - 1]" % (
+                what, field, value)
+        else:
+            msg = "%s: field '%s': cannot encode a %s (%s)" % (
+                what, field, type(value).__name__, e)
+        raise errors.InvalidArgumentError(msg, field=field) from None
+
+
 class Work:
     """A collective in flight (torch.distributed's Work): wait(), is_completed(),
-    result(), exception(), and ``await work`` in asyncio."""
+    result(), exception(), and ``await work`` in asyncio.
 
-    __slots__ = ("_ctx", "_h", "_keep", "_resp", "_exc", "_what", "_make", "__weakref__")
+    A Work nobody holds any more (fire and forget) is still tracked by its
+    context until its completion is seen, so the arrays it reads and writes
+    stay alive while the library may touch them; then it is dropped."""
+
+    __slots__ = ("_ctx", "_h", "_keep", "_resp", "_exc", "_what", "_make", "_busy",
+                 "__weakref__")
 
     def __init__(self, ctx, handle, keep, what, make=Result):
         self._ctx = ctx
@@ -130,16 +247,51 @@ class Work:
         self._exc = None
         self._what = what
         self._make = make
+        # One library call on this request handle at a time: its completion is
+        # answered once, then the handle is released.
+        self._busy = threading.Lock()
+
+    def _done(self):
+        return self._resp is not None or self._exc is not None
 
     def _complete(self, resp):
-        if self._resp is not None or self._exc is not None:
-            return
+        with _outcome_lock:
+            if self._resp is not None or self._exc is not None:
+                return
+            if resp.get("status", -14) < 0:
+                self._exc = errors.from_response(resp, self._what)
+            else:
+                self._resp = resp
+            self._keep = None
         self._ctx._pending.pop(self._h, None)
-        self._keep = None
-        if resp.get("status", -14) < 0:
-            self._exc = errors.from_response(resp, self._what)
-        else:
-            self._resp = resp
+
+    def _finalized(self):
+        """The context is finalized (or being finalized): complete as canceled
+        once its destroy has returned (the library no longer touches the
+        arrays); False until then."""
+        if not self._ctx._destroyed.is_set():
+            return False
+        self._complete(_CANCELED)
+        return True
+
+    def _answer(self, resp):
+        """A wait / test response; False while the request is running."""
+        if resp.get("status") == -11:
+            return False
+        if (resp.get("code") == "EINVAL" and resp.get("field") in ("context", "request")
+                and self._ctx._h is None):
+            return self._finalized()  # finalize released the handle under our feet
+        self._complete(resp)
+        return True
+
+    def _test(self):
+        """Test the request once (the caller holds _busy)."""
+        if self._done():
+            return True
+        h = self._ctx._h
+        if h is None:
+            return self._finalized()
+        return self._answer(self._ctx._lib.test(h, self._h))
 
     def _outcome(self):
         if self._exc is not None:
@@ -147,17 +299,13 @@ class Work:
         return self._make(self._resp)
 
     def is_completed(self):
-        """True once the request has completed (successfully or not)."""
-        if self._resp is not None or self._exc is not None:
+        """True once the request has completed (successfully or not). While
+        another thread is inside wait() on the same Work this waits for its
+        current slice (up to 1 s, less once the request completes)."""
+        if self._done():
             return True
-        ctx = self._ctx
-        if ctx._h is None:
-            return True
-        resp = ctx._lib.test(ctx._h, self._h)
-        if resp.get("status") == -11:
-            return False
-        self._complete(resp)
-        return True
+        with self._busy:
+            return self._test()
 
     done = is_completed
 
@@ -166,22 +314,24 @@ class Work:
         timeout (seconds): raise cohort.TimeoutError if not complete by then
         (the request goes on; wait again later)."""
         ctx = self._ctx
-        deadline = None if timeout is None else max(0, int(timeout * 1000))
-        while self._resp is None and self._exc is None:
-            if ctx._h is None:
-                self._complete({"status": -10, "code": "ECANCELED",
-                                "error": "the context was finalized"})
-                break
-            ms = _WAIT_SLICE_MS if deadline is None else min(_WAIT_SLICE_MS, deadline)
-            resp = ctx._lib.wait(ctx._h, self._h, ms)
-            if resp.get("status") == -11:
-                if deadline is not None:
-                    deadline -= ms
-                    if deadline <= 0:
-                        raise errors.TimeoutError(
-                            "%s: not complete after %s s" % (self._what, timeout), -11, "EAGAIN")
-                continue
-            self._complete(resp)
+        timeout = _timeout_s(timeout, self._what)
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._done():
+            ms = _WAIT_SLICE_MS
+            if end is not None:
+                ms = min(ms, max(0, int((end - time.monotonic()) * 1000)))
+            if self._busy.acquire(timeout=ms / 1000.0):  # else another thread waits on it
+                try:
+                    h = ctx._h
+                    if h is not None and not self._done():
+                        self._answer(ctx._lib.wait(h, self._h, ms))
+                    if not self._done() and ctx._h is None and not self._finalized():
+                        ctx._destroyed.wait(ms / 1000.0)  # finalize is under way
+                finally:
+                    self._busy.release()
+            if not self._done() and end is not None and time.monotonic() >= end:
+                raise errors.TimeoutError(
+                    "%s: not complete after %s s" % (self._what, timeout), -11, "EAGAIN")
         return self._outcome()
 
     def result(self, timeout=None):
@@ -201,7 +351,7 @@ class Work:
         return self._ctx._aio_wait(self).__await__()
 
     def __repr__(self):
-        state = "done" if (self._resp is not None or self._exc is not None) else "running"
+        state = "done" if self._done() else "running"
         return "<cohort.Work %s %s>" % (self._what, state)
 
 
@@ -219,7 +369,7 @@ class _AioWatcher:
     def add(self, work):
         fut = self.loop.create_future()
         self.waiting[work] = fut
-        if not self.reading:
+        if not self.reading and self.ctx._h is not None:
             self.loop.add_reader(self.fd, self.on_event)
             self.reading = True
         self.poll()  # it may have completed before the fd was armed
@@ -254,6 +404,33 @@ class _AioWatcher:
         if not self.waiting:
             self.stop()
 
+    def in_loop(self, fn, wait=True):
+        """Run fn in the loop's thread (at once when called there or when the
+        loop is not running; else scheduled, and waited for up to 1 s)."""
+        loop = self.loop
+        if loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here or not loop.is_running():
+            fn()
+            return
+        done = threading.Event()
+
+        def run():
+            try:
+                fn()
+            finally:
+                done.set()
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:  # closed meanwhile
+            return
+        if wait:
+            done.wait(1.0)
+
     def stop(self):
         if self.reading:
             try:
@@ -274,10 +451,25 @@ class Context:
     """
 
     def __init__(self, config=None, **kwargs):
+        self._h = None
+        self._pending = {}  # request handle -> Work, until its completion is seen
+        self._destroyed = threading.Event()  # set once finalize's destroy returned
+        self._prune_at = _PRUNE_MIN
+        self._prune_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._watcher = None
+        self._event_fd = None
         self._lib = _abi.load()
+        if config is not None and not isinstance(config, dict):
+            try:
+                config = dict(config)
+            except (TypeError, ValueError):
+                raise errors.InvalidArgumentError(
+                    "init: config must be a dict of config fields, got %s" %
+                    type(config).__name__, field="config") from None
         cfg = dict(config or {})
         cfg.update(kwargs)
-        resp, h = self._lib.create(_packb(cfg) if cfg else b"")
+        resp, h = self._lib.create(_pack(cfg, "init") if cfg else b"")
         _check(resp, "init")
         self._h = h
         self._rank = resp["rank"]
@@ -285,10 +477,6 @@ class Context:
         self._nrails = resp["nrails"]
         self._describe = resp["describe"]
         self.version = resp["version"]
-        self._pending = {}
-        self._lock = threading.Lock()
-        self._watcher = None
-        self._event_fd = None
 
     # ---- properties ----
     def _live(self, what):
@@ -322,10 +510,18 @@ class Context:
 
     @property
     def event_fd(self):
-        """A descriptor that becomes readable when a request completes."""
-        if self._event_fd is None:
-            self._event_fd = self._lib.event_fd(self._live("event_fd"))
-        return self._event_fd
+        """A descriptor that becomes readable when a request completes (the
+        context owns it: do not close it). After finalize the descriptor is
+        closed and this raises StateError, as every use of a finalized
+        context does."""
+        h = self._live("event_fd")
+        fd = self._event_fd
+        if fd is None:
+            fd = self._lib.event_fd(h)
+            if self._h is None:  # finalized meanwhile: fd is closed
+                self._live("event_fd")
+            self._event_fd = fd
+        return fd
 
     @property
     def handle(self):
@@ -335,12 +531,22 @@ class Context:
     def call(self, request, check=True):
         """Send one request dict through the ABI; return the response dict
         (raise its error unless check=False)."""
-        resp = self._lib.call(self._live("call"), _packb(request))
-        return _check(resp, request.get("type", "request")) if check else resp
+        if not isinstance(request, dict):
+            raise errors.InvalidArgumentError("call: the request must be a dict, got %s" %
+                                              type(request).__name__, field="request")
+        what = request.get("type", "request")
+        what = what if isinstance(what, str) else "request"
+        resp = self._lib.call(self._live("call"), _pack(request, what))
+        return _check(resp, what) if check else resp
 
     def call_raw(self, data):
         """Send raw bytes as a request; return the response dict unchecked."""
-        return self._lib.call(self._live("call"), bytes(data))
+        try:
+            data = bytes(data)
+        except (TypeError, ValueError):
+            raise errors.InvalidArgumentError("call_raw: expected bytes, got %s" %
+                                              type(data).__name__, field="request") from None
+        return self._lib.call(self._live("call"), data)
 
     def info(self):
         return self.call({"type": "info"})
@@ -355,11 +561,13 @@ class Context:
     # ---- collectives ----
     def _submit(self, req, keep, what, async_op, make=Result):
         h = self._live(what)
+        if len(self._pending) >= self._prune_at:
+            self._prune()
         if async_op:
             req["async"] = True
         else:
             req["timeout_ms"] = _WAIT_SLICE_MS
-        resp = self._lib.call(h, _packb(req))
+        resp = self._lib.call(h, _pack(req, what))
         st = resp.get("status", -14)
         if st < 0 and not (st == -11 and "request" in resp):
             raise errors.from_response(resp, what)
@@ -369,9 +577,29 @@ class Context:
         self._pending[work._h] = work
         return work if async_op else work.wait()
 
+    def _prune(self):
+        """Test the requests still tracked and drop the completed ones (their
+        Work, if someone holds it, keeps the outcome). A request another
+        thread is waiting on is left to that thread."""
+        if not self._prune_lock.acquire(blocking=False):
+            return  # another thread is at it
+        try:
+            for work in list(self._pending.values()):
+                if self._h is None:
+                    return
+                if work._busy.acquire(blocking=False):
+                    try:
+                        work._test()
+                    finally:
+                        work._busy.release()
+            self._prune_at = max(_PRUNE_MIN, 2 * len(self._pending))
+        finally:
+            self._prune_lock.release()
+
     def allreduce(self, arr, op="sum", async_op=False, dtype=None):
         """Reduce arr over every rank, in place. op: sum, avg, min, max, prod."""
         what = "allreduce"
+        async_op = _flag(async_op, what, "async", "async_op")
         t = _tensor(arr, what, "array")
         req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "op": _op(op, what), "buf": t}
         return self._submit(req, (arr,), what, async_op)
@@ -381,9 +609,14 @@ class Context:
     def broadcast(self, arr, src=0, async_op=False, dtype=None):
         """Copy arr of rank src to every rank, in place."""
         what = "broadcast"
-        if not isinstance(src, int) or not 0 <= src < self._size:
+        async_op = _flag(async_op, what, "async", "async_op")
+        if isinstance(src, (bool, np.bool_)) or not isinstance(src, (int, np.integer)):
+            raise errors.InvalidArgumentError("%s: src must be an int (a rank), got %s" % (
+                what, type(src).__name__), field="root")
+        if not 0 <= src < self._size:
             raise errors.InvalidArgumentError(
-                "%s: src %r is not a rank of a world of %d" % (what, src, self._size), field="root")
+                "%s: src %d is not a rank of a world of %d" % (what, src, self._size), field="root")
+        src = int(src)
         t = _tensor(arr, what, "array")
         req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "root": src, "buf": t}
         return self._submit(req, (arr,), what, async_op)
@@ -392,11 +625,12 @@ class Context:
         """output (world_size x input.size elements) = every rank's input, in rank
         order. input None: in place, this rank's block of output is its input."""
         what = "allgather"
-        name = _dtype_of(output, dtype, what)
+        async_op = _flag(async_op, what, "async", "async_op")
+        name = _dtype_of(output, dtype, what, "output")
         req = {"type": what, "dtype": name, "recv": _tensor(output, what, "output")}
         keep = (output,)
         if input is not None:
-            if _dtype_of(input, dtype, what) != name:
+            if _dtype_of(input, dtype, what, "input") != name:
                 raise errors.DtypeError("%s: input is %s but output is %s" % (
                     what, input.dtype, output.dtype), field="send")
             if output.size != input.size * self._size:
@@ -420,12 +654,13 @@ class Context:
         world_size x output.size elements. input None: output holds the whole
         input and the result is left in output's block `rank`."""
         what = "reduce_scatter"
-        name = _dtype_of(output, dtype, what)
+        async_op = _flag(async_op, what, "async", "async_op")
+        name = _dtype_of(output, dtype, what, "output")
         req = {"type": what, "dtype": name, "op": _op(op, what),
                "recv": _tensor(output, what, "output")}
         keep = (output,)
         if input is not None:
-            if _dtype_of(input, dtype, what) != name:
+            if _dtype_of(input, dtype, what, "input") != name:
                 raise errors.DtypeError("%s: input is %s but output is %s" % (
                     what, input.dtype, output.dtype), field="send")
             if input.size != output.size * self._size:
@@ -444,6 +679,7 @@ class Context:
     reduce_scatter_tensor = reduce_scatter
 
     def barrier(self, async_op=False):
+        async_op = _flag(async_op, "barrier", "async", "async_op")
         return self._submit({"type": "barrier"}, (), "barrier", async_op)
 
     def sync(self, arr, iteration, weight=1.0, mode=None, async_op=False, dtype=None):
@@ -456,16 +692,16 @@ class Context:
         this rank waited for it (wait_us) and how long the exchange took
         (comm_us)."""
         what = "sync"
-        if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) \
-                or iteration < 0:
-            raise errors.InvalidArgumentError(
-                "sync: iteration must be a non-negative int, got %r" % (iteration,),
-                field="iteration")
-        if mode is not None and mode not in SYNC_MODES:
-            raise errors.InvalidArgumentError("sync: unknown mode %r (one of %s)" % (
-                mode, ", ".join(SYNC_MODES)), field="mode")
-        req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "buf": _tensor(arr, what, "array"),
-               "iteration": int(iteration), "weight": float(weight)}
+        async_op = _flag(async_op, what, "async", "async_op")
+        iteration = _integer(iteration, what, "iteration", 0, _INT64_MAX)
+        weight = _weight(weight, what)
+        if mode is not None and (not isinstance(mode, str) or mode not in SYNC_MODES):
+            shown = repr(mode) if isinstance(mode, str) else "of type %s" % type(mode).__name__
+            raise errors.InvalidArgumentError("sync: unknown mode %s (one of %s)" % (
+                shown, ", ".join(SYNC_MODES)), field="mode")
+        t = _tensor(arr, what, "array")
+        req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "buf": t,
+               "iteration": iteration, "weight": weight}
         if mode is not None:
             req["mode"] = mode
         return self._submit(req, (arr,), what, async_op)
@@ -478,13 +714,17 @@ class Context:
 
     # ---- asyncio ----
     async def _aio_wait(self, work):
-        if work._resp is not None or work._exc is not None:
+        if work._done():
             return work._outcome()
         loop = asyncio.get_running_loop()
         with self._lock:
             w = self._watcher
             if w is None or w.loop.is_closed():
-                w = self._watcher = _AioWatcher(self, loop)
+                w = None
+                if self._h is not None:
+                    w = self._watcher = _AioWatcher(self, loop)
+        if w is None:  # finalized (or being finalized): the outcome is ECANCELED
+            return await loop.run_in_executor(None, work.wait)
         if w.loop is not loop:  # another loop owns the fd: wait in a thread
             return await loop.run_in_executor(None, work.wait)
         return await w.add(work)
@@ -493,17 +733,26 @@ class Context:
     def finalize(self):
         """Cancel what still runs, close connections, stop threads. A second
         call does nothing."""
-        h = self._h
-        if h is None:
-            return
-        if self._watcher is not None:
-            self._watcher.stop()
-        self._h = None
-        resp = self._lib.destroy(h)
-        for work in list(self._pending.values()):
-            work._complete({"status": -10, "code": "ECANCELED",
-                            "error": "the context was finalized before the request completed"})
-        self._pending.clear()
+        with self._lock:
+            h = self._h
+            if h is None:
+                return
+            self._h = None  # new calls are refused from here on
+            watcher, self._watcher = self._watcher, None
+        self._event_fd = None
+        if watcher is not None:  # off the fd before destroy closes it
+            watcher.in_loop(watcher.stop)
+        try:
+            resp = self._lib.destroy(h)
+        finally:
+            # The library is done with every request: each ends as canceled
+            # (unless its completion was seen) and lets go of its arrays.
+            self._destroyed.set()
+            for work in list(self._pending.values()):
+                work._complete(_CANCELED)
+            self._pending.clear()
+            if watcher is not None:  # hand the outcomes to the coroutines awaiting them
+                watcher.in_loop(watcher.poll, wait=False)
         from . import _default_cleared
         _default_cleared(self)
         _check(resp, "finalize")

@@ -222,3 +222,207 @@ print("OK")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+
+
+def short(v):
+    return repr(v)[:24]
+
+
+NOT_ARRAYS = [[1.0, 2.0], (1.0,), 3.0, "abc", b"\0" * 8, bytearray(8), memoryview(b"\0" * 8),
+              {"addr": 4096, "nbytes": 8}]
+
+
+@pytest.mark.parametrize("x", NOT_ARRAYS, ids=lambda x: type(x).__name__)
+@pytest.mark.parametrize("async_op", [False, True])
+def test_non_arrays_everywhere(ctx, size, x, async_op):
+    """Every array argument of every collective: a typed error that names it
+    (allgather(out, input=list) raised AttributeError)."""
+    def f32(n):
+        return np.zeros(n, np.float32)
+    calls = [
+        ("array", lambda: cohort.allreduce(x, async_op=async_op)),
+        ("array", lambda: cohort.broadcast(x, async_op=async_op)),
+        ("array", lambda: cohort.sync(x, iteration=1, async_op=async_op)),
+        ("output", lambda: cohort.allgather(x, async_op=async_op)),
+        ("output", lambda: cohort.allgather(x, f32(1), async_op=async_op)),
+        ("input", lambda: cohort.allgather(f32(size), x, async_op=async_op)),
+        ("input", lambda: cohort.allgather(f32(size), input=x, async_op=async_op)),
+        ("output", lambda: cohort.reduce_scatter(x, async_op=async_op)),
+        ("output", lambda: cohort.reduce_scatter(x, f32(size), async_op=async_op)),
+        ("input", lambda: cohort.reduce_scatter(f32(1), x, async_op=async_op)),
+        ("output", lambda: cohort.all_gather_into_tensor(x, f32(1), async_op=async_op)),
+        ("input", lambda: cohort.reduce_scatter_tensor(f32(1), input=x, async_op=async_op)),
+    ]
+    for field, call in calls:
+        with pytest.raises(cohort.InvalidArgumentError,
+                           match="%s must be a numpy.ndarray, got %s" % (
+                               field, type(x).__name__)) as e:
+            call()
+        assert e.value.field == field and isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("it", [-1, -(2**63) - 1, -(2**64), 2**63, 2**64, 2**64 + 5, 10**30,
+                                np.uint64(2**63), True, 1.0, "3", None, np.float64(2)],
+                         ids=short)
+def test_sync_iteration_refused(ctx, it):
+    """iteration=2**64 raised msgpack's OverflowError."""
+    with pytest.raises(cohort.InvalidArgumentError, match="sync: iteration") as e:
+        cohort.sync(np.zeros(2, np.float32), iteration=it)
+    assert e.value.field == "iteration"
+
+
+class NoLibrary:
+    def __getattr__(self, name):
+        raise AssertionError("the call reached the library (%s)" % name)
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, -1.0,
+                                    -1e-300, 0, -5, 10**400, -10**400, np.float32("nan"),
+                                    np.float64("inf"), True, "1", None, [1.0], np.ones(1)],
+                         ids=short)
+def test_sync_weight_refused_before_the_library(ctx, monkeypatch, weight):
+    """Non-finite, non-positive and non-numeric weights: a typed error from
+    Python ("x" raised ValueError, 10**400 OverflowError, NaN went down to
+    the library)."""
+    monkeypatch.setattr(ctx, "_lib", NoLibrary())
+    with pytest.raises(cohort.InvalidArgumentError, match="weight") as e:
+        cohort.sync(np.zeros(2, np.float32), iteration=1, weight=weight)
+    assert e.value.field == "weight"
+
+
+@pytest.mark.parametrize("weight", [1e300, 1e-300])
+def test_sync_weight_out_of_range(ctx, weight):
+    """Finite and positive but outside the library's range: its typed error."""
+    with pytest.raises(cohort.InvalidArgumentError, match="weight"):
+        cohort.sync(np.zeros(2, np.float32), iteration=1, weight=weight, mode="allreduce")
+
+
+@pytest.mark.parametrize("src", [-1, 99, 2**63, 2**64, -(2**64), True, 1.0, "0", None],
+                         ids=short)
+def test_broadcast_src_refused(ctx, src):
+    with pytest.raises(cohort.InvalidArgumentError, match="src") as e:
+        cohort.broadcast(np.zeros(2, np.float32), src=src)
+    assert e.value.field == "root"
+
+
+def test_numpy_scalars_and_dtypes_are_taken(ctx, size):
+    a = np.zeros(3, np.float32)
+    if ctx.rank == 0:
+        a[:] = 7
+    cohort.broadcast(a, src=np.int64(0))  # was "src 0 is not a rank"
+    assert np.all(a == 7)
+    cohort.barrier(async_op=None)  # None: the default, blocking
+    b, c = np.ones(4, np.float32), np.ones(4, np.float32)
+    cohort.allreduce(b, dtype=np.float32)
+    cohort.allreduce(c, dtype=np.dtype("float32"), async_op=np.True_).wait()
+    assert np.all(b == size) and np.all(c == size)
+    with pytest.raises(cohort.DtypeError, match="8-byte"):
+        cohort.allreduce(b, dtype=np.float64)
+    with pytest.raises(cohort.DtypeError, match="unknown dtype"):
+        cohort.allreduce(b, dtype=object())
+
+
+@pytest.mark.parametrize("flag", [np.zeros(2), "yes", 2, -1, 1.0, [True]], ids=short)
+def test_async_op_refused(ctx, flag):
+    """async_op=np.array raised numpy's ValueError; "yes" ran asynchronously."""
+    for call in (lambda: cohort.allreduce(np.zeros(2, np.float32), async_op=flag),
+                 lambda: cohort.barrier(async_op=flag),
+                 lambda: cohort.sync(np.zeros(2, np.float32), 1, async_op=flag)):
+        with pytest.raises(cohort.InvalidArgumentError, match="async_op must be a bool") as e:
+            call()
+        assert e.value.field == "async"
+
+
+def test_sync_mode_refused(ctx):
+    for mode in (3, np.zeros(2), b"allreduce", ["allreduce"]):
+        with pytest.raises(cohort.InvalidArgumentError, match="unknown mode") as e:
+            cohort.sync(np.zeros(2, np.float32), iteration=1, mode=mode)
+        assert e.value.field == "mode"
+
+
+def test_wait_timeout_refused(ctx, size):
+    a = np.ones(4, np.float32)
+    w = cohort.allreduce(a, async_op=True)
+    for t in (float("nan"), "1", [1], True):
+        with pytest.raises(cohort.InvalidArgumentError, match="timeout") as e:
+            w.wait(timeout=t)  # was ValueError / TypeError from int()
+        assert e.value.field == "timeout"
+    assert w.wait(timeout=float("inf")).type == "allreduce"
+    assert w.wait(timeout=10**400).type == "allreduce"  # past a float: forever
+    assert w.wait(timeout=-1).type == "allreduce"
+    assert np.all(a == size)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("timeout_ms", 2**64), ("world_size", -(2**63) - 1), ("chunk_bytes", 2**70),
+    ("rank", 2**64), ("poll_us", -(2**64)), ("store_fd", 10**40),
+    ("timeout_ms", 0), ("world_size", 2**63), ("rank", -1), ("poll_us", 10**7)])
+def test_config_integers_refused(field, value):
+    """Integers msgpack cannot carry raised OverflowError; the rest the
+    library refuses: either way InvalidArgumentError naming the field."""
+    with pytest.raises(cohort.InvalidArgumentError) as e:
+        cohort.Context(**{field: value})
+    assert e.value.field == field and str(value) in str(e.value), e.value
+
+
+def test_request_integers_refused(ctx):
+    for req, field in (({"type": "info", "id": 2**64}, "id"),
+                       ({"type": "info", "id": -(2**63) - 1}, "id"),
+                       ({"type": "barrier", "timeout_ms": -(2**64)}, "timeout_ms"),
+                       ({"type": "barrier", "timeout_ms": 2**40}, "timeout_ms"),
+                       ({"type": "info", "id": object()}, "id")):
+        with pytest.raises(cohort.InvalidArgumentError) as e:
+            ctx.call(req)
+        assert e.value.field == field, (req, e.value)
+    for bad in ([("type", "info")], "info", None):
+        with pytest.raises(cohort.InvalidArgumentError, match="must be a dict"):
+            ctx.call(bad)
+    with pytest.raises(cohort.InvalidArgumentError, match="config must be a dict"):
+        cohort.Context(5)
+
+
+def test_event_fd_after_finalize():
+    """In a fresh interpreter: event_fd of a finalized context raised nothing
+    and gave the closed descriptor's number; it raises StateError, as every
+    use of a finalized context."""
+    code = r'''
+import asyncio, os, numpy as np, cohort
+ctx = cohort.Context(rank=0, world_size=1, nics="lo")
+fd = ctx.event_fd
+assert fd >= 0 and ctx.event_fd == fd
+async def main():
+    return await ctx.allreduce(np.ones(2, np.float32), async_op=True)
+assert asyncio.run(main()).type == "allreduce"  # asyncio reads the fd
+w = ctx.barrier(async_op=True)
+ctx.finalize()
+for _ in range(2):
+    try:
+        ctx.event_fd
+    except cohort.StateError as e:
+        assert "finalized" in str(e), e
+    else:
+        raise SystemExit("event_fd after finalize did not raise")
+try:
+    w.wait()  # its completion was not seen before finalize: canceled, no hang
+except cohort.CanceledError:
+    pass
+assert ctx.handle is None and ctx.finalized
+# one never asked for before finalize: the same
+c = cohort.Context(rank=0, world_size=1, nics="lo")
+c.finalize()
+try:
+    c.event_fd
+except cohort.StateError:
+    pass
+else:
+    raise SystemExit("event_fd after finalize did not raise")
+print("OK")
+'''
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    for k in list(env):
+        if k.startswith("COHORT_") and k != "COHORT_LIBRARY":
+            del env[k]
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
