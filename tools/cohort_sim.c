@@ -20,6 +20,7 @@
 
 #include "cohort.h"
 #include "base/bs_alloc.h"
+#include "sched/sc_lb.h"
 #include "sched/sc_sim.h"
 #include "sched/sched.h"
 
@@ -88,7 +89,13 @@ static void usage(FILE *f)
            "       cohort-sim sweep [--what n,p,eta,theta,start,bw-error,lambda,alpha,eq4,dt,\n"
            "                        compute,relay | all]\n"
            "                        [--out DIR] [--no-plot] [flags]\n"
-           "       cohort-sim bench [--n N] [--reps R]\n\n"
+           "       cohort-sim bench [--n N] [--reps R]\n"
+           "       cohort-sim rails --rail LAT_US:MBIT [--rail ...] [--size BYTES] [--ops N]\n"
+           "                        [--ranks N] [--cut R@OP] [--back R@OP] [--rate R@OP:MBIT]\n"
+           "                        [--detect-ms MS] [--table-in FILE] [--table-out FILE] [--csv]\n"
+           "                        multi-rail allreduces through the live load balancer\n"
+           "                        (sched/sc_lb.h): a rail cut at an op, back at another,\n"
+           "                        rates that change\n\n"
            "simulation flags:\n"
            "  --n N               workers (40)\n"
            "  --scheme LIST       allreduce,partial,selective,relay (allreduce,partial,selective)\n"
@@ -932,6 +939,173 @@ static int cmd_bench(opts_t *o)
     return 0;
 }
 
+/* ---- cohort-sim rails: the multi-rail balancer on modelled rails ---- */
+
+typedef struct rail_ev {
+    int kind; /* 0 cut, 1 back, 2 rate */
+    int rail;
+    int op;
+    double mbit;
+} rail_ev_t;
+
+/* A ring allreduce of `share` bytes over n ranks on one rail: 2(n-1) steps,
+ * each a latency and a chunk of share/n bytes at the rail's rate. */
+static double ring_time(double lat_s, double bps, double share, int n)
+{
+    if (share <= 0) return 0;
+    if (n < 2) return lat_s + share / bps;
+    return 2.0 * (n - 1) * (lat_s + share / n / bps);
+}
+
+static int cmd_rails(int argc, char **argv, int first)
+{
+    double lat[SC_MAX_RAILS], bps[SC_MAX_RAILS];
+    int nr = 0, ops = 300, ranks = 4, nev = 0;
+    double size = 16.0 * (1 << 20), detect_ms = 100;
+    rail_ev_t ev[64];
+    const char *tin = NULL, *tout = NULL;
+    bool csv = false;
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x, y;
+        int r, k;
+        if (!strcmp(a, "--csv")) {
+            csv = true;
+            continue;
+        }
+        if (!v) die("%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--rail")) {
+            if (nr == SC_MAX_RAILS || sscanf(v, "%lf:%lf", &x, &y) != 2 || x < 0 || y <= 0)
+                die("bad --rail %s (LAT_US:MBIT)", v);
+            lat[nr] = x * 1e-6;
+            bps[nr++] = y * 1e6 / 8;
+        } else if (!strcmp(a, "--size")) {
+            size = parse_num(a, v);
+        } else if (!strcmp(a, "--ops")) {
+            ops = (int)parse_num(a, v);
+        } else if (!strcmp(a, "--ranks")) {
+            ranks = (int)parse_num(a, v);
+        } else if (!strcmp(a, "--detect-ms")) {
+            detect_ms = parse_num(a, v);
+        } else if (!strcmp(a, "--table-in")) {
+            tin = v;
+        } else if (!strcmp(a, "--table-out")) {
+            tout = v;
+        } else if ((!strcmp(a, "--cut") || !strcmp(a, "--back")) && nev < 64) {
+            if (sscanf(v, "%d@%d", &r, &k) != 2) die("bad %s (R@OP)", a);
+            ev[nev++] = (rail_ev_t){.kind = a[2] == 'c' ? 0 : 1, .rail = r, .op = k};
+        } else if (!strcmp(a, "--rate") && nev < 64) {
+            if (sscanf(v, "%d@%d:%lf", &r, &k, &x) != 3 || x <= 0) die("bad --rate %s", v);
+            ev[nev++] = (rail_ev_t){.kind = 2, .rail = r, .op = k, .mbit = x};
+        } else {
+            die("unknown flag %s", a);
+        }
+    }
+    if (nr < 1 || ops < 1 || ranks < 1 || size < 1) die("%s", "cohort-sim rails needs --rail");
+    for (int e = 0; e < nev; e++)
+        if (ev[e].rail < 0 || ev[e].rail >= nr)
+            die("%s", "an event names a rail that is not there");
+    sc_lb_t *lb;
+    if (sc_lb_create(nr, NULL, &lb) < 0) die("%s", "cannot create the balancer");
+    if (tin) {
+        FILE *f = fopen(tin, "r");
+        static char text[1 << 16];
+        size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+        if (f) fclose(f);
+        text[n] = 0;
+        if (!n || sc_lb_load(lb, text) < 0) die("cannot load the table %s", tin);
+    }
+    bool up[SC_MAX_RAILS];
+    for (int r = 0; r < nr; r++) up[r] = true;
+    if (csv) printf("op,ms,striped,rails_up%s\n", nr > 1 ? ",share0,share1,..." : ",share0");
+    double total = 0, best_single = 0, worst_failover = 0;
+    int failovers = 0, last_change = 0, converged_at = -1;
+    double prev_f0 = -1;
+    for (int op = 1; op <= ops; op++) {
+        int cut = -1;
+        for (int e = 0; e < nev; e++) {
+            if (ev[e].op != op) continue;
+            if (ev[e].kind == 0) cut = ev[e].rail;
+            if (ev[e].kind == 1) {
+                up[ev[e].rail] = true;
+                sc_lb_set_up(lb, ev[e].rail, true);
+                last_change = op;
+                converged_at = -1;
+            }
+            if (ev[e].kind == 2) {
+                bps[ev[e].rail] = ev[e].mbit * 1e6 / 8;
+                last_change = op;
+                converged_at = -1;
+            }
+        }
+        sc_lb_plan_t p;
+        if (sc_lb_split(lb, (uint64_t)size, 4, (uint64_t)op, &p) < 0) {
+            printf("op %d: no rail is up: the op fails (EPEER)\n", op);
+            continue;
+        }
+        double t = 0;
+        for (int r = 0; r < nr; r++) {
+            double tr = ring_time(lat[r], bps[r], (double)p.bytes[r], ranks);
+            if (p.bytes[r]) sc_lb_observe(lb, r, p.bytes[r], tr);
+            if (r != cut && tr > t) t = tr;
+        }
+        if (cut >= 0) {
+            /* The rail dies under the op: noticed after detect_ms, its share
+             * re-run on the rails still up (split by the balancer). */
+            up[cut] = false;
+            sc_lb_set_up(lb, cut, false);
+            double extra = detect_ms / 1e3;
+            sc_lb_plan_t q;
+            if (p.bytes[cut] && sc_lb_split(lb, p.bytes[cut], 4, (uint64_t)op, &q) == 0)
+                for (int r = 0; r < nr; r++) {
+                    double tr = ring_time(lat[r], bps[r], (double)q.bytes[r], ranks);
+                    if (tr > 0) extra = fmax(extra, detect_ms / 1e3 + tr);
+                }
+            else if (p.bytes[cut])
+                extra = INFINITY;
+            if (p.bytes[cut]) {
+                failovers++;
+                worst_failover = fmax(worst_failover, extra);
+            }
+            t = fmax(t, extra);
+            last_change = op;
+            converged_at = -1;
+        }
+        double single = INFINITY;
+        for (int r = 0; r < nr; r++)
+            if (up[r]) single = fmin(single, ring_time(lat[r], bps[r], size, ranks));
+        total += t;
+        best_single += single;
+        double f0 = (double)p.bytes[0] / size;
+        if (converged_at < 0 && op > last_change + 1 && fabs(f0 - prev_f0) < 0.01)
+            converged_at = op - last_change;
+        prev_f0 = f0;
+        if (csv) {
+            int nup = 0;
+            for (int r = 0; r < nr; r++) nup += up[r];
+            printf("%d,%.3f,%d,%d", op, t * 1e3, p.striped, nup);
+            for (int r = 0; r < nr; r++) printf(",%.4f", (double)p.bytes[r] / size);
+            printf("\n");
+        }
+    }
+    char table[1 << 14];
+    sc_lb_dump(lb, table, sizeof(table));
+    if (tout) {
+        FILE *f = fopen(tout, "w");
+        if (!f || fputs(table, f) < 0) die("cannot write %s", tout);
+        fclose(f);
+    }
+    printf("# %d ops of %.0f bytes on %d ranks, %d rail(s): mean %.3f ms, best single rail %.3f "
+           "ms (%.2fx)\n",
+           ops, size, ranks, nr, total / ops * 1e3, best_single / ops * 1e3, best_single / total);
+    printf("# failovers %d, worst extra time %.1f ms; ops to converge after the last change: %d\n",
+           failovers, worst_failover * 1e3, converged_at);
+    if (!csv) fputs(table, stdout);
+    sc_lb_destroy(lb);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *cmd = argc > 1 && strncmp(argv[1], "--", 2) ? argv[1] : "run";
@@ -954,6 +1128,7 @@ int main(int argc, char **argv)
         parse_args(&o, argc, argv, first, NULL);
         return cmd_bench(&o);
     }
+    if (!strcmp(cmd, "rails")) return cmd_rails(argc, argv, first);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;
