@@ -405,7 +405,14 @@ static void apply_ready(rx_coord_t *c, int r)
         int k = c->mode_mode[1] != rd->mode ? 1 : 0;
         int detail[2] = {c->mode_rank[k], (int)c->mode_mode[k]};
         refuse_rank(c, r, COH_EMISMATCH, RX_CTL_WHY_MODE, detail, 2);
-        take_out(c, r);
+        /* Not ready any more, but still in the schedule: the next syncs wait
+         * for it as before (taking it out let the first ranks back form
+         * groups without it). Lost and back again resets its READY. */
+        for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+            if (c->sched[md]) {
+                sc_sched_on_worker_lost(c->sched[md], r);
+                sc_sched_on_worker_back(c->sched[md], r, now_s(c));
+            }
         return;
     }
     /* A rank that left while its last group still ran is still linked to
