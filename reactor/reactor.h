@@ -109,7 +109,8 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task);
  * a wake-up of a closed loop). */
 bool rx_reactor_post(rx_reactor_t *rx, rx_task_t *task);
 /* Any thread but the loop's: run fn(arg) on the loop thread and wait for it.
- * Returns what fn returned. For set-up and tear-down paths only. */
+ * Returns what fn returned, with fn's error text as this thread's last error.
+ * For set-up and tear-down paths only. */
 int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *arg);
 /* Any thread but the loop's: ask the loop to stop (on_stop runs on the
  * loop, then the loop ends when every handle is closed). Never blocks. */

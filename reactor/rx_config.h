@@ -60,7 +60,8 @@ typedef enum rx_knob_kind {
       "coh_wait runs the request's rail loops itself this long before sleeping; -1 (auto): 2000 "  \
       "when the host has a core per local rank (COHORT_LOCAL_SIZE), else 0")                       \
     X(store_fd, RX_K_INT, "-1", "COHORT_STORE_FD", -1, INT_MAX,                                    \
-      "a listening socket rank 0 adopts for its store (set by cohortrun); -1: bind one")           \
+      "a listening socket rank 0 adopts for its store (set by cohortrun; adopted once per "        \
+      "process, and only if it is a listening TCP socket); -1: bind one")                          \
     X(sockbuf_bytes, RX_K_SIZE, "0", "COHORT_SOCKBUF_BYTES", 0, INT_MAX,                           \
       "SO_SNDBUF and SO_RCVBUF of data sockets; 0: kernel autotuning")                             \
     X(stash_bytes, RX_K_SIZE, "64M", "COHORT_STASH_BYTES", 0, SIZE_MAX,                            \

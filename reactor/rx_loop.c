@@ -294,6 +294,7 @@ typedef struct call_task {
     int (*fn)(rx_reactor_t *, void *);
     void *arg;
     int result;
+    char why[BS_ERR_LEN]; /* fn's error text: set on the loop's thread, carried back */
     uv_sem_t done;
 } call_task_t;
 
@@ -301,6 +302,7 @@ static void call_run(rx_task_t *t, rx_reactor_t *rx)
 {
     call_task_t *c = (call_task_t *)t;
     c->result = c->fn(rx, c->arg);
+    if (c->result < 0) snprintf(c->why, sizeof(c->why), "%s", coh_last_error());
     uv_sem_post(&c->done);
 }
 
@@ -316,6 +318,8 @@ int rx_reactor_call(rx_reactor_t *rx, int (*fn)(rx_reactor_t *, void *), void *a
     }
     uv_sem_wait(&c.done);
     uv_sem_destroy(&c.done);
+    /* The last error is per thread: fn's is the caller's now. */
+    if (c.result < 0) return bs_fail(c.result, "%s", c.why[0] ? c.why : coh_strerror(c.result));
     return c.result;
 }
 
