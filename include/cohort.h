@@ -223,7 +223,11 @@ typedef struct coh_stats {
     uint64_t bytes_received;
     uint64_t requests_completed;
     uint64_t requests_failed;
-    uint64_t connections_rejected; /* wrong job token, bad handshake */
+    uint64_t connections_rejected; /* handshakes this rank's listeners refused (its rails;
+                                      rank 0's store; the coordinator's control listener):
+                                      wrong job token, garbage, another kind or world size,
+                                      no hello in time, too many at once. A peer that hangs
+                                      up before its whole hello is not one. */
     uint64_t frames_invalid;       /* connections closed for a malformed frame */
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);

@@ -112,7 +112,8 @@ static int send_hello(rx_conn_t *c)
     en_hello_t h = {.version = EN_PROTO_VERSION,
                     .kind = c->proto->hello_kind,
                     .rank = (uint32_t)c->rank,
-                    .world = (uint32_t)c->world};
+                    .world = (uint32_t)c->world,
+                    .rail = c->listener ? c->listener->hello_rail : 0};
     en_hello_set_token(&h, c->token);
     uint8_t b[EN_HELLO_SIZE];
     en_hello_encode(&h, b);
@@ -149,14 +150,25 @@ static void on_hello(rx_conn_t *c)
 {
     en_hello_t h;
     const char *why = NULL;
+    bool answer = false;
     if (en_hello_decode(c->hello, EN_HELLO_SIZE, &h) != EN_HELLO_SIZE)
         why = "malformed handshake";
     else if (!en_hello_token_ok(&h, c->token))
         why = "wrong job token";
     else if (h.kind != c->proto->hello_kind)
         why = "not a connection of this kind";
-    else if ((int)h.world != c->world || (int)h.rank >= c->world)
+    else if ((int)h.world != c->world || (int)h.rank >= c->world) {
         why = "a rank of another world size";
+        answer = !c->outgoing;
+    }
+    if (answer) {
+        /* The token was right: our hello tells the peer what differs.
+         * Counted first: the peer may look as soon as it has the answer. */
+        if (c->listener) atomic_fetch_add(&c->listener->rejected, 1);
+        send_hello(c);
+        rx_conn_close(c, COH_EAUTH, why);
+        return;
+    }
     if (why) {
         refuse(c, COH_EAUTH, why);
         return;

@@ -10,6 +10,8 @@
  * buffered bytes and returns how many one message took (it has handled it),
  * 0 when it needs more or holds off (rx_conn_resume goes on), or a negative
  * status for bytes that cannot be a message (the connection closes). A
+ * hello with the job's token but another world size is answered before the
+ * connection closes, so that the dialler can say what differs. A
  * connection that never says HELLO is closed after RX_CONN_HELLO_MS; a
  * message may not exceed the protocol's max_msg.
  *
@@ -80,6 +82,7 @@ struct rx_listener {
     rx_conn_t *conns;
     struct sockaddr_storage addr;
     _Atomic uint64_t rejected; /* handshakes refused: wrong token, garbage, too slow, too many */
+    uint32_t hello_rail; /* the rail field of every answering hello (the store's incarnation) */
 };
 
 /* Listen on addr (port 0: any), or adopt the listening socket fd >= 0. The

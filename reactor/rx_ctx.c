@@ -4,14 +4,23 @@
  * Bootstrap (world > 1): rank 0 serves the store on its control reactor;
  * every rank starts its rails (one listener per NIC), publishes
  * "addr/<rail>/<rank>", dials every lower rank on every rail, waits until
- * all peers are connected, then meets the others at a store barrier so that
- * rank 0 keeps the store up until everybody has read what it needs.
+ * all peers are connected, connects to the coordinator, then meets the
+ * others at a store barrier so that rank 0 keeps the store up until
+ * everybody has read what it needs, and the coordinator up until everybody
+ * is its member.
+ *
+ * Re-initialising: every context of a job has an incarnation (which init of
+ * the job it is, counted per process); rank 0's store carries it in its
+ * handshake, so that a rank that inits again fast never talks to rank 0's
+ * store of the previous context, still up while rank 0 finalizes it.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "gpu/gpu.h"
@@ -33,15 +42,15 @@ static int reg_add(struct coh_ctx *ctx)
 {
     uv_once(&reg_once, reg_init);
     uv_mutex_lock(&reg_mu);
-    int st = bs_fail(COH_ENOMEM, "more than %d live contexts", MAX_CTX);
-    for (int i = 0; i < MAX_CTX; i++)
+    bool added = false;
+    for (int i = 0; i < MAX_CTX && !added; i++)
         if (!registry[i]) {
             registry[i] = ctx;
-            st = 0;
-            break;
+            added = true;
         }
     uv_mutex_unlock(&reg_mu);
-    return st;
+    /* The last error is the application's until something fails. */
+    return added ? 0 : bs_fail(COH_ENOMEM, "more than %d live contexts", MAX_CTX);
 }
 
 /* Remove ctx; returns false when it was not registered. */
@@ -70,7 +79,106 @@ bool rx_ctx_alive(struct coh_ctx *ctx)
     return found;
 }
 
+/* ---- incarnations: which init of its job a context is ---- */
+
+/* Every rank of a job calls coh_init as often, so counting this process's
+ * inits per (store, token, rank, world) gives every rank of the job the same
+ * number (also for ranks that are threads of one process). Kept for the
+ * process's life: a few bytes per job. */
+typedef struct incarnation {
+    uint64_t key;
+    uint32_t n;
+} incarnation_t;
+static incarnation_t *incs;
+static size_t ninc, capinc;
+
+static uint64_t hash_str(uint64_t h, const char *s)
+{
+    for (; s && *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return bs_fnv64(h, 0); /* a separator: ("ab", "c") is not ("a", "bc") */
+}
+
+static int next_incarnation(const struct coh_ctx *ctx, uint32_t *out)
+{
+    uint64_t key = hash_str(hash_str(BS_FNV_SEED, ctx->store_s), ctx->token_s);
+    key = bs_fnv64(bs_fnv64(key, (uint64_t)ctx->rank), (uint64_t)ctx->world);
+    uv_once(&reg_once, reg_init);
+    uv_mutex_lock(&reg_mu);
+    size_t i = 0;
+    while (i < ninc && incs[i].key != key) i++;
+    if (i == ninc && ninc == capinc) {
+        size_t ncap = capinc ? 2 * capinc : 16;
+        incarnation_t *n = coh_realloc(incs, ncap * sizeof(*n));
+        if (!n) {
+            uv_mutex_unlock(&reg_mu);
+            return bs_fail(COH_ENOMEM, "coh_init: out of memory");
+        }
+        incs = n;
+        capinc = ncap;
+    }
+    if (i == ninc) incs[ninc++] = (incarnation_t){.key = key, .n = 0};
+    *out = ++incs[i].n;
+    uv_mutex_unlock(&reg_mu);
+    return 0;
+}
+
+/* ---- the store's socket ---- */
+
+/* The launcher's socket (COHORT_STORE_FD) is adopted once per process: the
+ * first context closes it at finalize, and by the next init that number may
+ * be the application's file or socket. */
+static atomic_bool inherited_fd_seen;
+
+static bool listening_tcp(int fd)
+{
+    int v = 0;
+    socklen_t l = sizeof(v);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) != 0 || !v) return false;
+    l = sizeof(v);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) != 0 || v != SOCK_STREAM) return false;
+    l = sizeof(v);
+    return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) == 0 && (v == AF_INET || v == AF_INET6);
+}
+
+/* The fd rank 0's store adopts, or -1 to bind the store's address. An fd
+ * that is not a listening TCP socket is never adopted (nor closed): the
+ * launcher's is then replaced by the address, one given otherwise refused. */
+static int store_fd_pick(const struct coh_ctx *ctx, int *fd)
+{
+    int want = ctx->cfg.store_fd;
+    *fd = -1;
+    if (want < 0) return 0;
+    const char *env = getenv("COHORT_STORE_FD");
+    char *end = NULL;
+    bool inherited = env && *env && strtol(env, &end, 10) == want && end && !*end;
+    if (inherited && atomic_exchange(&inherited_fd_seen, true)) {
+        bs_log(COH_LOG_DEBUG,
+               "COHORT_STORE_FD=%d was the store of an earlier context: binding %s instead", want,
+               ctx->store_s);
+        return 0;
+    }
+    if (listening_tcp(want)) {
+        *fd = want;
+        return 0;
+    }
+    if (inherited) {
+        bs_log(COH_LOG_WARN,
+               "COHORT_STORE_FD=%d is not a listening TCP socket (closed or reused by the "
+               "application?): left alone, binding %s instead",
+               want, ctx->store_s);
+        return 0;
+    }
+    return bs_fail(COH_EINVAL, "store_fd %d is not a listening TCP socket (left open)", want);
+}
+
 /* ---- set-up helpers ---- */
+
+/* Milliseconds until deadline (0 once past). */
+static int left_ms(uint64_t deadline)
+{
+    uint64_t now = bs_now_ns();
+    return now >= deadline ? 0 : (int)((deadline - now) / 1000000ull);
+}
 
 static char *dupstr(const char *s)
 {
@@ -108,7 +216,7 @@ static int store_start_fn(rx_reactor_t *rx, void *arg)
     if (ctx->cfg.store_fd < 0) st = rx_resolve_hostport(ctx->store_s, &a);
     if (st < 0) return st;
     return rx_store_server_start(rx, (struct sockaddr *)&a, ctx->cfg.store_fd, ctx->token_s,
-                                 ctx->world, &ctx->store);
+                                 ctx->world, ctx->incarnation, &ctx->store);
 }
 
 static int store_close_fn(rx_reactor_t *rx, void *arg)
@@ -154,21 +262,20 @@ static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
     if (ctx->rank == 0) {
         char verdict[512] = "";
         for (int r = 1; r < ctx->world && !verdict[0]; r++) {
-            int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
             size_t vl = 0;
             memset(val, 0, sizeof(val));
             snprintf(key, sizeof(key), "conf/%d", r);
-            BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline));
+            BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms(deadline), deadline));
             if (strcmp(val, mine) != 0)
                 snprintf(verdict, sizeof(verdict), "rank %d has %s, rank 0 has %s", r, val, mine);
         }
         BS_CHECK(rx_store_set(sc, "conf", verdict, strlen(verdict), deadline));
     }
-    int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
     size_t vl = 0;
     char verdict[512];
     memset(verdict, 0, sizeof(verdict));
-    BS_CHECK(rx_store_get(sc, "conf", verdict, sizeof(verdict) - 1, &vl, left_ms, deadline));
+    BS_CHECK(
+        rx_store_get(sc, "conf", verdict, sizeof(verdict) - 1, &vl, left_ms(deadline), deadline));
     if (vl) {
         /* Rank 0 holds the store until every rank has read the verdict. */
         int64_t seen = 0;
@@ -176,8 +283,7 @@ static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
         if (seen == ctx->world) BS_CHECK(rx_store_set(sc, "conf_done", "1", 1, deadline));
         if (ctx->rank == 0) {
             char one[8];
-            left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
-            rx_store_get(sc, "conf_done", one, sizeof(one), NULL, left_ms, deadline);
+            rx_store_get(sc, "conf_done", one, sizeof(one), NULL, left_ms(deadline), deadline);
         }
     }
     if (vl)
@@ -190,71 +296,77 @@ static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
 }
 
 /* Exchange addresses through the store, dial lower ranks, wait for all. */
-static int connect_mesh(struct coh_ctx *ctx, uint64_t deadline)
+static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
 {
-    rx_store_client_t sc;
-    struct sockaddr_storage store_addr;
-    BS_CHECK(rx_resolve_hostport(ctx->store_s, &store_addr));
-    BS_CHECK(rx_store_connect(&sc, (struct sockaddr *)&store_addr, ctx->token_s, ctx->rank,
-                              ctx->world, deadline));
     char key[64], val[128];
-    int st = 0;
-    BS_CHECK_GOTO(agree_conf(ctx, &sc, deadline), st, out);
+    BS_CHECK(agree_conf(ctx, sc, deadline));
     snprintf(key, sizeof(key), "nrails/%d", ctx->rank);
     snprintf(val, sizeof(val), "%d", ctx->nrails);
-    BS_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
+    BS_CHECK(rx_store_set(sc, key, val, strlen(val), deadline));
     for (int r = 0; r < ctx->nrails; r++) {
         rx_format_addr((struct sockaddr *)&ctx->rails[r].en.bound, val, sizeof(val));
         snprintf(key, sizeof(key), "addr/%d/%d", r, ctx->rank);
-        BS_CHECK_GOTO(rx_store_set(&sc, key, val, strlen(val), deadline), st, out);
+        BS_CHECK(rx_store_set(sc, key, val, strlen(val), deadline));
     }
     for (int peer = 0; peer < ctx->rank; peer++) {
-        int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
         size_t vl;
         snprintf(key, sizeof(key), "nrails/%d", peer);
         memset(val, 0, sizeof(val));
-        BS_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
-                      out);
-        if (atoi(val) != ctx->nrails) {
-            st = bs_fail(COH_EBOOTSTRAP,
-                         "rank %d has %s rails, this rank (%d) has %d: COHORT_NICS must list "
-                         "the same number of rails on every rank",
-                         peer, val, ctx->rank, ctx->nrails);
-            goto out;
-        }
+        BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms(deadline), deadline));
+        if (atoi(val) != ctx->nrails)
+            return bs_fail(COH_EBOOTSTRAP,
+                           "rank %d has %s rails, this rank (%d) has %d: COHORT_NICS must list "
+                           "the same number of rails on every rank",
+                           peer, val, ctx->rank, ctx->nrails);
         for (int r = 0; r < ctx->nrails; r++) {
             snprintf(key, sizeof(key), "addr/%d/%d", r, peer);
             memset(val, 0, sizeof(val));
-            BS_CHECK_GOTO(rx_store_get(&sc, key, val, sizeof(val) - 1, &vl, left_ms, deadline), st,
-                          out);
+            BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms(deadline), deadline));
             struct sockaddr_storage a;
-            BS_CHECK_GOTO(rx_resolve_hostport(val, &a), st, out);
-            BS_CHECK_GOTO(rx_rail_dial(&ctx->rails[r], peer, (struct sockaddr *)&a), st, out);
+            BS_CHECK(rx_resolve_hostport(val, &a));
+            BS_CHECK(rx_rail_dial(&ctx->rails[r], peer, (struct sockaddr *)&a));
         }
     }
     for (int r = 0; r < ctx->nrails; r++)
-        BS_CHECK_GOTO(en_rail_wait_connected(&ctx->rails[r].en, deadline), st, out);
+        BS_CHECK(en_rail_wait_connected(&ctx->rails[r].en, deadline));
     /* The coordinator's control address. */
     if (ctx->coord) {
         struct sockaddr_storage a;
         rx_coord_addr(ctx->coord, &a);
         rx_format_addr((struct sockaddr *)&a, val, sizeof(val));
-        BS_CHECK_GOTO(rx_store_set(&sc, "ctrl", val, strlen(val), deadline), st, out);
+        BS_CHECK(rx_store_set(sc, "ctrl", val, strlen(val), deadline));
     }
-    {
-        int left = (int)((deadline - bs_now_ns()) / 1000000ull);
-        memset(val, 0, sizeof(val));
-        BS_CHECK_GOTO(rx_store_get(&sc, "ctrl", val, sizeof(val) - 1, NULL, left, deadline), st,
-                      out);
-        BS_CHECK_GOTO(rx_resolve_hostport(val, &ctx->coord_addr), st, out);
-    }
-    /* Barrier: rank 0 holds the store until every rank is through. */
+    memset(val, 0, sizeof(val));
+    BS_CHECK(rx_store_get(sc, "ctrl", val, sizeof(val) - 1, NULL, left_ms(deadline), deadline));
+    return rx_resolve_hostport(val, &ctx->coord_addr);
+}
+
+/* Every rank is a member of the coordinator: nobody's init returns before
+ * that (rank 0 would otherwise finalize, closing the store and the
+ * coordinator, while the others still dial it). The last rank in opens the
+ * barrier and does not wait for its own answer, which rank 0 may no longer
+ * give. */
+static int store_barrier(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
+{
     int64_t joined = 0;
-    BS_CHECK_GOTO(rx_store_add(&sc, "joined", 1, &joined, deadline), st, out);
-    if (joined == ctx->world) BS_CHECK_GOTO(rx_store_set(&sc, "go", "1", 1, deadline), st, out);
-    int left_ms = (int)((deadline - bs_now_ns()) / 1000000ull);
-    BS_CHECK_GOTO(rx_store_get(&sc, "go", val, sizeof(val), NULL, left_ms, deadline), st, out);
-out:
+    BS_CHECK(rx_store_add(sc, "joined", 1, &joined, deadline));
+    if (joined == ctx->world) return rx_store_set(sc, "go", "1", 1, deadline);
+    char val[8];
+    return rx_store_get(sc, "go", val, sizeof(val), NULL, left_ms(deadline), deadline);
+}
+
+/* The bootstrap of a world > 1, after the rails and the coordinator started. */
+static int bootstrap(struct coh_ctx *ctx, uint64_t deadline)
+{
+    rx_store_client_t sc;
+    struct sockaddr_storage store_addr;
+    BS_CHECK(rx_resolve_hostport(ctx->store_s, &store_addr));
+    BS_CHECK(rx_store_connect(&sc, (struct sockaddr *)&store_addr, ctx->token_s, ctx->rank,
+                              ctx->world, ctx->incarnation, deadline));
+    int st = connect_mesh(ctx, &sc, deadline);
+    if (st == 0) st = rx_member_start(ctx);
+    if (st == 0) st = rx_member_wait_ready(ctx, deadline);
+    if (st == 0) st = store_barrier(ctx, &sc, deadline);
     rx_store_close(&sc);
     return st;
 }
@@ -358,8 +470,13 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
          * also serves the store, the coordinator's hosts the scheduler. */
         BS_CHECK_GOTO(rx_reactor_start(&ctx->ctrl, "cohort-ctrl", ctrl_on_stop, ctx), st, fail);
         ctx->ctrl_started = true;
-        if (ctx->rank == 0)
+        BS_CHECK_GOTO(next_incarnation(ctx, &ctx->incarnation), st, fail);
+        if (ctx->rank == 0) {
+            int fd;
+            BS_CHECK_GOTO(store_fd_pick(ctx, &fd), st, fail);
+            ctx->cfg.store_fd = fd;
             BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, store_start_fn, ctx), st, fail);
+        }
     }
     for (int r = 0; r < ctx->nrails; r++) {
         en_rail_cfg_t rc = {.index = r,
@@ -383,11 +500,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     }
     if (ctx->world > 1 && ctx->rank == ctx->cfg.coordinator)
         BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
-    if (ctx->world > 1) {
-        BS_CHECK_GOTO(connect_mesh(ctx, deadline), st, fail);
-        BS_CHECK_GOTO(rx_member_start(ctx), st, fail);
-        BS_CHECK_GOTO(rx_member_wait_ready(ctx, deadline), st, fail);
-    }
+    if (ctx->world > 1) BS_CHECK_GOTO(bootstrap(ctx, deadline), st, fail);
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
     ctx->world_comm.rank = ctx->rank;

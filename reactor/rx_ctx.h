@@ -26,6 +26,7 @@ struct coh_ctx {
     rx_reactor_t ctrl; /* control reactor: the store (rank 0) */
     bool ctrl_started;
     rx_store_server_t *store;
+    uint32_t incarnation;               /* which init of its job this context is (rx_ctx.c) */
     struct rx_member *member;           /* every rank of a world > 1 */
     struct rx_coord *coord;             /* the coordinator rank only */
     rx_sched_cfg_t sched_cfg;           /* read at init, for the coordinator */

@@ -95,6 +95,8 @@ struct rx_store_server {
     st_client_t *clients;
     char token[EN_TOKEN_MAX + 1];
     int world;
+    size_t nkeys, nbytes;       /* what the table holds (bytes as RX_STORE_MAX_BYTES counts) */
+    size_t max_keys, max_bytes; /* RX_STORE_MAX_KEYS/BYTES(world) */
     bool closing;
     struct sockaddr_storage addr;
 };
@@ -113,9 +115,15 @@ static kv_t *kv_find(rx_store_server_t *s, const uint8_t *k, size_t n)
     return NULL;
 }
 
+/* kv_set: the table is at its caps (not an error status: the store goes on). */
+#define KV_FULL 1
+
 static int kv_set(rx_store_server_t *s, const uint8_t *k, size_t n, const uint8_t *v, size_t vn)
 {
     kv_t *e = kv_find(s, k, n);
+    size_t keys = s->nkeys + (e ? 0 : 1);
+    size_t bytes = s->nbytes - (e ? e->vlen : 0) + vn + (e ? 0 : n + RX_STORE_KV_OVERHEAD);
+    if (keys > s->max_keys || bytes > s->max_bytes) return KV_FULL;
     uint8_t *nv = coh_malloc(vn ? vn : 1);
     if (!nv) return COH_ENOMEM;
     memcpy(nv, v, vn);
@@ -138,6 +146,8 @@ static int kv_set(rx_store_server_t *s, const uint8_t *k, size_t n, const uint8_
     coh_free(e->val);
     e->val = nv;
     e->vlen = vn;
+    s->nkeys = keys;
+    s->nbytes = bytes;
     return 0;
 }
 
@@ -150,6 +160,18 @@ static void reply(st_client_t *c, uint8_t status, uint32_t arg, const void *val,
     if (len < 0 || rx_conn_send(c->conn, b, (size_t)len) != 0)
         rx_conn_close(c->conn, COH_ENOMEM, "cannot answer");
     if (b != stack) coh_free(b);
+}
+
+/* A SET or ADD that kv_set refused: say why. */
+static void reply_refused(st_client_t *c, rx_store_server_t *s, int st)
+{
+    char why[160];
+    int n = st == KV_FULL ? snprintf(why, sizeof(why),
+                                     "store full: it holds %zu keys and %zu bytes, at most %zu "
+                                     "keys and %zu bytes for a world of %d",
+                                     s->nkeys, s->nbytes, s->max_keys, s->max_bytes, s->world)
+                          : snprintf(why, sizeof(why), "out of memory");
+    reply(c, RX_STORE_ERROR, 0, why, (size_t)n);
 }
 
 /* Answer WAITs on key (or all expired ones when key is NULL); each client
@@ -179,14 +201,16 @@ static void wake_waiters(rx_store_server_t *s, const uint8_t *key, size_t klen, 
 static void handle(st_client_t *c, rx_store_server_t *s, const rx_store_msg_t *m)
 {
     switch (m->type) {
-    case RX_STORE_SET:
-        if (kv_set(s, m->key, m->klen, m->val, m->vlen) != 0) {
-            reply(c, RX_STORE_ERROR, 0, NULL, 0);
+    case RX_STORE_SET: {
+        int st = kv_set(s, m->key, m->klen, m->val, m->vlen);
+        if (st != 0) {
+            reply_refused(c, s, st);
             return;
         }
         reply(c, RX_STORE_OK, 0, NULL, 0);
         wake_waiters(s, m->key, m->klen, 0);
         return;
+    }
     case RX_STORE_GET:
     case RX_STORE_WAIT: {
         kv_t *e = kv_find(s, m->key, m->klen);
@@ -215,8 +239,9 @@ static void handle(st_client_t *c, rx_store_server_t *s, const rx_store_msg_t *m
         v += (int32_t)m->arg;
         char out[32];
         int n = snprintf(out, sizeof(out), "%" PRId64, v);
-        if (kv_set(s, m->key, m->klen, (const uint8_t *)out, (size_t)n) != 0) {
-            reply(c, RX_STORE_ERROR, 0, NULL, 0);
+        int st = kv_set(s, m->key, m->klen, (const uint8_t *)out, (size_t)n);
+        if (st != 0) {
+            reply_refused(c, s, st);
             return;
         }
         reply(c, RX_STORE_OK, 0, out, (size_t)n);
@@ -299,11 +324,13 @@ static void tick_closed(uv_handle_t *h)
 }
 
 int rx_store_server_start(rx_reactor_t *rx, const struct sockaddr *addr, int fd, const char *token,
-                          int world, rx_store_server_t **out)
+                          int world, uint32_t incarnation, rx_store_server_t **out)
 {
     rx_store_server_t *s = coh_zalloc(sizeof(*s));
     if (!s) return COH_ENOMEM;
     s->world = world;
+    s->max_keys = RX_STORE_MAX_KEYS(world);
+    s->max_bytes = RX_STORE_MAX_BYTES(world);
     snprintf(s->token, sizeof(s->token), "%s", token ? token : "");
     uv_timer_init(&rx->loop, &s->tick);
     s->tick.data = s;
@@ -314,6 +341,8 @@ int rx_store_server_start(rx_reactor_t *rx, const struct sockaddr *addr, int fd,
         return st;
     }
     s->addr = s->listener->addr;
+    /* Before this callback returns, so before any client is answered. */
+    s->listener->hello_rail = incarnation;
     uv_timer_start(&s->tick, on_tick, TICK_MS, TICK_MS);
     *out = s;
     return 0;
@@ -354,6 +383,14 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns)
     }
 }
 
+/* send_all and recv_all: COH_EPEER when the server closed the connection,
+ * COH_EAGAIN when it reset it (it dropped us unread: too many handshakes at
+ * once, or the store is closing), which is worth another try. */
+static int hang_up(void)
+{
+    return errno == ECONNRESET || errno == EPIPE ? COH_EAGAIN : COH_EPEER;
+}
+
 static int send_all(int fd, const uint8_t *b, size_t n, uint64_t deadline_ns)
 {
     while (n) {
@@ -365,7 +402,7 @@ static int send_all(int fd, const uint8_t *b, size_t n, uint64_t deadline_ns)
             int e = wait_fd(fd, POLLOUT, deadline_ns);
             if (e) return e;
         } else {
-            return COH_EPEER;
+            return hang_up();
         }
     }
     return 0;
@@ -382,7 +419,7 @@ static int recv_all(int fd, uint8_t *b, size_t n, uint64_t deadline_ns)
             int e = wait_fd(fd, POLLIN, deadline_ns);
             if (e) return e;
         } else {
-            return COH_EPEER;
+            return r == 0 ? COH_EPEER : hang_up();
         }
     }
     return 0;
@@ -393,14 +430,10 @@ static socklen_t sa_len(const struct sockaddr *a)
     return a->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
 }
 
-int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const char *token, int rank,
-                     int world, uint64_t deadline_ns)
+/* A TCP connection to addr, retrying while nobody listens (rank 0 may not
+ * be up yet, or between two incarnations). */
+static int dial(const struct sockaddr *addr, const char *where, int *delay_ms, uint64_t deadline_ns)
 {
-    memset(c, 0, sizeof(*c));
-    c->fd = -1;
-    char where[128];
-    rx_format_addr(addr, where, sizeof(where));
-    int delay_ms = 10, last = 0;
     for (;;) {
         int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) return bs_fail(COH_ESYS, "store: socket: %s", strerror(errno));
@@ -419,38 +452,93 @@ int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const ch
             }
         }
         if (r == 0) {
-            c->fd = fd;
-            break;
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            return fd;
         }
-        last = errno;
+        int last = errno;
         close(fd);
-        /* Rank 0 may not be listening yet: try again until the deadline. */
-        if (bs_now_ns() + (uint64_t)delay_ms * 1000000ull >= deadline_ns)
+        if (bs_now_ns() + (uint64_t)*delay_ms * 1000000ull >= deadline_ns)
             return bs_fail(COH_EBOOTSTRAP, "store %s unreachable: %s", where, strerror(last));
-        uv_sleep((unsigned)delay_ms);
-        if (delay_ms < 200) delay_ms *= 2;
+        uv_sleep((unsigned)*delay_ms);
+        if (*delay_ms < 200) *delay_ms *= 2;
     }
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    en_hello_t h = {.version = EN_PROTO_VERSION,
-                    .kind = EN_HELLO_STORE,
-                    .rank = (uint32_t)rank,
-                    .world = (uint32_t)world};
-    en_hello_set_token(&h, token);
-    uint8_t hb[EN_HELLO_SIZE];
-    en_hello_encode(&h, hb);
-    int e = send_all(c->fd, hb, sizeof(hb), deadline_ns);
-    if (!e) e = recv_all(c->fd, hb, sizeof(hb), deadline_ns);
-    en_hello_t got;
-    if (!e && (en_hello_decode(hb, sizeof(hb), &got) != EN_HELLO_SIZE ||
-               !en_hello_token_ok(&got, token) || got.kind != EN_HELLO_STORE))
-        e = COH_EAUTH;
-    if (e) {
+}
+
+int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const char *token, int rank,
+                     int world, uint32_t incarnation, uint64_t deadline_ns)
+{
+    memset(c, 0, sizeof(*c));
+    c->fd = -1;
+    char where[128];
+    rx_format_addr(addr, where, sizeof(where));
+    int delay_ms = 10, drops = 0;
+    uint32_t older = 0; /* an older incarnation answered: its store is going */
+    for (;;) {
+        int fd = dial(addr, where, &delay_ms, deadline_ns);
+        if (fd < 0 && older) {
+            char why[BS_ERR_LEN];
+            snprintf(why, sizeof(why), "%s", coh_last_error());
+            return bs_fail(fd,
+                           "%s (it served incarnation %u of the job before, this rank is at %u)",
+                           why, older, incarnation);
+        }
+        if (fd < 0) return fd;
+        c->fd = fd;
+        en_hello_t h = {.version = EN_PROTO_VERSION,
+                        .kind = EN_HELLO_STORE,
+                        .rank = (uint32_t)rank,
+                        .world = (uint32_t)world,
+                        .rail = incarnation};
+        en_hello_set_token(&h, token);
+        uint8_t hb[EN_HELLO_SIZE];
+        en_hello_encode(&h, hb);
+        int e = send_all(c->fd, hb, sizeof(hb), deadline_ns);
+        if (!e) e = recv_all(c->fd, hb, sizeof(hb), deadline_ns);
+        en_hello_t got;
+        if (!e && (en_hello_decode(hb, sizeof(hb), &got) != EN_HELLO_SIZE ||
+                   !en_hello_token_ok(&got, token) || got.kind != EN_HELLO_STORE))
+            e = COH_EAUTH;
+        if (!e && (int)got.world != world) {
+            rx_store_close(c);
+            return bs_fail(COH_EMISMATCH,
+                           "store %s serves a world of %u ranks, this rank (%d) has world size %d: "
+                           "every rank needs the same world size (COHORT_WORLD_SIZE)",
+                           where, got.world, rank, world);
+        }
+        if (!e && got.rail > incarnation) {
+            rx_store_close(c);
+            return bs_fail(COH_EMISMATCH,
+                           "store %s serves incarnation %u of the job, this rank is at %u: every "
+                           "rank must call coh_init as often",
+                           where, got.rail, incarnation);
+        }
+        if (!e && got.rail == incarnation) break;
+        /* Try again: an older store (rank 0 still finalizing it); a reset
+         * (a store with too many handshakes at once, or one closing); a
+         * store that closed on us after it answered an older incarnation,
+         * or (twice) when this is not the first init. A first init has no
+         * older store: a close there is a refusal. */
+        bool retry = !e || e == COH_EAGAIN ||
+                     (e == COH_EPEER && (older || (incarnation > 1 && drops++ < 2)));
+        if (!e) older = got.rail;
         rx_store_close(c);
+        if (retry && bs_now_ns() + (uint64_t)delay_ms * 1000000ull < deadline_ns) {
+            uv_sleep((unsigned)delay_ms);
+            if (delay_ms < 200) delay_ms *= 2;
+            continue;
+        }
+        if (older)
+            return bs_fail(COH_EBOOTSTRAP,
+                           "store %s still serves incarnation %u of the job at the deadline, this "
+                           "rank is at %u (every rank must call coh_init as often)",
+                           where, older, incarnation);
+        if (e == COH_EAGAIN)
+            return bs_fail(COH_EBOOTSTRAP, "store %s kept resetting the connection", where);
         if (e == COH_EPEER || e == COH_EAUTH)
             return bs_fail(COH_EAUTH,
-                           "store %s refused the handshake (is COHORT_TOKEN the "
-                           "same on every rank?)",
+                           "store %s refused the handshake (a wrong job token? COHORT_TOKEN must "
+                           "be the same on every rank)",
                            where);
         return bs_fail(e, "store %s: handshake: %s", where, coh_strerror(e));
     }
@@ -486,8 +574,20 @@ static int roundtrip(rx_store_client_t *c, uint8_t type, uint32_t arg, const cha
     }
     if (!e && (rx_store_parse(c->buf, c->cap, resp) <= 0 || resp->type != RX_STORE_RESP))
         e = COH_EPROTO;
+    if (e == COH_EAGAIN) e = COH_EPEER; /* EAGAIN means "not found" to the callers */
     if (e) return bs_fail(e, "store request for \"%s\": %s", key, coh_strerror(e));
     return 0;
+}
+
+/* The reason an error response carries (older servers send none). */
+static const char *resp_why(const rx_store_msg_t *m)
+{
+    return m->vlen ? (const char *)m->val : "error";
+}
+
+static int resp_why_len(const rx_store_msg_t *m)
+{
+    return m->vlen ? (int)m->vlen : 5;
 }
 
 int rx_store_set(rx_store_client_t *c, const char *key, const void *val, size_t vlen,
@@ -495,7 +595,9 @@ int rx_store_set(rx_store_client_t *c, const char *key, const void *val, size_t 
 {
     rx_store_msg_t m;
     BS_CHECK(roundtrip(c, RX_STORE_SET, 0, key, val, vlen, &m, deadline_ns));
-    return m.status == RX_STORE_OK ? 0 : bs_fail(COH_EBOOTSTRAP, "store refused to set %s", key);
+    if (m.status == RX_STORE_OK) return 0;
+    return bs_fail(COH_EBOOTSTRAP, "store refused to set %s: %.*s", key, resp_why_len(&m),
+                   resp_why(&m));
 }
 
 int rx_store_get(rx_store_client_t *c, const char *key, void *val, size_t cap, size_t *vlen,
@@ -519,7 +621,9 @@ int rx_store_add(rx_store_client_t *c, const char *key, int32_t delta, int64_t *
 {
     rx_store_msg_t m;
     BS_CHECK(roundtrip(c, RX_STORE_ADD, (uint32_t)delta, key, NULL, 0, &m, deadline_ns));
-    if (m.status != RX_STORE_OK) return bs_fail(COH_EBOOTSTRAP, "store error for key %s", key);
+    if (m.status != RX_STORE_OK)
+        return bs_fail(COH_EBOOTSTRAP, "store refused to add to %s: %.*s", key, resp_why_len(&m),
+                       resp_why(&m));
     char tmp[32];
     size_t n = m.vlen < sizeof(tmp) - 1 ? m.vlen : sizeof(tmp) - 1;
     memcpy(tmp, m.val, n);

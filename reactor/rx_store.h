@@ -4,6 +4,12 @@
  * coh_init to exchange per-rail addresses. Connections open with the same
  * HELLO as data connections (job token first).
  *
+ * Incarnations: a process may init, finalize and init again, and rank 0's
+ * store of the previous context may still be up (rank 0 still finalizing)
+ * when another rank's next init dials it. The store answers the HELLO with
+ * its incarnation in the rail field; a client talks only to the store of its
+ * own incarnation and keeps trying until that one is up.
+ *
  * Message: a 16-byte header, then key, then value (little-endian).
  *   0  u32 magic "COHS"     4  u8 type    5  u8 status   6  u16 key length
  *   8  u32 value length     12 u32 arg (WAIT: timeout ms; ADD: signed delta)
@@ -20,6 +26,20 @@
 #define RX_STORE_HDR     16
 #define RX_STORE_KEY_MAX 512
 #define RX_STORE_VAL_MAX (64 * 1024)
+
+/* What the store holds at most, so that a token holder cannot grow rank 0
+ * without bound: a bootstrap needs a few keys of some tens of bytes per rank
+ * (2 + rails). Bytes count keys, values and RX_STORE_KV_OVERHEAD per key. A
+ * SET or ADD that would go beyond is answered RX_STORE_ERROR ("store full");
+ * the connection stays. */
+#define RX_STORE_KEYS_BASE       1024
+#define RX_STORE_KEYS_PER_RANK   32
+#define RX_STORE_BYTES_BASE      (16u << 20)
+#define RX_STORE_BYTES_PER_RANK  (4u << 10)
+#define RX_STORE_KV_OVERHEAD     64
+#define RX_STORE_MAX_KEYS(world) (RX_STORE_KEYS_BASE + RX_STORE_KEYS_PER_RANK * (size_t)(world))
+#define RX_STORE_MAX_BYTES(world)                                                                  \
+    ((size_t)RX_STORE_BYTES_BASE + RX_STORE_BYTES_PER_RANK * (size_t)(world))
 
 typedef enum rx_store_type {
     RX_STORE_SET = 1,
@@ -56,9 +76,10 @@ int rx_store_encode(uint8_t type, uint8_t status, uint32_t arg, const void *key,
 /* ---- server (runs on a reactor) ---- */
 typedef struct rx_store_server rx_store_server_t;
 /* On rx's loop thread (use rx_reactor_call): listen on addr, or adopt the
- * listening socket fd when fd >= 0. */
+ * listening socket fd when fd >= 0 (the caller has checked that it is one).
+ * incarnation: which init of the job this is (see above). */
 int rx_store_server_start(rx_reactor_t *rx, const struct sockaddr *addr, int fd, const char *token,
-                          int world, rx_store_server_t **out);
+                          int world, uint32_t incarnation, rx_store_server_t **out);
 /* On the loop thread: close the listener and every client; frees itself. */
 void rx_store_server_close(rx_store_server_t *s);
 /* The address it listens on (any thread, after start). */
@@ -73,9 +94,12 @@ typedef struct rx_store_client {
     size_t cap;
 } rx_store_client_t;
 
-/* Connect (retrying until the server is up) and handshake. */
+/* Connect and handshake, retrying until the server of this incarnation is
+ * up (an older one is left at once). COH_EAUTH: refused (the token);
+ * COH_EMISMATCH: the store serves another world size, or a later
+ * incarnation; COH_EBOOTSTRAP: not reached by the deadline. */
 int rx_store_connect(rx_store_client_t *c, const struct sockaddr *addr, const char *token, int rank,
-                     int world, uint64_t deadline_ns);
+                     int world, uint32_t incarnation, uint64_t deadline_ns);
 int rx_store_set(rx_store_client_t *c, const char *key, const void *val, size_t vlen,
                  uint64_t deadline_ns);
 /* GET (timeout_ms < 0) or WAIT (timeout_ms >= 0). *vlen gets the value's

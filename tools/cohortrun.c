@@ -355,7 +355,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "cohortrun: --store-host %s is not an IP address\n", g.store_host);
         return 2;
     }
-    int lfd = socket(sa.ss_family, SOCK_STREAM, 0);
+    /* CLOEXEC: only rank 0 gets it (as fd 3), no other child keeps the port. */
+    int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     socklen_t sl =
         sa.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
     if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sl) != 0 || listen(lfd, 1024) != 0 ||

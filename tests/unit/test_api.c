@@ -1,16 +1,21 @@
 /*
  * The public API on bad input: every misuse gets an error code and a
  * message, never a crash. Single rank (no network), so it also checks that
- * a world of one runs every collective locally.
+ * a world of one runs every collective locally. Also: a successful init
+ * leaves the last error alone, and a store_fd that is no listening socket is
+ * refused and left open.
  */
+#include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
-#include <poll.h>
 
 #include <cmocka.h>
 
@@ -192,6 +197,54 @@ static void test_event_fd(void **state)
     assert_int_equal(st.requests_failed, 0);
 }
 
+/* The last error is the application's until a call fails: a successful
+ * init used to leave "more than 64 live contexts" there. */
+static void test_init_keeps_last_error(void **state)
+{
+    (void)state;
+    clear_env();
+    assert_int_equal(coh_init(NULL, NULL), COH_EINVAL);
+    char before[512];
+    snprintf(before, sizeof(before), "%s", coh_last_error());
+    assert_true(strlen(before) > 0);
+    coh_ctx_t *ctx;
+    assert_int_equal(coh_init(NULL, &ctx), COH_OK);
+    assert_string_equal(coh_last_error(), before);
+    assert_int_equal(coh_finalize(ctx), COH_OK);
+    assert_string_equal(coh_last_error(), before);
+}
+
+/* A store_fd that is not a listening TCP socket is refused, with a reason,
+ * and left open: the descriptor is the application's. */
+static void test_store_fd_not_listening(void **state)
+{
+    (void)state;
+    clear_env();
+    char path[] = "/tmp/cohort-test-api-XXXXXX";
+    int file = mkstemp(path);
+    assert_true(file >= 0);
+    unlink(path);
+    int udp = socket(AF_INET, SOCK_DGRAM, 0);
+    int tcp = socket(AF_INET, SOCK_STREAM, 0); /* not listening */
+    int fds[] = {file, udp, tcp};
+    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+        assert_true(fds[i] >= 0);
+        coh_config_t cfg;
+        assert_int_equal(coh_config_init(&cfg), COH_OK);
+        cfg.world_size = 2;
+        cfg.rank = 0;
+        cfg.store = "127.0.0.1:1";
+        cfg.store_fd = fds[i];
+        cfg.connect_timeout_ms = 2000;
+        coh_ctx_t *ctx = NULL;
+        assert_int_equal(coh_init(&cfg, &ctx), COH_EINVAL);
+        assert_null(ctx);
+        assert_non_null(strstr(coh_last_error(), "not a listening TCP socket"));
+        assert_int_not_equal(fcntl(fds[i], F_GETFD), -1);
+        close(fds[i]);
+    }
+}
+
 static void test_status_names(void **state)
 {
     (void)state;
@@ -215,6 +268,8 @@ int main(void)
         cmocka_unit_test(test_finalize_twice),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_status_names),
+        cmocka_unit_test(test_init_keeps_last_error),
+        cmocka_unit_test(test_store_fd_not_listening),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,8 +5,10 @@
  * server on its own reactor thread driven by the blocking client and by raw
  * TCP sockets: set/get, overwrite, missing keys, WAIT answered by a SET from
  * another thread, WAIT timeouts, ADD from several clients at once, the job
- * token handshake, garbage on the wire, pipelined requests behind a WAIT,
- * and a clean stop (every handle closed: rx_reactor_stop returns 0).
+ * token handshake (a wrong world size named as such), garbage on the wire,
+ * pipelined requests behind a WAIT, the caps on keys and bytes, clients of
+ * one incarnation against the store of another, and a clean stop (every
+ * handle closed: rx_reactor_stop returns 0).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -32,6 +34,7 @@
 
 #define TOKEN "tok"
 #define WORLD 4
+#define INC   1 /* the incarnation of store and clients */
 #define SEC   1000000000ull
 
 static uint64_t deadline(unsigned sec)
@@ -221,7 +224,7 @@ static int start_server(rx_reactor_t *rx, void *arg)
     fixture_t *f = arg;
     struct sockaddr_in a;
     uv_ip4_addr("127.0.0.1", 0, &a);
-    return rx_store_server_start(rx, (const struct sockaddr *)&a, -1, TOKEN, WORLD, &f->srv);
+    return rx_store_server_start(rx, (const struct sockaddr *)&a, -1, TOKEN, WORLD, INC, &f->srv);
 }
 
 static int setup(void **state)
@@ -262,7 +265,7 @@ static const struct sockaddr *sa(const fixture_t *f)
 
 static void connect_ok(fixture_t *f, rx_store_client_t *c)
 {
-    int st = rx_store_connect(c, sa(f), TOKEN, 1, WORLD, deadline(5));
+    int st = rx_store_connect(c, sa(f), TOKEN, 1, WORLD, INC, deadline(5));
     if (st != 0) print_error("rx_store_connect: %s\n", coh_last_error());
     assert_int_equal(st, 0);
     assert_true(c->fd >= 0);
@@ -368,7 +371,7 @@ static void setter_main(void *arg)
 {
     setter_t *s = arg;
     rx_store_client_t c;
-    s->status = rx_store_connect(&c, s->addr, TOKEN, 2, WORLD, deadline(5));
+    s->status = rx_store_connect(&c, s->addr, TOKEN, 2, WORLD, INC, deadline(5));
     if (s->status) return;
     uv_sleep(s->delay_ms);
     s->status = rx_store_set(&c, s->key, s->val, strlen(s->val), deadline(5));
@@ -445,7 +448,7 @@ static void adder_main(void *arg)
 {
     adder_t *a = arg;
     rx_store_client_t c;
-    a->status = rx_store_connect(&c, a->addr, TOKEN, 3, WORLD, deadline(5));
+    a->status = rx_store_connect(&c, a->addr, TOKEN, 3, WORLD, INC, deadline(5));
     if (a->status) return;
     for (int i = 0; i < ADDS_EACH && !a->status; i++)
         a->status = rx_store_add(&c, "ctr", 1, &a->got[i], deadline(5));
@@ -536,22 +539,182 @@ static void test_wait_on_add(void **state)
     rx_store_close(&d);
 }
 
+/* ---- caps: a token holder cannot grow the store without bound ---- */
+
+/* Keys beyond RX_STORE_MAX_KEYS are refused with a reason; the client's
+ * connection and the keys already there stay, overwrites still work. */
+static void test_cap_keys(void **state)
+{
+    fixture_t *f = *state;
+    rx_store_client_t c;
+    connect_ok(f, &c);
+    const size_t max = RX_STORE_MAX_KEYS(WORLD);
+    char key[32], buf[32];
+    size_t vlen;
+    for (size_t i = 0; i < max; i++) {
+        snprintf(key, sizeof(key), "k/%zu", i);
+        int st = rx_store_set(&c, key, "v", 1, deadline(5));
+        if (st) print_error("key %zu of %zu: %s\n", i, max, coh_last_error());
+        assert_int_equal(st, 0);
+    }
+    assert_int_equal(rx_store_set(&c, "one/more", "v", 1, deadline(5)), COH_EBOOTSTRAP);
+    assert_non_null(strstr(coh_last_error(), "store full"));
+    int64_t v = 0;
+    assert_int_equal(rx_store_add(&c, "new/counter", 1, &v, deadline(5)), COH_EBOOTSTRAP);
+    assert_non_null(strstr(coh_last_error(), "store full"));
+    assert_int_equal(rx_store_get(&c, "one/more", buf, sizeof(buf), &vlen, -1, deadline(5)),
+                     COH_EAGAIN);
+    /* what is there stays usable */
+    assert_int_equal(rx_store_set(&c, "k/0", "changed", 7, deadline(5)), 0);
+    assert_int_equal(rx_store_get(&c, "k/0", buf, sizeof(buf), &vlen, -1, deadline(5)), 0);
+    assert_int_equal(vlen, 7);
+    assert_int_equal(rx_store_add(&c, "k/1", 3, &v, deadline(5)), 0);
+    assert_int_equal(v, 3);
+    rx_store_close(&c);
+    /* so does the server, for another client */
+    connect_ok(f, &c);
+    snprintf(key, sizeof(key), "k/%zu", max - 1);
+    assert_int_equal(rx_store_get(&c, key, buf, sizeof(buf), &vlen, -1, deadline(5)), 0);
+    rx_store_close(&c);
+    assert_int_equal(rx_store_server_rejected(f->srv), 0);
+}
+
+/* Bytes beyond RX_STORE_MAX_BYTES are refused; room freed by a shorter
+ * value is taken again. (4,000 values of 64 KiB used to grow rank 0 by
+ * 256 MB.) */
+static void test_cap_bytes(void **state)
+{
+    fixture_t *f = *state;
+    rx_store_client_t c;
+    connect_ok(f, &c);
+    static uint8_t big[RX_STORE_VAL_MAX];
+    memset(big, 'b', sizeof(big));
+    char key[32];
+    size_t used = 0, n = 0;
+    for (;; n++) {
+        snprintf(key, sizeof(key), "big/%zu", n);
+        size_t cost = strlen(key) + sizeof(big) + RX_STORE_KV_OVERHEAD;
+        if (used + cost > RX_STORE_MAX_BYTES(WORLD)) break;
+        assert_int_equal(rx_store_set(&c, key, big, sizeof(big), deadline(5)), 0);
+        used += cost;
+    }
+    assert_true(n > 100 && n < 1000);
+    assert_int_equal(rx_store_set(&c, key, big, sizeof(big), deadline(5)), COH_EBOOTSTRAP);
+    assert_non_null(strstr(coh_last_error(), "store full"));
+    /* a longer value for a key that is there is refused too */
+    assert_int_equal(rx_store_set(&c, "small", "s", 1, deadline(5)), 0);
+    assert_int_equal(rx_store_set(&c, "small", big, sizeof(big), deadline(5)), COH_EBOOTSTRAP);
+    /* a shorter one makes room */
+    assert_int_equal(rx_store_set(&c, "big/0", "x", 1, deadline(5)), 0);
+    assert_int_equal(rx_store_set(&c, key, big, sizeof(big), deadline(5)), 0);
+    char buf[8];
+    size_t vlen = 0;
+    assert_int_equal(rx_store_get(&c, key, buf, sizeof(buf), &vlen, -1, deadline(5)), 0);
+    assert_int_equal(vlen, sizeof(big));
+    rx_store_close(&c);
+}
+
+/* ---- incarnations: a client talks only to the store of its own init ---- */
+
+typedef struct later {
+    const struct sockaddr *addr;
+    int status;
+    char why[512];
+} later_t;
+
+static void later_main(void *arg)
+{
+    later_t *l = arg;
+    rx_store_client_t c;
+    l->status = rx_store_connect(&c, l->addr, TOKEN, 1, WORLD, INC + 1, deadline(20));
+    if (l->status == 0) l->status = rx_store_set(&c, "seen/by", "2", 1, deadline(5));
+    if (l->status) snprintf(l->why, sizeof(l->why), "%s", coh_last_error());
+    rx_store_close(&c);
+}
+
+static int start_second(rx_reactor_t *rx, void *arg)
+{
+    fixture_t *g = arg;
+    return rx_store_server_start(rx, (const struct sockaddr *)&g->addr, -1, TOKEN, WORLD, INC + 1,
+                                 &g->srv);
+}
+
+/* A client of the next incarnation reaches the store of the previous one
+ * (rank 0 still finalizing it): it leaves it and keeps trying until the
+ * next store is up on the same address, and talks only to that one. */
+static void test_incarnation_older_store(void **state)
+{
+    fixture_t *f = *state;
+    later_t l = {.addr = sa(f), .status = -100};
+    uv_thread_t th;
+    assert_int_equal(uv_thread_create(&th, later_main, &l), 0);
+    uv_sleep(300); /* it finds the old store, again and again */
+    rx_store_client_t c;
+    connect_ok(f, &c);
+    char buf[8];
+    size_t vlen;
+    assert_int_equal(rx_store_get(&c, "seen/by", buf, sizeof(buf), &vlen, -1, deadline(5)),
+                     COH_EAGAIN);
+    rx_store_close(&c);
+    assert_int_equal(rx_reactor_stop(&f->rx), 0); /* the old store goes */
+    uv_sleep(100);
+    fixture_t *g = calloc(1, sizeof(*g));
+    assert_non_null(g);
+    g->addr = f->addr;
+    assert_int_equal(rx_reactor_start(&g->rx, "store-test-2", on_stop, g), 0);
+    assert_int_equal(rx_reactor_call(&g->rx, start_second, g), 0);
+    assert_int_equal(uv_thread_join(&th), 0);
+    if (l.status) print_error("the later client: %s\n", l.why);
+    assert_int_equal(l.status, 0);
+    /* the key went to the new store */
+    assert_int_equal(rx_store_connect(&c, sa(g), TOKEN, 2, WORLD, INC + 1, deadline(5)), 0);
+    assert_int_equal(rx_store_get(&c, "seen/by", buf, sizeof(buf), &vlen, -1, deadline(5)), 0);
+    rx_store_close(&c);
+    /* an old client finds a newer store: not worth waiting for */
+    assert_int_equal(rx_store_connect(&c, sa(g), TOKEN, 1, WORLD, INC, deadline(5)), COH_EMISMATCH);
+    assert_non_null(strstr(coh_last_error(), "incarnation 2"));
+    assert_int_equal(rx_store_server_rejected(g->srv), 0);
+    assert_int_equal(rx_reactor_stop(&g->rx), 0);
+    free(g);
+}
+
+/* A client whose store never comes in time says which incarnation it saw. */
+static void test_incarnation_deadline(void **state)
+{
+    fixture_t *f = *state;
+    rx_store_client_t c;
+    uint64_t t0 = bs_now_ns();
+    assert_int_equal(
+        rx_store_connect(&c, sa(f), TOKEN, 1, WORLD, INC + 1, bs_now_ns() + 500000000ull),
+        COH_EBOOTSTRAP);
+    assert_true(bs_now_ns() - t0 < 2 * SEC);
+    assert_non_null(strstr(coh_last_error(), "still serves incarnation 1"));
+    assert_int_equal(c.fd, -1);
+    assert_int_equal(rx_store_server_rejected(f->srv), 0);
+}
+
 /* ---- the handshake and hostile clients ---- */
 
 static void test_wrong_token(void **state)
 {
     fixture_t *f = *state;
     rx_store_client_t c;
-    int st = rx_store_connect(&c, sa(f), "not-the-token", 1, WORLD, deadline(5));
+    int st = rx_store_connect(&c, sa(f), "not-the-token", 1, WORLD, INC, deadline(5));
     assert_int_equal(st, COH_EAUTH);
     assert_int_equal(c.fd, -1);
     assert_non_null(strstr(coh_last_error(), "refused"));
     assert_int_equal(rx_store_server_rejected(f->srv), 1);
     /* a prefix of the token is not the token */
-    assert_int_equal(rx_store_connect(&c, sa(f), "to", 1, WORLD, deadline(5)), COH_EAUTH);
+    assert_int_equal(rx_store_connect(&c, sa(f), "to", 1, WORLD, INC, deadline(5)), COH_EAUTH);
     assert_int_equal(rx_store_server_rejected(f->srv), 2);
-    /* the right token from another job (a different world size) */
-    assert_int_equal(rx_store_connect(&c, sa(f), TOKEN, 1, WORLD + 1, deadline(5)), COH_EAUTH);
+    /* the right token with another world size: refused, and the client is
+     * told what differs (it used to blame the token) */
+    assert_int_equal(rx_store_connect(&c, sa(f), TOKEN, 1, WORLD + 1, INC, deadline(5)),
+                     COH_EMISMATCH);
+    assert_int_equal(c.fd, -1);
+    assert_non_null(strstr(coh_last_error(), "serves a world of 4 ranks"));
+    assert_non_null(strstr(coh_last_error(), "world size 5"));
+    assert_null(strstr(coh_last_error(), "TOKEN"));
     assert_int_equal(rx_store_server_rejected(f->srv), 3);
     /* the server goes on serving */
     connect_ok(f, &c);
@@ -780,7 +943,7 @@ static void waiter_main(void *arg)
 {
     waiter_t *w = arg;
     rx_store_client_t c;
-    w->status = rx_store_connect(&c, w->addr, TOKEN, 1, WORLD, deadline(5));
+    w->status = rx_store_connect(&c, w->addr, TOKEN, 1, WORLD, INC, deadline(5));
     if (w->status) return;
     atomic_store(&w->connected, 1);
     char buf[8];
@@ -839,6 +1002,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wait_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_add, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wait_on_add, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cap_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cap_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_incarnation_older_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_incarnation_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_token, setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbage_clients, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined, setup, teardown),
