@@ -967,8 +967,8 @@ static int cmd_rails(int argc, char **argv, int first)
     bool csv = false;
     for (int i = first; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double x, y;
-        int r, k;
+        double x = 0, y = 0;
+        int r = 0, k = 0;
         if (!strcmp(a, "--csv")) {
             csv = true;
             continue;

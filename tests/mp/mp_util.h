@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cohort.h"
 
@@ -45,6 +46,14 @@ static inline coh_ctx_t *mp_init(coh_comm_t **world, int *rank, int *size)
     MP_OK(coh_comm_size(*world, size));
     mp_rank = *rank;
     return ctx;
+}
+
+/* Seconds on the monotonic clock. */
+static inline double mp_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static inline int mp_wait(coh_request_t *req)

@@ -19,19 +19,12 @@
 static int R, N;
 static coh_comm_t *W;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Submit, wait, and require a failure; returns how long it took. */
 static double expect_failure(const char *what, coh_request_t *req, double bound_s)
 {
-    double t0 = now_s();
+    double t0 = mp_now_s();
     int st = coh_wait(req, (int)(bound_s * 1000) + 1000);
-    double dt = now_s() - t0;
+    double dt = mp_now_s() - t0;
     if (st == COH_EAGAIN) MP_FAIL("%s: still running after %.1f s", what, dt);
     if (st == 0) MP_FAIL("%s: succeeded but should have failed", what);
     const char *why = coh_request_error(req);

@@ -39,19 +39,12 @@
 static int R, N;
 static coh_comm_t *W;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void mode_inflight(int n)
 {
     float *b = malloc(sizeof(float) * 4 * (size_t)n);
     coh_request_t **q = malloc(sizeof(*q) * (size_t)n);
     for (int i = 0; i < 4 * n; i++) b[i] = (float)(R + 1 + i % 7);
-    double t0 = now_s();
+    double t0 = mp_now_s();
     for (int i = 0; i < n; i++)
         MP_OK(coh_allreduce(W, NULL, b + 4 * i, 4, COH_F32, COH_SUM, &q[i]));
     int bad = 0;
@@ -67,7 +60,7 @@ static void mode_inflight(int n)
         float want = (float)(N * (N + 1) / 2 + N * (i % 7));
         if (b[i] != want) MP_FAIL("element %d: %g, expected %g", i, b[i], want);
     }
-    printf("rank %d: %d ops in flight done in %.2f s\n", R, n, now_s() - t0);
+    printf("rank %d: %d ops in flight done in %.2f s\n", R, n, mp_now_s() - t0);
     free(b);
     free(q);
     printf("rank %d: OK\n", R);
@@ -103,7 +96,7 @@ static int bounded_sync(double *x, size_t count, uint64_t it, coh_sync_mode mode
                         double *took)
 {
     coh_request_t *req;
-    double t0 = now_s();
+    double t0 = mp_now_s();
     int st = coh_sync_ex(W, x, count, COH_F64, it, 1.0, mode, &req);
     if (st != 0) { /* refused at once (the coordinator is known gone): a clean error */
         *took = 0;
@@ -111,7 +104,7 @@ static int bounded_sync(double *x, size_t count, uint64_t it, coh_sync_mode mode
         return st;
     }
     st = coh_wait(req, (int)(bound * 1000));
-    *took = now_s() - t0;
+    *took = mp_now_s() - t0;
     if (st == COH_EAGAIN)
         MP_FAIL("sync %llu hangs: not done after %.1f s", (unsigned long long)it, *took);
     if (st != 0)
@@ -149,9 +142,9 @@ static void mode_sync_stop(const char *mname, const char *pidfile)
         pthread_create(&t, NULL, stopper, (void *)(uintptr_t)(50000 + rand() % 400000));
         pthread_detach(t);
     }
-    double worst = 0, t0 = now_s();
+    double worst = 0, t0 = mp_now_s();
     int it = 0;
-    for (; now_s() - t0 < 3.0; it++) { /* the stop comes within 0.5 s */
+    for (; mp_now_s() - t0 < 3.0; it++) { /* the stop comes within 0.5 s */
         for (int i = 0; i < 65536; i++) x[i] = R + it;
         double took;
         bounded_sync(x, 65536, (uint64_t)it, mode, 30, &took);
@@ -163,10 +156,10 @@ static void mode_sync_stop(const char *mname, const char *pidfile)
     /* The stopped rank is known to be gone: a world op fails at once. */
     float v[256] = {0};
     coh_request_t *req;
-    t0 = now_s();
+    t0 = mp_now_s();
     MP_OK(coh_allreduce(W, NULL, v, 256, COH_F32, COH_SUM, &req));
     int st = coh_wait(req, 20000);
-    double dt = now_s() - t0;
+    double dt = mp_now_s() - t0;
     if (st == 0) MP_FAIL("an allreduce with a stopped rank succeeded");
     const char *why = coh_request_error(req);
     char name[32];
@@ -188,10 +181,10 @@ static void mode_sync_hang(void)
         for (int i = 0; i < 512; i++) x[i] = R;
         if (R == N - 1 && it == hang_at) sleep(3); /* COHORT_TIMEOUT_MS=1500 in the test */
         coh_request_t *req;
-        double t0 = now_s();
+        double t0 = mp_now_s();
         MP_OK(coh_sync_ex(W, x, 512, COH_F64, (uint64_t)it, 1.0, COH_SYNC_ALLREDUCE, &req));
         int st = coh_wait(req, 20000);
-        double took = now_s() - t0;
+        double took = mp_now_s() - t0;
         if (st != 0)
             MP_FAIL("sync %d: %s: %s (a regroup was expected)", it, coh_status_name(st),
                     coh_request_error(req));
@@ -315,10 +308,10 @@ int main(int argc, char **argv)
     else
         MP_FAIL("unknown mode %s", m);
     fflush(stdout);
-    double t0 = now_s();
+    double t0 = mp_now_s();
     MP_OK(coh_finalize(ctx));
     if (!strcmp(m, "sync-stop")) {
-        double dt = now_s() - t0;
+        double dt = mp_now_s() - t0;
         if (dt > 3) MP_FAIL("finalize took %.1f s with a stopped peer", dt);
         if (R == (victim == 0 ? 1 : 0)) {
             FILE *f = fopen(argv[3], "r");
