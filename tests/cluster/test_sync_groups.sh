@@ -43,5 +43,13 @@ frac() {
 read -r fp np < <(frac "$out/groups-partial.csv")
 read -r fs ns < <(frac "$out/groups-selective.csv")
 echo "homogeneous groups after 5 s: partial $fp of $np, selective $fs of $ns (chance 0.4)"
-awk -v f="$fs" 'BEGIN { exit !(f >= 0.55) }' || { echo "FAIL: selective groups are not bandwidth-homogeneous"; exit 1; }
+# Under a sanitizer the ranks' CPU, not the shaped links, sets the pace, so
+# the bandwidth the coordinator measures says little: the run still checks
+# memory and threads, and the fraction is reported, not judged
+# (COHORT_TIMING_CHECKS=0; 0.459 once under ASan, 0.74-0.86 without).
+if [ "${COHORT_TIMING_CHECKS:-1}" = 0 ]; then
+  echo "timing not judged in this build (COHORT_TIMING_CHECKS=0)"
+else
+  awk -v f="$fs" 'BEGIN { exit !(f >= 0.55) }' || { echo "FAIL: selective groups are not bandwidth-homogeneous"; exit 1; }
+fi
 echo "OK"
