@@ -12,6 +12,19 @@ import cohort
 from cohort import _abi
 
 
+def run_alone(code):
+    """Run code in a fresh interpreter with a world of one (no launcher
+    variables); it must print OK."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    for k in list(env):
+        if k.startswith("COHORT_") and k != "COHORT_LIBRARY":
+            del env[k]
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+
+
 def test_non_contiguous(ctx):
     a = np.zeros((4, 4), np.float32)[:, 1]
     with pytest.raises(cohort.InvalidArgumentError, match="not contiguous") as e:
@@ -214,14 +227,7 @@ c.finalize()
 w.is_completed()
 print("OK")
 '''
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    for k in list(env):
-        if k.startswith("COHORT_") and k != "COHORT_LIBRARY":
-            del env[k]
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+    run_alone(code)
 
 
 def short(v):
@@ -418,11 +424,4 @@ else:
     raise SystemExit("event_fd after finalize did not raise")
 print("OK")
 '''
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    for k in list(env):
-        if k.startswith("COHORT_") and k != "COHORT_LIBRARY":
-            del env[k]
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+    run_alone(code)
