@@ -44,6 +44,7 @@ int en_hdr_decode(const uint8_t *buf, size_t len, en_hdr_t *out)
         if (h.len < 4 || h.len > EN_MAX_ABORT) return COH_EPROTO;
         break;
     case EN_FRAME_BYE:
+    case EN_FRAME_ACK:
         if (h.len != 0) return COH_EPROTO;
         break;
     default: return COH_EPROTO;
@@ -62,6 +63,10 @@ void en_hello_encode(const en_hello_t *h, uint8_t out[EN_HELLO_SIZE])
     en_put32(out + 16, h->rail);
     en_put32(out + 20, h->nrails);
     memcpy(out + 24, h->token, EN_TOKEN_MAX);
+    en_put32(out + 88, h->flags);
+    en_put32(out + 92, h->via);
+    en_put64(out + 96, h->resume_off);
+    en_put64(out + 104, h->epoch);
 }
 
 int en_hello_decode(const uint8_t *buf, size_t len, en_hello_t *out)
@@ -77,6 +82,11 @@ int en_hello_decode(const uint8_t *buf, size_t len, en_hello_t *out)
                     .rail = en_get32(buf + 16),
                     .nrails = en_get32(buf + 20)};
     memcpy(h.token, buf + 24, EN_TOKEN_MAX);
+    h.flags = en_get32(buf + 88);
+    h.via = en_get32(buf + 92);
+    h.resume_off = en_get64(buf + 96);
+    h.epoch = en_get64(buf + 104);
+    if ((h.flags & ~EN_HELLO_RESUME) || h.via >= 1024) return COH_EPROTO;
     if (h.version != EN_PROTO_VERSION) return COH_EPROTO;
     if (h.kind < EN_HELLO_DATA || h.kind > EN_HELLO_CTRL) return COH_EPROTO;
     if (h.world == 0 || h.rank >= h.world) return COH_EPROTO;

@@ -2,8 +2,10 @@
  * en_frame.h - wire formats of the data plane (pure codecs, fuzzed).
  *
  * Every connection starts with a HELLO in each direction (job token, rank,
- * rail); after that a stream carries frames: a fixed 48-byte header, then
- * `len` payload bytes. All integers are little-endian on the wire.
+ * rail; 112 bytes: magic, u16 version, u16 kind, u32 rank, world, rail,
+ * nrails, 64-byte token, u32 flags, u32 via, u64 resume_off, u64 epoch); after that a stream
+ * carries frames: a fixed 48-byte header, then `len` payload bytes. All integers are little-endian
+ * on the wire.
  *
  *   off  size  field
  *   0    4     magic "COHF"
@@ -26,9 +28,9 @@
 #define EN_FRAME_MAGIC   0x46484f43u /* "COHF" */
 #define EN_HELLO_MAGIC   0x48484f43u /* "COHH" */
 #define EN_HDR_SIZE      48
-#define EN_HELLO_SIZE    88
+#define EN_HELLO_SIZE    112
 #define EN_TOKEN_MAX     64
-#define EN_PROTO_VERSION 1
+#define EN_PROTO_VERSION 2
 #define EN_MAX_PAYLOAD   (1ull << 40)
 #define EN_MAX_ABORT     512
 
@@ -36,6 +38,9 @@ typedef enum en_frame_type {
     EN_FRAME_DATA = 1,  /* tensor bytes for (comm, seq, tag) */
     EN_FRAME_ABORT = 2, /* the sender failed op (comm, seq): i32 status + reason text */
     EN_FRAME_BYE = 3,   /* the sender is finalizing: a close that follows is not a failure */
+    /* The receiver has consumed `off` bytes of the sender's frames (ACKs
+     * excluded): they need never be sent again. Only with failover. */
+    EN_FRAME_ACK = 4,
 } en_frame_type;
 
 typedef struct en_hdr {
@@ -63,7 +68,15 @@ typedef struct en_hello {
     uint32_t rail;
     uint32_t nrails;
     uint8_t token[EN_TOKEN_MAX]; /* zero padded */
+    uint32_t flags;              /* EN_HELLO_RESUME */
+    uint32_t via;                /* RESUME: the interface (rail index) the dialler left by */
+    uint64_t resume_off;         /* RESUME: bytes of the peer's frames this side consumed */
+    uint64_t epoch; /* RESUME: moves of the link this side has seen (stale dials lose) */
 } en_hello_t;
+
+/* The connection continues an existing link on a new socket (failover, or
+ * its return): each side sends again from the other's resume_off. */
+#define EN_HELLO_RESUME 1u
 
 void en_hdr_encode(const en_hdr_t *h, uint8_t out[EN_HDR_SIZE]);
 /* Returns EN_HDR_SIZE when buf holds a valid header, 0 when it needs more

@@ -9,6 +9,11 @@
 
 #include "engines/engine.h"
 
+static size_t sa_len(const struct sockaddr *a)
+{
+    return a->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
 static void timer_cb(uv_timer_t *h)
 {
     en_rail_t *rail = h->data;
@@ -40,12 +45,19 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     rail->ops_full = cfg->ops ? *cfg->ops : en_tcp_ops;
     en_ops_complete(&rail->ops_full);
     rail->ops = &rail->ops_full;
-    memcpy(&rail->local, cfg->local,
-           cfg->local->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                             : sizeof(struct sockaddr_in));
+    memcpy(&rail->local, cfg->local, sa_len(cfg->local));
+    rail->failover = cfg->failover && cfg->nrails > 1 && cfg->locals;
+    rail->stall_ms = cfg->stall_ms > 0 ? cfg->stall_ms : 100;
+    rail->probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 500;
+    rail->progress_ns = cfg->progress_ns;
+    rail->observer = cfg->observer;
+    for (int j = 0; rail->failover && j < cfg->nrails && j < EN_MAX_RAILS; j++)
+        memcpy(&rail->locals[j], cfg->locals[j], sa_len(cfg->locals[j]));
     rail->peers = coh_zalloc(sizeof(en_conn_t *) * (size_t)cfg->world);
     rail->lost = coh_zalloc((size_t)cfg->world);
-    if (!rail->peers || !rail->lost || uv_mutex_init(&rail->mu) != 0) goto nomem;
+    rail->routes = coh_zalloc(sizeof(struct sockaddr_storage) * (size_t)cfg->world *
+                              (size_t)(cfg->nrails > 0 ? cfg->nrails : 1));
+    if (!rail->peers || !rail->lost || !rail->routes || uv_mutex_init(&rail->mu) != 0) goto nomem;
     if (uv_cond_init(&rail->cv) != 0) {
         uv_mutex_destroy(&rail->mu);
         goto nomem;
@@ -66,8 +78,10 @@ void en_rail_fini(en_rail_t *rail)
     }
     coh_free(rail->peers);
     coh_free(rail->lost);
+    coh_free(rail->routes);
     rail->peers = NULL;
     rail->lost = NULL;
+    rail->routes = NULL;
 }
 
 int en_rail_open(en_rail_t *rail, uv_loop_t *loop)
@@ -132,6 +146,47 @@ int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns)
     return st;
 }
 
+int en_rail_set_routes(en_rail_t *rail, int peer, const struct sockaddr_storage *addrs, int n)
+{
+    if (peer < 0 || peer >= rail->world || n != rail->nrails) return COH_EINVAL;
+    uv_mutex_lock(&rail->mu);
+    memcpy(&rail->routes[(size_t)peer * (size_t)n], addrs, sizeof(*addrs) * (size_t)n);
+    uv_mutex_unlock(&rail->mu);
+    return 0;
+}
+
+bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out)
+{
+    if (peer < 0 || peer >= rail->world || via < 0 || via >= rail->nrails) return false;
+    uv_mutex_lock(&rail->mu);
+    *out = rail->routes[(size_t)peer * (size_t)rail->nrails + (size_t)via];
+    uv_mutex_unlock(&rail->mu);
+    return out->ss_family == AF_INET || out->ss_family == AF_INET6;
+}
+
+void en_rail_event(en_rail_t *rail, int kind, int peer, int via, double pause_s, const char *why)
+{
+    if (kind == EN_RAIL_FAILOVER) atomic_fetch_add(&rail->stat_failovers, 1);
+    if (kind == EN_RAIL_RETURN) atomic_fetch_add(&rail->stat_returns, 1);
+    if (rail->observer) {
+        en_rail_event_t ev = {.kind = kind,
+                              .rail = rail->index,
+                              .peer = peer,
+                              .via = via,
+                              .pause_s = pause_s,
+                              .why = why ? why : ""};
+        rail->observer->fn(rail->observer, &ev);
+        return;
+    }
+    bs_log(kind == EN_RAIL_RETURN ? COH_LOG_INFO : COH_LOG_WARN,
+           "rank %d rail %d: link to rank %d %s (interface of rail %d, %.1f ms pause): %s",
+           rail->rank, rail->index, peer,
+           kind == EN_RAIL_FAILOVER ? "failed over"
+           : kind == EN_RAIL_RETURN ? "is back"
+                                    : "is gone",
+           via, pause_s * 1e3, why ? why : "");
+}
+
 bool en_rail_peer_lost(en_rail_t *rail, int peer)
 {
     uv_mutex_lock(&rail->mu);
@@ -150,6 +205,7 @@ void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h)
     h->rail = (uint32_t)rail->index;
     h->nrails = (uint32_t)rail->nrails;
     en_hello_set_token(h, rail->token);
+    h->flags = 0;
 }
 
 int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, char *why,
@@ -172,6 +228,15 @@ int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, cha
         return COH_EPROTO;
     }
     int r = (int)h->rank;
+    if (h->flags & EN_HELLO_RESUME) {
+        /* A link that exists moves to a new socket: either side may dial. */
+        if (!rail->failover || r == rail->rank || !rail->peers[r] || rail->lost[r] ||
+            (int)h->via >= rail->nrails) {
+            snprintf(why, whylen, "rank %d cannot resume a link here", r);
+            return COH_EPROTO;
+        }
+        return 0;
+    }
     if (r == rail->rank || (incoming && r < rail->rank)) {
         snprintf(why, whylen, "rank %d may not dial rank %d", r, rail->rank);
         return COH_EPROTO;
@@ -226,6 +291,11 @@ void en_rail_drop_peer(en_rail_t *rail, int peer, int status, const char *why)
     /* The ops fail with why itself, not "lost the connection": say it first. */
     en_exec_fail_peer(rail, peer, status, why);
     rail->ops->tr_close(c, status, why);
+}
+
+void en_rail_debug_cut(en_rail_t *rail, int peer)
+{
+    if (peer >= 0 && peer < rail->world && rail->peers[peer]) rail->ops->tr_cut(rail->peers[peer]);
 }
 
 void en_rail_cancel_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
@@ -339,4 +409,5 @@ void en_ops_complete(en_transport_ops_t *ops)
     if (!ops->tr_resume) ops->tr_resume = noop_conn;
     if (!ops->tr_close) ops->tr_close = noop_close;
     if (!ops->tr_shutdown) ops->tr_shutdown = noop_rail;
+    if (!ops->tr_cut) ops->tr_cut = noop_conn;
 }

@@ -66,6 +66,8 @@ typedef struct en_result {
     const char *why; /* "" on success; valid during the call only */
     const en_bw_t *bw;
     int nbw;
+    uint64_t t_start_ns, t_end_ns; /* when the op started running on the rail, and ended */
+    uint64_t bytes_out;            /* payload bytes the op sent */
 } en_result_t;
 
 typedef struct en_completion en_completion_t;
@@ -79,6 +81,30 @@ typedef struct en_rail en_rail_t;
 typedef struct en_conn en_conn_t;
 typedef struct en_op en_op_t;
 typedef struct en_wreq en_wreq_t;
+
+/* ---- rail events: a link moved to another interface, or came back ---- */
+
+typedef enum en_rail_event_kind {
+    EN_RAIL_FAILOVER = 1, /* the link to peer left this rail's interface (now on `via`) */
+    EN_RAIL_RETURN = 2,   /* the link to peer is back on this rail's own interface */
+    EN_RAIL_GONE = 3,     /* no interface reaches peer: its ops fail (EPEER) */
+} en_rail_event_kind;
+
+typedef struct en_rail_event {
+    int kind;        /* en_rail_event_kind */
+    int rail;        /* this rail's index */
+    int peer;        /* the rank at the other end */
+    int via;         /* the interface (rail index) the link now uses */
+    double pause_s;  /* FAILOVER/RETURN: time from the last progress to the switch */
+    const char *why; /* valid during the call only */
+} en_rail_event_t;
+
+/* Told of rail events, on the rail's loop thread (the same rule as
+ * completions: the engine never calls up, it reports to what it was given). */
+typedef struct en_rail_observer en_rail_observer_t;
+struct en_rail_observer {
+    void (*fn)(en_rail_observer_t *o, const en_rail_event_t *ev);
+};
 
 /* ---- where received payload goes ---- */
 
@@ -170,6 +196,13 @@ struct en_wreq {
         uv_write_t tcp;
     } tr;
     uint8_t ctl[EN_MAX_ABORT]; /* control frames carry their payload here */
+    /* Failover: the transport keeps every frame until the peer has consumed
+     * it (an ACK), so a link that moves sends exactly the missing bytes. */
+    en_wreq_t *tx_next;
+    uint64_t tx_off;    /* where the frame starts in the link's byte stream */
+    bool tx_writing;    /* a write of it is queued on some socket */
+    bool tx_own;        /* the transport's copy of a control frame */
+    en_wreq_t *tx_orig; /* tx_own: the control frame copied, told once written */
 };
 
 /*
@@ -194,6 +227,8 @@ typedef struct en_transport_ops {
     void (*tr_close)(en_conn_t *c, int status, const char *why);
     /* Close the listener and every connection: the rail is stopping. */
     void (*tr_shutdown)(en_rail_t *rail);
+    /* Tests: break the connection's socket under it (a failing NIC). */
+    void (*tr_cut)(en_conn_t *c);
 } en_transport_ops_t;
 
 extern const en_transport_ops_t en_tcp_ops;
@@ -265,6 +300,15 @@ typedef struct en_rail_cfg {
     size_t stash_bytes;
     const struct sockaddr *local;  /* the interface's address, port 0 */
     const en_transport_ops_t *ops; /* NULL: tcp */
+    /* Failover (several rails): a link whose sent bytes go unacknowledged
+     * for stall_ms while another rail progresses, or whose socket fails,
+     * resumes on another interface, exactly where the peer stopped reading;
+     * every probe_ms it tries its own interface again. */
+    bool failover;
+    int stall_ms, probe_ms;
+    _Atomic uint64_t *progress_ns;        /* [nrails], shared by the rank's rails: last ack seen */
+    const struct sockaddr *const *locals; /* [nrails]: every interface's address, port 0 */
+    en_rail_observer_t *observer;         /* NULL: events are only logged */
 } en_rail_cfg_t;
 
 struct en_rail {
@@ -318,6 +362,17 @@ struct en_rail {
     _Atomic uint64_t stat_bytes_out, stat_bytes_in;
     _Atomic uint64_t stat_rejected;   /* connections dropped at the handshake */
     _Atomic uint64_t stat_bad_frames; /* connections closed for a malformed frame */
+    /* Failover (en_rail_cfg_t). routes[peer * nrails + j]: peer's listener
+     * of this rail through interface j (under mu). */
+    bool failover;
+    int stall_ms, probe_ms;
+    _Atomic uint64_t *progress_ns;
+    struct sockaddr_storage locals[EN_MAX_RAILS];
+    struct sockaddr_storage *routes;
+    en_rail_observer_t *observer;
+    _Atomic uint64_t stat_failovers; /* links moved off this rail's interface */
+    _Atomic uint64_t stat_returns;   /* links back on it */
+    _Atomic uint64_t stat_resent;    /* bytes sent again after a move */
 };
 
 /*
@@ -363,6 +418,12 @@ void en_rail_fini(en_rail_t *rail);
  * plane's liveness check): close its connection; ops that need it fail with
  * status and why, and so does every later op that needs it. */
 void en_rail_drop_peer(en_rail_t *rail, int peer, int status, const char *why);
+/* Any thread. Where peer's listener of this rail is reached through each
+ * interface: addrs[j] = peer's address on interface j, this rail's port
+ * (failover dials these; addrs[rail->index] is the normal route). */
+int en_rail_set_routes(en_rail_t *rail, int peer, const struct sockaddr_storage *addrs, int n);
+/* Loop thread. Tests: break the link to peer as a failing NIC would. */
+void en_rail_debug_cut(en_rail_t *rail, int peer);
 /* Any thread: has the peer's connection gone on this rail? */
 bool en_rail_peer_lost(en_rail_t *rail, int peer);
 
@@ -375,6 +436,10 @@ void en_rail_conn_lost(en_rail_t *rail, en_conn_t *c, int status, const char *wh
 int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, char *why,
                         size_t whylen);
 void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h);
+/* Report a failover, return or loss to the observer (and the log). */
+void en_rail_event(en_rail_t *rail, int kind, int peer, int via, double pause_s, const char *why);
+/* Copy of peer's route through interface via; false when unknown. */
+bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out);
 
 /* Executor upcalls (loop thread). */
 typedef enum en_match { EN_MATCH_OK = 0, EN_MATCH_BLOCK = 1 } en_match;

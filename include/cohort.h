@@ -144,6 +144,12 @@ typedef struct coh_config {
                                dropped by every rank, its syncs regrouped (3000; 0 = off) */
     int max_inflight;       /* COHORT_MAX_INFLIGHT: ops running at once per rail; later ones
                                wait in order, their timeout not yet started (1024) */
+    int rail_failover;      /* COHORT_RAIL_FAILOVER: with several rails, a link that fails or
+                               stalls moves to another interface and back (1; 0 = off) */
+    int rail_stall_ms;      /* COHORT_RAIL_STALL_MS: unacknowledged this long while another rail
+                               progresses = failed (100) */
+    int rail_probe_ms;      /* COHORT_RAIL_PROBE_MS: a moved link tries its own interface again
+                               this often (500) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 

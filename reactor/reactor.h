@@ -153,6 +153,7 @@ typedef struct rx_slice {
     struct coh_request *req;
     en_op_t *op; /* until the rail takes it */
     int rail;
+    uint64_t bytes; /* of the op's bytes, this slice's share (the balancer's measurements) */
 } rx_slice_t;
 
 /* Any thread. Initialise the engine rail, start its thread, listen. On
@@ -171,6 +172,9 @@ void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const 
 /* Any thread: the peer is unresponsive: drop its connection on this rail
  * (what waits on it fails with status and why; so do later ops). */
 void rx_rail_drop_peer(rx_rail_t *r, int peer, int status, const char *why);
+/* Tests: break the link to peer on this rail as a failing NIC would (the
+ * socket is shut down under the engine); with failover it moves. */
+void rx_rail_debug_cut(rx_rail_t *r, int peer);
 /* close: cancel what runs, say BYE (blocks for one loop round trip). */
 void rx_rail_close(rx_rail_t *r);
 /* stop: close, wait for the BYEs (until quiet_deadline_ns), join. */
@@ -211,6 +215,8 @@ struct coh_request {
     int nslices;
     rx_slice_t slice[RX_MAX_RAILS];
     struct rx_syncreq *sync; /* partial synchronisation (rx_sync.h), else NULL */
+    bool deferred; /* launched later, by whichever thread brings its rail table (rx_lb.c):
+                      its slices are not the waiter's to read */
     char err[BS_ERR_LEN];
 };
 

@@ -295,6 +295,38 @@ static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
     return 0;
 }
 
+/* Failover: a link of rail r may move to interface j, where the peer's rail
+ * r listens too (on every address): give every rail every peer's routes. */
+static int set_routes(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
+{
+    char key[64], val[128];
+    struct sockaddr_storage addr[RX_MAX_RAILS], route[RX_MAX_RAILS];
+    for (int peer = 0; peer < ctx->world; peer++) {
+        if (peer == ctx->rank) continue;
+        for (int r = 0; r < ctx->nrails; r++) {
+            size_t vl;
+            snprintf(key, sizeof(key), "addr/%d/%d", r, peer);
+            memset(val, 0, sizeof(val));
+            BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms(deadline), deadline));
+            BS_CHECK(rx_resolve_hostport(val, &addr[r]));
+        }
+        for (int r = 0; r < ctx->nrails; r++) {
+            for (int j = 0; j < ctx->nrails; j++) {
+                route[j] = addr[j];
+                uint16_t port = addr[r].ss_family == AF_INET6
+                                    ? ((struct sockaddr_in6 *)&addr[r])->sin6_port
+                                    : ((struct sockaddr_in *)&addr[r])->sin_port;
+                if (route[j].ss_family == AF_INET6)
+                    ((struct sockaddr_in6 *)&route[j])->sin6_port = port;
+                else
+                    ((struct sockaddr_in *)&route[j])->sin_port = port;
+            }
+            BS_CHECK(en_rail_set_routes(&ctx->rails[r].en, peer, route, ctx->nrails));
+        }
+    }
+    return 0;
+}
+
 /* Exchange addresses through the store, dial lower ranks, wait for all. */
 static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
 {
@@ -329,6 +361,7 @@ static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
     }
     for (int r = 0; r < ctx->nrails; r++)
         BS_CHECK(en_rail_wait_connected(&ctx->rails[r].en, deadline));
+    if (ctx->nrails > 1) BS_CHECK(set_routes(ctx, sc, deadline));
     /* The coordinator's control address. */
     if (ctx->coord) {
         struct sockaddr_storage a;
@@ -479,6 +512,10 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         }
     }
     for (int r = 0; r < ctx->nrails; r++) {
+        ctx->rail_locals[r] = (struct sockaddr *)&ctx->rail_addr[r];
+        atomic_store(&ctx->rail_progress[r], bs_now_ns());
+    }
+    for (int r = 0; r < ctx->nrails; r++) {
         en_rail_cfg_t rc = {.index = r,
                             .rank = ctx->rank,
                             .world = ctx->world,
@@ -488,7 +525,12 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                             .max_inflight = ctx->cfg.max_inflight,
                             .sockbuf_bytes = ctx->cfg.sockbuf_bytes,
                             .stash_bytes = ctx->cfg.stash_bytes,
-                            .local = (struct sockaddr *)&ctx->rail_addr[r]};
+                            .local = (struct sockaddr *)&ctx->rail_addr[r],
+                            .failover = ctx->cfg.rail_failover != 0,
+                            .stall_ms = ctx->cfg.rail_stall_ms,
+                            .probe_ms = ctx->cfg.rail_probe_ms,
+                            .progress_ns = ctx->rail_progress,
+                            .locals = ctx->rail_locals};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];

@@ -23,7 +23,9 @@ struct coh_ctx {
     int spin_us; /* resolved from cfg.spin_us (auto) */
     rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
-    rx_reactor_t ctrl; /* control reactor: the store (rank 0) */
+    const struct sockaddr *rail_locals[RX_MAX_RAILS]; /* the same, for the rails' failover */
+    _Atomic uint64_t rail_progress[RX_MAX_RAILS];     /* last ACK seen per rail (failover) */
+    rx_reactor_t ctrl;                                /* control reactor: the store (rank 0) */
     bool ctrl_started;
     rx_store_server_t *store;
     uint32_t incarnation;               /* which init of its job this context is (rx_ctx.c) */
@@ -37,6 +39,9 @@ struct coh_ctx {
     int event_fd;
     _Atomic int event_fd_used; /* written only once the application asked for it */
     _Atomic uint64_t n_completed, n_failed;
+    struct rx_lb *lb;             /* the world comm's rail balancer (rx_lb.h); NULL: even splits */
+    en_rail_observer_t rail_obs;  /* the rails' failover events (rx_lb.c) */
+    _Atomic uint64_t rail_events[RX_MAX_RAILS][3]; /* per rail: failovers, returns, gone */
     char describe[1024];
 };
 
@@ -54,6 +59,10 @@ typedef struct rx_launch {
     coh_redop redop;
     const void *sendbuf;
     void *recvbuf;
+    /* The split, when the caller made it (the balancer, rx_lb.c); else
+     * nslices 0 and rx_launch splits with sc_rail_split. */
+    int nslices;
+    const sc_slice_t *slices;
 } rx_launch_t;
 /* Split L over the rails, build each slice's plan and op, hand them to the
  * rails. On failure nothing was submitted and the request is untouched
@@ -69,5 +78,7 @@ void rx_member_close(struct coh_ctx *ctx);
  * it: a waiter may touch its rails after its request completed. */
 void rx_ctx_ref(struct coh_ctx *ctx);
 void rx_ctx_unref(struct coh_ctx *ctx);
+
+#include "reactor/rx_lb.h"
 
 #endif

@@ -160,6 +160,28 @@ static void drop_run(rx_task_t *t, rx_reactor_t *rx)
     coh_free(dt);
 }
 
+typedef struct cut_task {
+    rx_task_t task;
+    int peer;
+} cut_task_t;
+
+static void cut_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    cut_task_t *ct = (cut_task_t *)t;
+    rx_rail_t *r = rx->owner;
+    en_rail_debug_cut(&r->en, ct->peer);
+    coh_free(ct);
+}
+
+void rx_rail_debug_cut(rx_rail_t *r, int peer)
+{
+    cut_task_t *ct = coh_zalloc(sizeof(*ct));
+    if (!ct) return;
+    ct->task.run = cut_run;
+    ct->peer = peer;
+    if (!rx_reactor_post(&r->rx, &ct->task)) coh_free(ct);
+}
+
 void rx_rail_drop_peer(rx_rail_t *r, int peer, int status, const char *why)
 {
     drop_task_t *dt = coh_zalloc(sizeof(*dt));

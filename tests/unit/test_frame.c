@@ -152,7 +152,9 @@ static void test_hdr_invalid_fields(void **state)
         int want;
     } k[] = {
         {"type 0", {.type = 0}, -1, 0, COH_EPROTO},
-        {"type 4", {.type = 4}, -1, 0, COH_EPROTO},
+        {"type 5", {.type = 5}, -1, 0, COH_EPROTO},
+        {"ACK len 0", {.type = EN_FRAME_ACK, .off = 12345}, -1, 0, EN_HDR_SIZE},
+        {"ACK len 1", {.type = EN_FRAME_ACK, .len = 1}, -1, 0, COH_EPROTO},
         {"type 0x81", {.type = 0x81}, -1, 0, COH_EPROTO},
         {"type 255", {.type = 255}, -1, 0, COH_EPROTO},
         {"flags 1", {.type = EN_FRAME_DATA, .flags = 1}, -1, 0, COH_EPROTO},
@@ -223,7 +225,7 @@ static void test_hello_layout_roundtrip(void **state)
     en_hello_encode(&h, b);
     static const uint8_t head[24] = {
         'C',  'O',  'H',  'H',  /* magic */
-        0x01, 0x00,             /* version */
+        0x02, 0x00,             /* version */
         0x01, 0x00,             /* kind */
         0x04, 0x03, 0x02, 0x01, /* rank */
         0x08, 0x07, 0x06, 0x05, /* world */
@@ -233,7 +235,9 @@ static void test_hello_layout_roundtrip(void **state)
     assert_memory_equal(b, head, sizeof(head));
     uint8_t tok[EN_TOKEN_MAX] = "job-token"; /* zero padded */
     assert_memory_equal(b + 24, tok, EN_TOKEN_MAX);
-    assert_int_equal(24 + EN_TOKEN_MAX, EN_HELLO_SIZE);
+    static const uint8_t tail[24] = {0}; /* flags, via, resume_off, epoch: no resume */
+    assert_memory_equal(b + 24 + EN_TOKEN_MAX, tail, sizeof(tail));
+    assert_int_equal(24 + EN_TOKEN_MAX + 24, EN_HELLO_SIZE);
 
     en_hello_t out;
     memset(&out, 0xEE, sizeof(out));
@@ -251,6 +255,31 @@ static void test_hello_layout_roundtrip(void **state)
     en_hello_t one = {.version = EN_PROTO_VERSION, .kind = EN_HELLO_STORE, .rank = 0, .world = 1};
     en_hello_encode(&one, b);
     assert_int_equal(en_hello_decode(b, EN_HELLO_SIZE, &out), EN_HELLO_SIZE);
+
+    /* a resume carries its flag, the interface and the bytes consumed */
+    en_hello_t r = sample_hello();
+    r.rank = 1;
+    r.world = 4;
+    r.flags = EN_HELLO_RESUME;
+    r.via = 2;
+    r.resume_off = 0x0102030405060708ull;
+    r.epoch = 9;
+    en_hello_encode(&r, b);
+    assert_int_equal(b[104], 9);
+    static const uint8_t rt[16] = {0x01, 0,    0,    0,    0x02, 0,    0,    0,
+                                   0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01};
+    assert_memory_equal(b + 88, rt, sizeof(rt));
+    assert_int_equal(en_hello_decode(b, EN_HELLO_SIZE, &out), EN_HELLO_SIZE);
+    assert_int_equal(out.flags, EN_HELLO_RESUME);
+    assert_int_equal(out.via, 2);
+    assert_true(out.resume_off == r.resume_off);
+    assert_true(out.epoch == 9);
+    /* unknown flags and absurd interfaces are refused */
+    b[88] = 0x02;
+    assert_int_equal(en_hello_decode(b, EN_HELLO_SIZE, &out), COH_EPROTO);
+    en_hello_encode(&r, b);
+    b[93] = 0x10; /* via 4096 */
+    assert_int_equal(en_hello_decode(b, EN_HELLO_SIZE, &out), COH_EPROTO);
 }
 
 static void test_hello_resumable_and_magic(void **state)

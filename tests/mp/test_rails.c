@@ -1,0 +1,122 @@
+/*
+ * Multi-rail failover on loopback rails (cohortrun --nics lo,lo[,lo]).
+ *
+ *   test_rails cut OPS [EVERY]
+ *
+ * A stream of allreduces (sizes from 64 KiB to 4 MiB, several in flight,
+ * integer-valued floats so every sum is exact). Every EVERY ops one rank
+ * breaks the link to its right neighbour on the last rail in the middle of
+ * an op (the socket is shut down under the engine, as a failing NIC would
+ * leave it). With failover every op must still complete with the right
+ * result, the link must have moved (failovers counted on both ends) and
+ * come back (returns counted: COHORT_RAIL_PROBE_MS is small here). Without
+ * failover (COHORT_RAIL_FAILOVER=0) the first cut fails an op: the test
+ * fails, which is how it was checked.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mp_util.h"
+#include "reactor/rx_ctx.h"
+
+#define INFLIGHT 3
+
+static uint64_t stat_sum(coh_ctx_t *ctx, int which)
+{
+    uint64_t n = 0;
+    for (int r = 0; r < ctx->nrails; r++)
+        n += which == 0   ? atomic_load(&ctx->rails[r].en.stat_failovers)
+             : which == 1 ? atomic_load(&ctx->rails[r].en.stat_returns)
+                          : atomic_load(&ctx->rails[r].en.stat_resent);
+    return n;
+}
+
+static void fill(float *x, size_t n, int rank, int op)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)((i * 7 + (size_t)rank * 13 + (size_t)op) % 61);
+}
+
+static int check(const float *x, size_t n, int size, int op)
+{
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < size; r++) want += (float)((i * 7 + (size_t)r * 13 + (size_t)op) % 61);
+        if (x[i] != want) {
+            fprintf(stderr, "rank %d: op %d element %zu is %g, want %g\n", mp_rank, op, i,
+                    (double)x[i], (double)want);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int run_cut(int ops, int every)
+{
+    coh_comm_t *world;
+    int rank, size;
+    coh_ctx_t *ctx = mp_init(&world, &rank, &size);
+    if (ctx->nrails < 2) MP_FAIL("needs two rails or more (cohortrun --nics lo,lo)");
+    static const size_t sizes[] = {16384, 262144, 1048576, 65536, 524288}; /* floats */
+    float *buf[INFLIGHT];
+    size_t cnt[INFLIGHT];
+    coh_request_t *req[INFLIGHT] = {0};
+    int id[INFLIGHT];
+    for (int k = 0; k < INFLIGHT; k++) {
+        buf[k] = malloc(sizes[2] * sizeof(float));
+        if (!buf[k]) MP_FAIL("out of memory");
+    }
+    int cutter = 0, cuts = 0, victim = (cutter + 1) % size;
+    double t0 = mp_now_s();
+    for (int op = 0; op < ops + INFLIGHT; op++) {
+        int k = op % INFLIGHT;
+        if (req[k]) {
+            int st = coh_wait(req[k], -1);
+            if (st != 0) MP_FAIL("op %d failed: %s", id[k], coh_request_error(req[k]));
+            coh_request_free(req[k]);
+            req[k] = NULL;
+            if (check(buf[k], cnt[k], size, id[k]) != 0) MP_FAIL("op %d: wrong result", id[k]);
+        }
+        if (op >= ops) continue;
+        cnt[k] = sizes[op % 5];
+        id[k] = op;
+        fill(buf[k], cnt[k], rank, op);
+        MP_OK(coh_allreduce(world, buf[k], buf[k], cnt[k], COH_F32, COH_SUM, &req[k]));
+        if (rank == cutter && op % every == every / 2) {
+            /* mid-op: its frames are on the wire */
+            rx_rail_debug_cut(&ctx->rails[ctx->nrails - 1], victim);
+            cuts++;
+        }
+    }
+    double dt = mp_now_s() - t0;
+    /* Let the probes bring the links home, then look at the counts. */
+    coh_request_t *b;
+    uint64_t fo = stat_sum(ctx, 0), back = stat_sum(ctx, 1);
+    for (int i = 0; i < 60 && (rank == cutter || rank == victim) && back < fo; i++) {
+        usleep(50000);
+        fo = stat_sum(ctx, 0);
+        back = stat_sum(ctx, 1);
+    }
+    MP_OK(coh_barrier(world, &b));
+    MP_EQ_INT(mp_wait(b), 0);
+    printf("rank %d: %d ops in %.2f s, %d cuts, failovers %llu, returns %llu, resent %llu bytes\n",
+           rank, ops, dt, cuts, (unsigned long long)fo, (unsigned long long)back,
+           (unsigned long long)stat_sum(ctx, 2));
+    if ((rank == cutter || rank == victim) && size > 1) {
+        if (fo == 0) MP_FAIL("no failover was counted on this end of the cut link");
+        if (back == 0) MP_FAIL("the link never came back to its own interface");
+    }
+    for (int k = 0; k < INFLIGHT; k++) free(buf[k]);
+    MP_OK(coh_finalize(ctx));
+    printf("rank %d: OK\n", rank);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && strcmp(argv[1], "cut") == 0)
+        return run_cut(atoi(argv[2]), argc >= 4 ? atoi(argv[3]) : 20);
+    fprintf(stderr, "usage: test_rails cut OPS [EVERY]\n");
+    return 2;
+}
