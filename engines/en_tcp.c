@@ -114,6 +114,7 @@ static void start_reading(tcp_conn_t *t);
 static void replay(tcp_conn_t *t);
 static void watch_cb(uv_timer_t *h);
 static void unfreeze(tcp_conn_t *t);
+static void send_ack(tcp_conn_t *t, bool keepalive);
 
 static uint64_t wlen(const en_wreq_t *w)
 {
@@ -347,13 +348,15 @@ static int issue(tcp_conn_t *t, en_wreq_t *w, uint64_t from)
  * rest of every kept frame again, in order. */
 static void replay(tcp_conn_t *t)
 {
-    t->replay_pending = false;
-    if (!t->sock || t->sock->phase != SK_LIVE) return;
+    if (!t->sock || t->sock->phase != SK_LIVE) {
+        t->replay_pending = false;
+        return;
+    }
     uint64_t from = t->replay_from;
     if (from > t->tx_acked) t->tx_acked = from;
-    tx_reap(t);
+    /* Still pending while it runs: nothing may be written ahead of it. */
     for (en_wreq_t *w = t->tx_head; w; w = w->tx_next) {
-        if (w->tx_off + wlen(w) <= from) continue; /* acked, its old write still ending */
+        if (w->tx_off + wlen(w) <= from) continue; /* acked: reaped below */
         uint64_t start = w->tx_off > from ? w->tx_off : from;
         /* Frames the old socket had not taken yet are not "sent again". */
         if (start < t->tx_sent) {
@@ -362,18 +365,27 @@ static void replay(tcp_conn_t *t)
         }
         int e = issue(t, w, from);
         if (e < 0) {
+            t->replay_pending = false;
             move_link(t, "cannot write on the new socket");
             return;
         }
     }
+    t->replay_pending = false;
     t->t_progress_ns = bs_now_ns();
+    send_ack(t, true);
+    /* Completing sends may start the next steps, whose frames now follow. */
+    tx_reap(t);
 }
 
 static void ack_written(uv_write_t *req, int status);
 
 static void send_ack(tcp_conn_t *t, bool keepalive)
 {
-    if (!failover(t) || !t->sock || t->sock->phase != SK_LIVE || t->ack_writing) return;
+    /* After a move the stream may restart inside a frame: until the replay
+     * has queued that frame's rest, an ACK would land in its payload. */
+    if (!failover(t) || !t->sock || t->sock->phase != SK_LIVE || t->ack_writing ||
+        t->replay_pending)
+        return;
     if (t->rx_off == t->ack_sent && !keepalive) return;
     en_hdr_t h = {.type = EN_FRAME_ACK, .off = t->rx_off};
     en_hdr_encode(&h, t->ack_hdr);
@@ -562,8 +574,7 @@ static void resumed(tcp_conn_t *t, tcp_sock_t *s, int via, uint64_t peer_off)
     t->replay_pending = true;
     t->t_progress_ns = bs_now_ns();
     if (t->old_closing == 0) replay(t);
-    start_reading(t);
-    send_ack(t, true);
+    if (t->base.rstate != EN_RD_BLOCKED) start_reading(t);
     int kind = via == rail->index ? EN_RAIL_RETURN : EN_RAIL_FAILOVER;
     char why[224];
     snprintf(why, sizeof(why), "%s (was on the interface of rail %d)",
@@ -800,6 +811,11 @@ static void process(tcp_conn_t *t)
                 }
                 on_ack(t, c->hdr.off);
                 continue;
+            }
+            if (failover(t) && c->hdr.off != t->rx_off) {
+                atomic_fetch_add(&rail->stat_bad_frames, 1);
+                conn_close(t, COH_EPROTO, "a frame out of its place in the stream");
+                return;
             }
             t->rx_off += EN_HDR_SIZE;
             if (!match(t)) return;
@@ -1219,6 +1235,9 @@ static int tcp_send(en_conn_t *c, en_wreq_t *w)
     k->tx_writing = false;
     k->tx_off = t->tx_end;
     t->tx_end += wlen(k);
+    /* Every frame names its place in the stream: a receiver that is not
+     * there refuses it before a byte of it is applied. */
+    en_put64(k->hdr + 32, k->tx_off);
     if (!t->tx_head || t->tx_acked >= k->tx_off) t->t_progress_ns = bs_now_ns();
     if (t->tx_tail)
         t->tx_tail->tx_next = k;

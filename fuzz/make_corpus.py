@@ -92,6 +92,8 @@ def frame():
     write(t, "data", hdr(1, 1, 7, 42, 0xDEADBEEF, 0, 8) + b"payload!")
     write(t, "abort", hdr(2, 0, 0, 3, 0, 0, 9) + struct.pack("<i", -5) + b"lost")
     write(t, "bye", hdr(3))
+    write(t, "ack", hdr(4, off=123456))
+    write(t, "ack_with_len", hdr(4, off=1, ln=1))
     write(t, "stream", hdr(1, ln=4) + b"abcd" + hdr(1, seq=1, ln=2) + b"ef" + hdr(3))
     write(t, "bad_magic", hdr(1, magic=b"COHX"))
     write(t, "bad_flags", hdr(1, flags=1))
@@ -101,9 +103,10 @@ def frame():
     write(t, "prefix", hdr(1)[:20])
 
 
-def hello(kind=1, rank=0, world=2, rail=0, nrails=1, token=b"", version=1, magic=b"COHH"):
+def hello(kind=1, rank=0, world=2, rail=0, nrails=1, token=b"", version=2, magic=b"COHH",
+          flags=0, via=0, resume_off=0, epoch=0):
     return magic + struct.pack("<HHIIII", version, kind, rank, world, rail, nrails) + \
-        token.ljust(64, b"\0")
+        token.ljust(64, b"\0") + struct.pack("<IIQQ", flags, via, resume_off, epoch)
 
 
 def hellos():
@@ -113,7 +116,9 @@ def hellos():
     write(t, "data_wrong_token", b"\x05secre" + hello(token=b"sekre"))
     write(t, "store_no_token", b"\x00" + hello(kind=2, rank=3, world=4))
     write(t, "ctrl_64", b"\x40" + b"k" * 64 + hello(kind=3, token=b"k" * 64))
-    write(t, "bad_version", b"\x00" + hello(version=2))
+    write(t, "bad_version", b"\x00" + hello(version=1))
+    write(t, "resume", b"\x00" + hello(rank=1, nrails=2, flags=1, via=1, resume_off=4096, epoch=3))
+    write(t, "bad_flags", b"\x00" + hello(flags=6))
     write(t, "rank_ge_world", b"\x00" + hello(rank=2, world=2))
     write(t, "zero_world", b"\x00" + hello(world=0))
     write(t, "bad_kind", b"\x00" + hello(kind=7))
@@ -165,7 +170,13 @@ def ctl():
                                                          float("nan"), 5)))
     write(t, "plan_short", ctl_msg(2, plan[:-2]))
     write(t, "done_too_many", ctl_msg(3, struct.pack("<QIidII", 7, 3, 0, 0.1, 65, 0)))
-    write(t, "unknown_type", ctl_msg(9, b""))
+    write(t, "unknown_type", ctl_msg(99, b""))
+    table = b"CLB1" + struct.pack("<BBHdddII", 2, 0, 3, 5.0, 0.3, 20e-6, 64, 2) + \
+        struct.pack("<BBHId", 0, 255, 0, 3, 20e-6) + struct.pack("<BBHId", 1, 20, 0, 7, 1e9)
+    write(t, "lbtab", ctl_msg(8, struct.pack("<QII", 3, len(table), 0) + table))
+    write(t, "lbtab_len_mismatch", ctl_msg(8, struct.pack("<QII", 3, len(table) + 1, 0) + table))
+    write(t, "rail", ctl_msg(9, struct.pack("<IIII", 1, 0, 2, 1)))
+    write(t, "rail_bad_kind", ctl_msg(9, struct.pack("<IIII", 1, 0, 2, 7)))
     write(t, "prefix", ctl_msg(1, ready)[:20])
 
 
