@@ -387,6 +387,16 @@ int main(int argc, char **argv)
         if (bytes == 0 && o.step == 0) break;
     }
     free(times);
+    if (R == 0 && !o.csv) {
+        /* The multi-rail balancer's table the last ops were split with. */
+        static char table[1 << 16];
+        int tl = coh_lb_table(ctx, table, sizeof(table));
+        if (tl > 0) {
+            printf("# rail balancer table (COHORT_LB_TABLE format):\n");
+            for (char *line = strtok(table, "\n"); line; line = strtok(NULL, "\n"))
+                printf("#   %s\n", line);
+        }
+    }
     coh_finalize(ctx);
     if (total_wrong) {
         if (R == 0) fprintf(stderr, "cohort-bench: %ld wrong elements\n", total_wrong);

@@ -236,7 +236,10 @@ static void op_finish(en_op_t *op)
                      .status = op->state == EN_OP_DONE ? 0 : op->status,
                      .why = why,
                      .bw = bw,
-                     .nbw = op->nbw};
+                     .nbw = op->nbw,
+                     .t_start_ns = op->t_start_ns,
+                     .t_end_ns = bs_now_ns(),
+                     .bytes_out = op->bytes_out};
     snprintf(why, sizeof(why), "%s", op->state == EN_OP_DONE ? "" : op->why);
     memcpy(bw, op->bw, sizeof(en_bw_t) * (size_t)op->nbw);
     en_completion_t *c = op->comp;
@@ -361,6 +364,7 @@ static void send_done(en_wreq_t *w, int status)
                 coh_strerror(status));
     else if (op->state == EN_OP_RUNNING)
         step_done(op, w->step);
+    if (status >= 0) op->bytes_out += w->len;
     en_exec_kick(op);
 }
 
@@ -487,7 +491,7 @@ static void op_run(en_rail_t *rail, en_op_t *op)
     rail->ops_tail = op;
     rail->nrunning++;
     op->state = EN_OP_RUNNING;
-    op->t_progress_ns = bs_now_ns();
+    op->t_progress_ns = op->t_start_ns = bs_now_ns();
     en_rail_arm_timer(rail);
     if (op->doomed) {
         char why[BS_ERR_LEN];

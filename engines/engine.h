@@ -271,6 +271,8 @@ struct en_op {
     uint64_t t_progress_ns;
     uint64_t t_fail_ns;
     uint64_t bytes_in;
+    uint64_t t_start_ns; /* when it started running on the rail (not when queued) */
+    uint64_t bytes_out;  /* payload of its sends that completed */
     /* Link measurements: bytes of large frames from each peer and the time
      * from their header to their last byte (the peer's sending rate). */
     en_bw_t bw[EN_BW_PER_SLICE];

@@ -150,6 +150,11 @@ typedef struct coh_config {
                                progresses = failed (100) */
     int rail_probe_ms;      /* COHORT_RAIL_PROBE_MS: a moved link tries its own interface again
                                this often (500) */
+    int lb_epoch;           /* COHORT_LB_EPOCH: with several rails, world ops are split by the
+                               coordinator's balancer table, republished every this many ops
+                               (16; 0 = even splits) */
+    const char *lb_table;   /* COHORT_LB_TABLE: file the coordinator loads its balancer table
+                               from at init (if it exists) and saves it to at finalize ("") */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -237,6 +242,14 @@ typedef struct coh_stats {
     uint64_t frames_invalid;       /* connections closed for a malformed frame */
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
+
+/* The newest rail balancer table this rank has (the one world ops of the
+ * latest epoch it knows are split with; the same text on every rank for
+ * the same epoch), as text loadable through COHORT_LB_TABLE. Returns its
+ * length (NUL-terminated in buf), COH_EAGAIN before the first world op,
+ * COH_EUNSUPPORTED without a balancer (one rail, one rank, or
+ * COHORT_LB_EPOCH=0), COH_EINVAL when cap is too small. */
+COH_API int coh_lb_table(coh_ctx_t *ctx, char *buf, size_t cap);
 
 /*
  * Logging. The library never prints: it hands messages to this handler,

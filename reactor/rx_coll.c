@@ -57,10 +57,17 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
                         .rail_min_bytes = cfg->rail_min_bytes,
                         .key = L->key};
     sc_slice_t sl[RX_MAX_RAILS];
-    int n = sc_rail_split(&in, sl);
+    int n = L->nslices;
+    if (n > 0 && n <= ctx->nrails)
+        memcpy(sl, L->slices, sizeof(sc_slice_t) * (size_t)n);
+    else
+        n = sc_rail_split(&in, sl);
     if (n < 0) return bs_fail(n, "%s: cannot split over %d rails", L->desc, ctx->nrails);
-    /* Ranks that split differently would exchange mismatched frames. */
+    /* Ranks that split differently would exchange mismatched frames: the
+     * split (slice count and boundaries) is part of the signature. */
     uint64_t sig = bs_fnv64(L->sig, (uint64_t)n);
+    for (int s = 0; s < n; s++)
+        sig = bs_fnv64(bs_fnv64(bs_fnv64(sig, (uint64_t)sl[s].rail), sl[s].lo), sl[s].hi);
     en_op_t *ops[RX_MAX_RAILS] = {0};
     int st = 0;
     for (int s = 0; s < n && st == 0; s++) {
@@ -84,8 +91,10 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
     req->nslices = n;
     atomic_store(&req->slices, n);
     bool small = L->bytes <= cfg->small_bytes;
+    uint64_t unit = L->coll.count ? L->bytes / L->coll.count : 0;
     for (int s = 0; s < n; s++)
-        req->slice[s] = (rx_slice_t){.req = req, .op = ops[s], .rail = sl[s].rail};
+        req->slice[s] = (rx_slice_t){
+            .req = req, .op = ops[s], .rail = sl[s].rail, .bytes = (sl[s].hi - sl[s].lo) * unit};
     /* Once the first slice is handed over the request may complete under us
      * (a failure cancels the rest): read nothing of it after the loop. */
     for (int s = 0; s < n; s++) rx_rail_submit(&ctx->rails[sl[s].rail], &req->slice[s], small);
@@ -152,7 +161,11 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                      .recvbuf = a->recvbuf};
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
-    int st = rx_launch(ctx, req, &L);
+    /* The world's ops are split by the balancer's table of their epoch
+     * (rx_lb.h); sub-communicators have no sequence shared with the
+     * coordinator and split evenly. */
+    int st =
+        ctx->lb && comm == &ctx->world_comm ? rx_lb_launch(ctx, req, &L) : rx_launch(ctx, req, &L);
     if (st < 0) {
         rx_request_discard(req);
         /* The sequence number is spent: peers will time out on this op. */

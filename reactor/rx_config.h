@@ -81,7 +81,7 @@ typedef enum rx_knob_kind {
       "a rank (or the coordinator) silent this long on the control plane is taken for hung and "   \
       "dropped by every rank; heartbeats every fifth of it; 0: off")                               \
     X(max_inflight, RX_K_INT, "1024", "COHORT_MAX_INFLIGHT", 1, INT_MAX,                           \
-      "ops running at once per rail; later ones queue (their timeout starts when they run)")    \
+      "ops running at once per rail; later ones queue (their timeout starts when they run)")       \
     X(rail_failover, RX_K_INT, "1", "COHORT_RAIL_FAILOVER", 0, 1,                                  \
       "with several rails, a link that fails or stalls moves to another interface and back "       \
       "(frames are kept until the peer acknowledges them); 0: a failed link fails its ops")        \
@@ -89,7 +89,13 @@ typedef enum rx_knob_kind {
       "a link whose sent frames go unacknowledged this long, while another rail's do not, "        \
       "is taken for failed")                                                                       \
     X(rail_probe_ms, RX_K_INT, "500", "COHORT_RAIL_PROBE_MS", 1, INT_MAX,                          \
-      "a link moved off its interface tries it again this often")
+      "a link moved off its interface tries it again this often")                                  \
+    X(lb_epoch, RX_K_INT, "16", "COHORT_LB_EPOCH", 0, 1 << 20,                                     \
+      "with several rails, world ops are split by the coordinator's rail balancer, whose table "   \
+      "is republished every this many ops (docs/multirail.md); 0: even splits")                    \
+    X(lb_table, RX_K_STR, "", "COHORT_LB_TABLE", 0, RX_STR_MAX,                                    \
+      "file of the rail balancer's table: the coordinator loads it at init if it exists and "      \
+      "saves it at finalize")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

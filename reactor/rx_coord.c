@@ -562,6 +562,13 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
         take_out(c, r);
         break;
     case RX_CTL_PING: break; /* heard (on_bytes) is all it says */
+    case RX_CTL_RAIL:
+        if (m->u.rail.rank != (uint32_t)r) {
+            declare_lost(c, r, "RAIL for another rank");
+            return;
+        }
+        rx_lb_on_rail(c->ctx, r, &m->u.rail);
+        return; /* nothing for the scheduler */
     default: declare_lost(c, r, "unexpected message");
     }
     tick_all(c);
@@ -589,6 +596,7 @@ static void on_ready(rx_conn_t *conn)
     c->ranks[peer].conn = conn;
     c->ranks[peer].t_heard_ns = bs_now_ns();
     active_add(c, 1);
+    rx_lb_greet(c->ctx, conn); /* the rail tables published before it was here */
 }
 
 static void on_close(rx_conn_t *conn, int status, const char *why)
@@ -766,6 +774,13 @@ int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr)
 {
     *addr = c->addr;
     return 0;
+}
+
+void rx_coord_send_all(rx_coord_t *c, const rx_ctl_msg_t *m)
+{
+    for (int r = 0; c && !c->closing && r < c->world; r++)
+        if (r != c->ctx->rank && c->ranks[r].conn && !c->ranks[r].lost)
+            rx_ctl_send(c->ranks[r].conn, m);
 }
 
 uint64_t rx_coord_rejected(rx_coord_t *c)

@@ -31,6 +31,8 @@ static double get_f64(const uint8_t *p)
 #define LEAVE_LEN  4
 #define PING_LEN   4
 #define LOST_LEN   8
+#define LBTAB_LEN  16 /* + the table */
+#define RAIL_LEN   16
 
 size_t rx_ctl_size(const rx_ctl_msg_t *m)
 {
@@ -42,6 +44,8 @@ size_t rx_ctl_size(const rx_ctl_msg_t *m)
     case RX_CTL_LEAVE: return RX_CTL_HDR + LEAVE_LEN;
     case RX_CTL_PING: return RX_CTL_HDR + PING_LEN;
     case RX_CTL_LOST: return RX_CTL_HDR + LOST_LEN;
+    case RX_CTL_LBTAB: return RX_CTL_HDR + LBTAB_LEN + (size_t)m->u.lbtab.len;
+    case RX_CTL_RAIL: return RX_CTL_HDR + RAIL_LEN;
     default: return 0;
     }
 }
@@ -51,6 +55,9 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
     size_t n = rx_ctl_size(m);
     if (!n || n > cap || n - RX_CTL_HDR > RX_CTL_MAX) return COH_EINVAL;
     if (m->type == RX_CTL_DONE && m->u.done.nbw > RX_CTL_MAXBW) return COH_EINVAL;
+    if (m->type == RX_CTL_LBTAB &&
+        (m->u.lbtab.len > RX_CTL_MAXLB || (m->u.lbtab.len && !m->u.lbtab.table)))
+        return COH_EINVAL;
     en_put32(out, RX_CTL_MAGIC);
     out[4] = m->type;
     out[5] = 0;
@@ -115,6 +122,18 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         en_put32(p, m->u.lost.rank);
         en_put32(p + 4, m->u.lost.silent_ms);
         break;
+    case RX_CTL_LBTAB:
+        en_put64(p, m->u.lbtab.epoch);
+        en_put32(p + 8, m->u.lbtab.len);
+        en_put32(p + 12, 0);
+        if (m->u.lbtab.len) memcpy(p + LBTAB_LEN, m->u.lbtab.table, m->u.lbtab.len);
+        break;
+    case RX_CTL_RAIL:
+        en_put32(p, m->u.rail.rank);
+        en_put32(p + 4, m->u.rail.rail);
+        en_put32(p + 8, m->u.rail.peer);
+        en_put32(p + 12, m->u.rail.kind);
+        break;
     default: return COH_EINVAL;
     }
     return (int)n;
@@ -158,6 +177,12 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         break;
     case RX_CTL_LOST:
         if (plen != LOST_LEN) return COH_EPROTO;
+        break;
+    case RX_CTL_LBTAB:
+        if (plen < LBTAB_LEN || plen - LBTAB_LEN > RX_CTL_MAXLB) return COH_EPROTO;
+        break;
+    case RX_CTL_RAIL:
+        if (plen != RAIL_LEN) return COH_EPROTO;
         break;
     default: return COH_EPROTO;
     }
@@ -228,6 +253,20 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
     case RX_CTL_LOST:
         m->u.lost.rank = en_get32(p);
         m->u.lost.silent_ms = en_get32(p + 4);
+        break;
+    case RX_CTL_LBTAB:
+        m->u.lbtab.epoch = en_get64(p);
+        m->u.lbtab.len = en_get32(p + 8);
+        m->u.lbtab.table = p + LBTAB_LEN;
+        if (en_get32(p + 12) != 0 || m->u.lbtab.len != plen - LBTAB_LEN) return COH_EPROTO;
+        break;
+    case RX_CTL_RAIL:
+        m->u.rail.rank = en_get32(p);
+        m->u.rail.rail = en_get32(p + 4);
+        m->u.rail.peer = en_get32(p + 8);
+        m->u.rail.kind = en_get32(p + 12);
+        if (m->u.rail.rail >= RX_MAX_RAILS || m->u.rail.kind < 1 || m->u.rail.kind > 3)
+            return COH_EPROTO;
         break;
     }
     return (int)(RX_CTL_HDR + plen);

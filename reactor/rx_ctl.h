@@ -19,6 +19,12 @@
  *                                 connections open, so only silence tells)
  *   LOST    coordinator -> rank  "rank r is unresponsive: drop it" (its data
  *                                 connections too, so no op waits on it)
+ *   LBTAB   coordinator -> rank  "the rail balancer's table for epoch e" (the
+ *                                 packed sc_lb table world ops of that epoch
+ *                                 are split with, docs/multirail.md)
+ *   RAIL    rank -> coordinator  "my link to peer on rail r failed over /
+ *                                 came back / is gone" (the balancer marks
+ *                                 the rail down while any link on it is off)
  *
  * Framing: a 16-byte header, then `len` payload bytes, little-endian:
  *   0 u32 magic "COHC"  4 u8 type  5 u8 flags (0)  6 u16 reserved (0)
@@ -39,6 +45,7 @@
 #define RX_CTL_HDR   16
 #define RX_CTL_MAX   (1u << 24) /* payload limit: plans for up to ~4M members */
 #define RX_CTL_MAXBW 64         /* link measurements per DONE */
+#define RX_CTL_MAXLB 16384      /* bytes of a packed balancer table (>= SC_LB_PACK_MAX) */
 
 typedef enum rx_ctl_type {
     RX_CTL_READY = 1,
@@ -48,6 +55,8 @@ typedef enum rx_ctl_type {
     RX_CTL_LEAVE = 5, /* rank -> coordinator: "I will not sync again": payload u32 rank */
     RX_CTL_PING = 6,  /* either way: payload u32 sender rank */
     RX_CTL_LOST = 7,  /* coordinator -> rank: payload u32 rank, u32 silent ms */
+    RX_CTL_LBTAB = 8, /* coordinator -> rank: u64 epoch, u32 len, u32 0, len table bytes */
+    RX_CTL_RAIL = 9,  /* rank -> coordinator: u32 rank, u32 rail, u32 peer, u32 kind */
 } rx_ctl_type;
 
 /* Why a PLAN refuses (status < 0): carried in `full`, which a refusal does
@@ -105,6 +114,17 @@ typedef struct rx_ctl_refuse {
     uint32_t gone; /* the member this rank knows is gone */
 } rx_ctl_refuse_t;
 
+typedef struct rx_ctl_lbtab {
+    uint64_t epoch;
+    uint32_t len;
+    const uint8_t *table; /* len bytes (decode: into the buffer parsed) */
+} rx_ctl_lbtab_t;
+
+typedef struct rx_ctl_rail {
+    uint32_t rank, rail, peer;
+    uint32_t kind; /* en_rail_event_kind: 1 failover, 2 return, 3 gone */
+} rx_ctl_rail_t;
+
 typedef struct rx_ctl_msg {
     uint8_t type;
     uint32_t comm;
@@ -119,6 +139,8 @@ typedef struct rx_ctl_msg {
             uint32_t rank;
             uint32_t silent_ms;
         } lost;
+        rx_ctl_lbtab_t lbtab;
+        rx_ctl_rail_t rail;
     } u;
 } rx_ctl_msg_t;
 

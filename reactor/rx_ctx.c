@@ -246,8 +246,9 @@ static int coord_start_fn(rx_reactor_t *rx, void *arg)
  * otherwise hang (two coordinators each waiting for the whole world). */
 static void conf_text(const struct coh_ctx *ctx, char *out, size_t cap)
 {
-    snprintf(out, cap, "coordinator=%d sync_mode=%s nrails=%d", ctx->cfg.coordinator,
-             coh_sync_mode_name((coh_sync_mode)ctx->cfg.sync_mode), ctx->nrails);
+    snprintf(out, cap, "coordinator=%d sync_mode=%s nrails=%d lb_epoch=%d", ctx->cfg.coordinator,
+             coh_sync_mode_name((coh_sync_mode)ctx->cfg.sync_mode), ctx->nrails,
+             ctx->nrails > 1 ? ctx->cfg.lb_epoch : 0);
 }
 
 /* Rank 0 compares every rank's settings with its own and publishes the
@@ -289,8 +290,8 @@ static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
     if (vl)
         return bs_fail(COH_EMISMATCH,
                        "ranks disagree on the job's settings: %s (COHORT_COORDINATOR, "
-                       "COHORT_SYNC_MODE and the number of COHORT_NICS must be the same on every "
-                       "rank)",
+                       "COHORT_SYNC_MODE, the number of COHORT_NICS and COHORT_LB_EPOCH must be "
+                       "the same on every rank)",
                        verdict);
     return 0;
 }
@@ -426,6 +427,7 @@ static void describe(struct coh_ctx *ctx)
 
 static void ctx_fini(struct coh_ctx *ctx)
 {
+    rx_lb_fini(ctx);
     for (int r = 0; ctx->rails && r < ctx->nrails; r++) rx_rail_fini(&ctx->rails[r]);
     rx_reactor_fini(&ctx->ctrl);
     if (ctx->event_fd >= 0) close(ctx->event_fd);
@@ -530,7 +532,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                             .stall_ms = ctx->cfg.rail_stall_ms,
                             .probe_ms = ctx->cfg.rail_probe_ms,
                             .progress_ns = ctx->rail_progress,
-                            .locals = ctx->rail_locals};
+                            .locals = ctx->rail_locals,
+                            .observer = rx_lb_observer(ctx)};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];
@@ -542,6 +545,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     }
     if (ctx->world > 1 && ctx->rank == ctx->cfg.coordinator)
         BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
+    BS_CHECK_GOTO(rx_lb_start(ctx), st, fail); /* before a table can arrive */
     if (ctx->world > 1) BS_CHECK_GOTO(bootstrap(ctx, deadline), st, fail);
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
@@ -567,6 +571,7 @@ COH_API int coh_finalize(coh_ctx_t *ctx)
     if (!reg_take(ctx))
         return bs_fail(COH_ESTATE, "coh_finalize: not a live context (finalized twice?)");
     atomic_store(&ctx->state, RX_CTX_FINALIZING);
+    rx_lb_finalize(ctx); /* world ops still waiting for a rail table fail */
     /* close: what still runs ends now, cancelled (not after its timeout),
      * and every peer hears BYE. */
     for (int r = 0; r < ctx->nrails; r++) rx_rail_close(&ctx->rails[r]);

@@ -39,8 +39,9 @@ struct coh_ctx {
     int event_fd;
     _Atomic int event_fd_used; /* written only once the application asked for it */
     _Atomic uint64_t n_completed, n_failed;
-    struct rx_lb *lb;             /* the world comm's rail balancer (rx_lb.h); NULL: even splits */
-    en_rail_observer_t rail_obs;  /* the rails' failover events (rx_lb.c) */
+    struct rx_lb *lb;            /* the world comm's rail balancer (rx_lb.h); NULL: even splits */
+    char *lb_table_s;            /* cfg.lb_table's copy */
+    en_rail_observer_t rail_obs; /* the rails' failover events (rx_lb.c) */
     _Atomic uint64_t rail_events[RX_MAX_RAILS][3]; /* per rail: failovers, returns, gone */
     char describe[1024];
 };

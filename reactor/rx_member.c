@@ -363,6 +363,10 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
     switch (msg.type) {
     case RX_CTL_PLAN: handle_plan(m, &msg.u.plan); break;
     case RX_CTL_PING: break;
+    case RX_CTL_LBTAB:
+        if (rx_lb_on_table(m->ctx, &msg.u.lbtab) < 0)
+            rx_conn_close(c, COH_EPROTO, "a malformed rail table from the coordinator");
+        break;
     case RX_CTL_LOST: {
         char why[BS_ERR_LEN];
         snprintf(why, sizeof(why),
@@ -384,6 +388,7 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
 static void on_beat(uv_timer_t *t)
 {
     rx_member_t *m = t->data;
+    rx_lb_check_timeouts(m->ctx);
     if (!m->conn) return;
     uint64_t now = bs_now_ns(), live = (uint64_t)m->ctx->cfg.liveness_ms * 1000000ull;
     if (now - m->t_ping_ns >= live / 5) {
@@ -429,6 +434,8 @@ static void on_close(rx_conn_t *c, int status, const char *why)
     set_state(m, status < 0 ? status : COH_EPEER, msg);
     if (atomic_load(&m->ctx->state) == RX_CTX_RUNNING)
         bs_log(COH_LOG_WARN, "rank %d: lost the %s", m->ctx->rank, msg);
+    /* World ops waiting for a rail table will never get one. */
+    rx_lb_close(m->ctx, COH_EPEER, msg);
     /* A sync still waiting for its plan will never get one. One whose ops
      * run ends when they do. */
     coh_request_t *req = m->pending;
@@ -526,6 +533,28 @@ static int raw_fn(rx_reactor_t *rx, void *arg)
 int rx_member_send_raw(struct coh_ctx *ctx, const rx_ctl_msg_t *msg)
 {
     return rx_reactor_call(&ctx->ctrl, raw_fn, (void *)msg);
+}
+
+typedef struct post_task {
+    rx_task_t task;
+    rx_ctl_msg_t msg;
+} post_task_t;
+
+static void post_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    post_task_t *pt = (post_task_t *)t;
+    rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
+    if (m && m->conn) rx_ctl_send(m->conn, &pt->msg);
+    coh_free(pt);
+}
+
+void rx_member_post(struct coh_ctx *ctx, const rx_ctl_msg_t *msg)
+{
+    post_task_t *pt = coh_zalloc(sizeof(*pt));
+    if (!pt) return;
+    pt->task.run = post_run;
+    pt->msg = *msg;
+    if (!rx_reactor_post(&ctx->ctrl, &pt->task)) coh_free(pt);
 }
 
 /* ---- API ---- */

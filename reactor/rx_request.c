@@ -92,6 +92,8 @@ void rx_request_set_error(coh_request_t *req, int status, const char *why)
 static void slice_end(en_completion_t *c, const en_result_t *r)
 {
     coh_request_t *req = (coh_request_t *)((char *)c - offsetof(coh_request_t, done));
+    if (req->ctx->lb && r->status == 0 && r->slice >= 0 && r->slice < req->nslices)
+        rx_lb_observe(req->ctx, req, r);
     if (req->sync && r->slice >= 0 && r->slice < RX_MAX_RAILS) {
         int n = r->nbw < EN_BW_PER_SLICE ? r->nbw : EN_BW_PER_SLICE;
         memcpy(req->sync->bw[r->slice], r->bw, sizeof(en_bw_t) * (size_t)n);
@@ -178,7 +180,8 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
     /* A sync request learns its slices from the coordinator's plan, on the
      * control thread: it is not helped (its completion goes through that
      * thread anyway). */
-    int nh = spin_end > start && !req->sync && atomic_load(&ctx->state) == RX_CTX_RUNNING
+    int nh = spin_end > start && !req->sync && !req->deferred &&
+                     atomic_load(&ctx->state) == RX_CTX_RUNNING
                  ? req->nslices
                  : 0;
     for (int s = 0; s < nh; s++) rx_reactor_help_begin(&ctx->rails[req->slice[s].rail].rx);

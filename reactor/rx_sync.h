@@ -53,6 +53,9 @@ int rx_member_wait_ready(struct coh_ctx *ctx, uint64_t deadline_ns);
 void rx_member_fini(struct coh_ctx *ctx); /* after the control reactor stopped */
 /* Tests (any thread but the control loop's): send a raw control message. */
 int rx_member_send_raw(struct coh_ctx *ctx, const rx_ctl_msg_t *msg);
+/* Any thread: send msg (no pointers in it) to the coordinator from the
+ * control loop; dropped when there is no connection. */
+void rx_member_post(struct coh_ctx *ctx, const rx_ctl_msg_t *msg);
 /* The last slice of a sync attempt ended (rail thread). */
 void rx_sync_attempt_done(coh_request_t *req);
 
@@ -81,6 +84,8 @@ void rx_coord_close(rx_coord_t *c); /* loop thread: close everything */
 int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr);
 /* Control connections refused at the handshake (any thread, before stop). */
 uint64_t rx_coord_rejected(rx_coord_t *c);
+/* Loop thread: send m to every connected live rank but this one. */
+void rx_coord_send_all(rx_coord_t *c, const rx_ctl_msg_t *m);
 /* Any thread: wait until no rank is connected and in the schedule (they
  * have all left or gone), or the deadline. */
 void rx_coord_wait_idle(rx_coord_t *c, uint64_t deadline_ns);

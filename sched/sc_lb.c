@@ -304,3 +304,115 @@ int sc_lb_load(sc_lb_t *lb, const char *text)
     *lb = t;
     return 0;
 }
+
+/* ---- exact binary form (sc_lb_pack) ----
+ *   0 "CLB1"  4 u8 nrails  5 u8 0  6 u16 up mask  8 f64 tolerance
+ *  16 f64 gain  24 f64 stripe overhead  32 u32 probe_every  36 u32 entries
+ *  40 entries of 16 bytes: u8 rail, u8 bucket (255: latency), u16 0,
+ *     u32 n, f64 value. Little-endian. */
+#define PACK_HDR 40
+#define PACK_LAT 255
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static void put_f64(uint8_t *p, double d)
+{
+    uint64_t v;
+    memcpy(&v, &d, 8);
+    put_u32(p, (uint32_t)v);
+    put_u32(p + 4, (uint32_t)(v >> 32));
+}
+
+static double get_f64(const uint8_t *p)
+{
+    uint64_t v = (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+    double d;
+    memcpy(&d, &v, 8);
+    return d;
+}
+
+int sc_lb_nrails(const sc_lb_t *lb)
+{
+    return lb ? lb->n : 0;
+}
+
+int sc_lb_pack(const sc_lb_t *lb, uint8_t *buf, size_t cap)
+{
+    if (!lb || !buf || cap < PACK_HDR) return COH_EINVAL;
+    uint32_t up = 0, k = 0;
+    for (int r = 0; r < lb->n; r++) up |= lb->up[r] ? 1u << r : 0;
+    memcpy(buf, "CLB1", 4);
+    buf[4] = (uint8_t)lb->n;
+    buf[5] = 0;
+    buf[6] = (uint8_t)up;
+    buf[7] = (uint8_t)(up >> 8);
+    put_f64(buf + 8, lb->p.tolerance);
+    put_f64(buf + 16, lb->p.gain);
+    put_f64(buf + 24, lb->p.stripe_overhead_s);
+    put_u32(buf + 32, lb->p.probe_every);
+    size_t n = PACK_HDR;
+    for (int r = 0; r < lb->n; r++)
+        for (int b = -1; b < SC_LB_BUCKETS; b++) {
+            uint32_t cnt = b < 0 ? lb->nlat[r] : lb->nrate[r][b];
+            if (!cnt) continue;
+            if (n + 16 > cap) return COH_EINVAL;
+            buf[n] = (uint8_t)r;
+            buf[n + 1] = (uint8_t)(b < 0 ? PACK_LAT : b);
+            buf[n + 2] = buf[n + 3] = 0;
+            put_u32(buf + n + 4, cnt);
+            put_f64(buf + n + 8, b < 0 ? lb->lat[r] : lb->rate[r][b]);
+            n += 16;
+            k++;
+        }
+    put_u32(buf + 36, k);
+    return (int)n;
+}
+
+int sc_lb_unpack(sc_lb_t *lb, const uint8_t *buf, size_t len)
+{
+    if (!lb || !buf || len < PACK_HDR || memcmp(buf, "CLB1", 4) != 0) return COH_EINVAL;
+    if (buf[4] != lb->n || buf[5] != 0) return COH_EINVAL;
+    uint32_t up = (uint32_t)buf[6] | (uint32_t)buf[7] << 8;
+    uint32_t k = get_u32(buf + 36);
+    if (up >> lb->n || k > (uint32_t)lb->n * (SC_LB_BUCKETS + 1) || len != PACK_HDR + 16 * k)
+        return COH_EINVAL;
+    sc_lb_t t;
+    memset(&t, 0, sizeof(t));
+    t.n = lb->n;
+    t.p.tolerance = get_f64(buf + 8);
+    t.p.gain = get_f64(buf + 16);
+    t.p.stripe_overhead_s = get_f64(buf + 24);
+    t.p.probe_every = get_u32(buf + 32);
+    if (!(t.p.tolerance >= 1) || !isfinite(t.p.tolerance) || !(t.p.gain > 0 && t.p.gain <= 1) ||
+        !(t.p.stripe_overhead_s >= 0) || !isfinite(t.p.stripe_overhead_s))
+        return COH_EINVAL;
+    for (int r = 0; r < t.n; r++) t.up[r] = (up >> r) & 1u;
+    for (uint32_t i = 0; i < k; i++) {
+        const uint8_t *e = buf + PACK_HDR + 16 * i;
+        int r = e[0], b = e[1];
+        uint32_t cnt = get_u32(e + 4);
+        double v = get_f64(e + 8);
+        if (r >= t.n || e[2] || e[3] || !cnt || !isfinite(v)) return COH_EINVAL;
+        if (b == PACK_LAT) {
+            if (v < 0 || t.nlat[r]) return COH_EINVAL;
+            t.lat[r] = v;
+            t.nlat[r] = cnt;
+        } else {
+            if (b >= SC_LB_BUCKETS || v <= 0 || t.nrate[r][b]) return COH_EINVAL;
+            t.rate[r][b] = v;
+            t.nrate[r][b] = cnt;
+        }
+    }
+    *lb = t;
+    return 0;
+}

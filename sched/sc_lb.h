@@ -84,4 +84,16 @@ double sc_lb_expect(const sc_lb_t *lb, int rail, uint64_t bytes);
 int sc_lb_dump(const sc_lb_t *lb, char *buf, size_t cap);
 int sc_lb_load(sc_lb_t *lb, const char *text);
 
+/* The table (parameters, up/down rails and every measurement) in an exact
+ * binary form, for a table authority to publish: a balancer unpacked from
+ * it splits exactly as one unpacked from the same bytes anywhere else
+ * (the text form rounds). sc_lb_pack returns the length, or COH_EINVAL when
+ * cap is too small (SC_LB_PACK_MAX always suffices); sc_lb_unpack rejects
+ * (COH_EINVAL) anything malformed or of another rail count and leaves lb
+ * as it was then. */
+#define SC_LB_PACK_MAX (40 + 16 * SC_MAX_RAILS * (SC_LB_BUCKETS + 1))
+int sc_lb_pack(const sc_lb_t *lb, uint8_t *buf, size_t cap);
+int sc_lb_unpack(sc_lb_t *lb, const uint8_t *buf, size_t len);
+int sc_lb_nrails(const sc_lb_t *lb);
+
 #endif
