@@ -25,6 +25,8 @@
 #      median is kept, against the noise of a shared machine):
 #        2 rails / best single rail throughput at >= 1 MiB   (goal >= 1.85x)
 #        2-rail time / best single-rail time at 4K..64K     (goal <= 1.05x)
+#   1b. two rails on one interface (--nics eth0,eth0, Nezha's virtual
+#      multi-rail), 4M: throughput against one rail (no goal: they share it).
 #   2. failover: a stream of 4 MiB ops on 2 rails; N times, rank 2's eth1 goes
 #      down for 0.5 s and comes back, and the next cut waits until every link
 #      that failed over is back (return log lines) and the ops are back at the
@@ -45,6 +47,9 @@
 #   1. rail 0 alone, rail 1 alone and both, 4M and 16M (both: after 40 and 32
 #      untimed ops, so that the balancer has converged; single rails: 2):
 #        both-rail throughput / (rail 0 + rail 1 throughput)  (goal >= 0.9)
+# Then the same scenarios through the same balancer in the simulator
+# (cohort-sim rails, rails at the rates measure.sh saw): the prediction the
+# live figures are compared with.
 # About 5-7 minutes. Exit 77 when not root or no cluster can be built; 1 when a
 # step could not be run at all (a figure that misses its goal is reported, not
 # a failure of the script).
@@ -242,6 +247,7 @@ def row(fig, val, goal="", ok=None):
 
 SMALL = ["4K", "16K", "64K"]
 LARGE = ["4M", "16M"]
+LB_EPOCH = int(os.environ.get("COHORT_LB_EPOCH", "16"))
 SZ = {"4K": 4096, "16K": 16384, "64K": 65536, "4M": 4 * MiB, "16M": 16 * MiB}
 status = 0
 try:
@@ -286,6 +292,16 @@ try:
                 "%.3fx (%.3f vs %.3f ms)" % (ratio, two, min(one)), "<= 1.05x", ratio <= 1.05)
         else:
             row("A: 2-rail / best 1-rail time, %s" % s, "not measured (a run failed)", "<= 1.05x", False)
+
+    # Nezha's virtual multi-rail: two rails on one interface (eth0 twice). On
+    # a shaped link they share its rate: no gain is expected, only the cost
+    # of the second rail's bookkeeping.
+    say("A: --nics eth0,eth0 (2 rails on one interface), 4M")
+    res = run_sizes(A, "eth0,eth0", ["4M"], [8], "A-eth0+eth0")
+    if res and t("eth0", "4M") and res.get(SZ["4M"]):
+        v = res[SZ["4M"]]
+        row("A: 2 rails on one interface / 1 rail throughput, 4M",
+            "%.2fx (%.1f vs %.1f ms)" % (t("eth0", "4M") / v, v, t("eth0", "4M")))
 
     # failover: CUTS cuts of rank 2's eth1, 0.5 s down each
     say("A failover: %d cuts of rank 2's eth1 (0.5 s down) under a 4 MiB stream" % CUTS)
@@ -364,6 +380,16 @@ try:
             time.sleep(0.05)
         if trec:
             recover.append((trec - tup) * 1e3)
+        # Before the next cut, let the tables catch up: one published while
+        # the rail was out applies for a whole epoch, one epoch ahead, so the
+        # rail carries its share again within two epochs of its return. A
+        # cut before that would hit an idle rail and measure nothing.
+        if tback:
+            n0 = len(cur.ops())
+            deadline = time.monotonic() + 15
+            while (len(cur.ops()) < n0 + 2 * LB_EPOCH and time.monotonic() < deadline and
+                   cur.p.poll() is None):
+                time.sleep(0.05)
         cut_log.append((tcut, tup, tback, len(runs) - 1, fo - fo0))
         done += 1
         say("  cut %2d: %d link ends failed over, %s, %s" % (done, fo - fo0,
@@ -499,6 +525,35 @@ try:
             return "n/a"
         return "%.0f-%.0f Mbit/s (configured %g; %.3f of it)" % (min(xs), max(xs), cs[0],
                                                                  statistics.median(xs) / cs[0])
+    # The same scenarios through the same balancer in the simulator
+    # (cohort-sim rails: modelled rails at the rates measure.sh saw).
+    SIM = os.path.join(build, "bin/cohort-sim")
+
+    def sim(*args):
+        r = subprocess.run([SIM, "rails", "--size", str(4 * MiB), "--ops", "200"] + list(args),
+                           capture_output=True, text=True)
+        m = re.search(r"mean ([0-9.]+) ms, best single rail ([0-9.]+) ms", r.stdout)
+        w = re.search(r"worst extra time ([0-9.]+) ms; ops to converge after the last change: (-?\d+)",
+                      r.stdout)
+        return (float(m.group(1)), float(m.group(2)), float(w.group(1)), int(w.group(2))) if m and w else None
+
+    if os.access(SIM, os.X_OK):
+        def med(rows, nic):
+            xs = [m for (_, k, c, m) in rows if k == nic]
+            return statistics.median(xs) if xs else None
+        a0, b0, b1 = med(mA, "eth0") or RATE, med(mB, "eth0") or SLOW, med(mB, "eth1") or RATE
+        two = sim("--rail", "50:%g" % a0, "--rail", "50:%g" % a0)
+        onethree = sim("--rail", "50:%g" % b0, "--rail", "50:%g" % b1)
+        cut = sim("--rail", "50:%g" % a0, "--rail", "50:%g" % a0, "--cut", "1@100", "--back", "1@110")
+        conv = sim("--rail", "50:%g" % a0, "--rail", "50:%g" % a0, "--rate", "1@25:%g" % (a0 / 3))
+        if two and onethree and cut and conv:
+            row("prediction (cohort-sim rails, measured rates): A 4M 2 rails / 1 rail",
+                "%.2fx (%.1f vs %.1f ms)" % (two[1] / two[0], two[0], two[1]))
+            row("prediction: B 4M both / (sum of singles)",
+                "%.2f (%.1f ms)" % ((onethree[1] / onethree[0]) * b1 / (b0 + b1), onethree[0]))
+            row("prediction: failover, extra time of the op hit (100 ms detection)",
+                "%.0f ms" % cut[2])
+            row("prediction: ops to converge after rail 1 -> 1/3", "%d" % conv[3])
     summary.insert(0, ("raw links A eth0 / eth1 (measure.sh, up and down)",
                        "%s / %s" % (cap(mA, "eth0"), cap(mA, "eth1")), "", ""))
     summary.insert(1, ("raw links B eth0 / eth1", "%s / %s" % (cap(mB, "eth0"), cap(mB, "eth1")), "", ""))

@@ -568,6 +568,10 @@ static void resumed(tcp_conn_t *t, tcp_sock_t *s, int via, uint64_t peer_off)
     uv_timer_stop(&s->timer);
     int was = t->via;
     t->via = via;
+    /* A link that left the interface (whichever side noticed) makes it
+     * suspect for its siblings here. */
+    if (was == rail->index && via != rail->index)
+        rail->suspect_until_ns = bs_now_ns() + (uint64_t)rail->stall_ms * 10000000ull;
     t->tries = 0;
     t->t_probe_ns = bs_now_ns();
     t->replay_from = peer_off;
@@ -676,8 +680,9 @@ static void on_hello(tcp_sock_t *s)
     t->t_progress_ns = bs_now_ns();
     en_rail_conn_ready(rail, c);
     if (failover(t)) {
-        uint64_t period = (uint64_t)rail->stall_ms / 4;
-        if (period < 5) period = 5;
+        /* A tenth of the stall time: a failure is seen at most 10% late. */
+        uint64_t period = (uint64_t)rail->stall_ms / 10;
+        if (period < 2) period = 2;
         uv_timer_start(&t->watch, watch_cb, period, period);
     }
     start_reading(t);
@@ -936,6 +941,9 @@ static void dial_timeout(uv_timer_t *h)
 static void move_link(tcp_conn_t *t, const char *why)
 {
     if (t->base.state != EN_CONN_READY) return;
+    en_rail_t *rail = t->base.rail;
+    if (t->via == rail->index)
+        rail->suspect_until_ns = bs_now_ns() + (uint64_t)rail->stall_ms * 10000000ull;
     if (!t->why[0]) snprintf(t->why, sizeof(t->why), "%s", why);
     freeze(t);
     if (t->sock) sock_close(t->sock);
@@ -953,11 +961,18 @@ static void watch_cb(uv_timer_t *h)
     if (!t->sock || t->frozen) return; /* moving: dial timeouts drive it */
     /* Every live link acks now and then, paused or idle: a link is taken
      * for dead only when its ACKs stop while another rail's go on. */
-    uint64_t period = stall / 4;
+    uint64_t period = stall / 8;
     if (t->rx_off != t->ack_sent || now - t->t_ack_ns >= period) send_ack(t, true);
     bool waiting = t->tx_head && t->tx_acked < t->tx_end;
     if (!waiting) t->t_progress_ns = now;
-    if (waiting && now - t->t_progress_ns >= stall && !t->dial) {
+    /* Once one link of this rail failed on its interface, the interface is
+     * suspect for a while: a sibling waiting on it for ACKs moves after half
+     * the stall time, so a NIC that dies under several links does not cost
+     * each of them a whole stall time in turn. */
+    bool suspect = now < rail->suspect_until_ns && t->via == rail->index;
+    uint64_t limit = suspect ? stall / 2 : stall;
+    bool stalled = waiting && now - t->t_progress_ns >= limit;
+    if (stalled && !t->dial) {
         /* Only a link that stalls while another rail moves is at fault; when
          * every rail stalls the peer is (op timeouts and liveness judge it). */
         bool others = false;
@@ -967,8 +982,9 @@ static void watch_cb(uv_timer_t *h)
                 others = true;
         if (others) {
             char why[96];
-            snprintf(why, sizeof(why), "no progress for %.0f ms",
-                     (double)(now - t->t_progress_ns) / 1e6);
+            snprintf(why, sizeof(why), "no progress for %.0f ms%s",
+                     (double)(now - t->t_progress_ns) / 1e6,
+                     suspect ? " (another link on the interface failed)" : "");
             move_link(t, why);
             return;
         }

@@ -372,6 +372,7 @@ struct en_rail {
     struct sockaddr_storage locals[EN_MAX_RAILS];
     struct sockaddr_storage *routes;
     en_rail_observer_t *observer;
+    uint64_t suspect_until_ns;       /* a link on this interface failed lately (loop thread) */
     _Atomic uint64_t stat_failovers; /* links moved off this rail's interface */
     _Atomic uint64_t stat_returns;   /* links back on it */
     _Atomic uint64_t stat_resent;    /* bytes sent again after a move */

@@ -587,13 +587,16 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         }
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
         ff_pack_str(&pk, "stats");
-        msgpack_pack_map(&pk, 6);
+        msgpack_pack_map(&pk, 9);
         ff_pack_kv_uint(&pk, "bytes_sent", s.bytes_sent);
         ff_pack_kv_uint(&pk, "bytes_received", s.bytes_received);
         ff_pack_kv_uint(&pk, "requests_completed", s.requests_completed);
         ff_pack_kv_uint(&pk, "requests_failed", s.requests_failed);
         ff_pack_kv_uint(&pk, "connections_rejected", s.connections_rejected);
         ff_pack_kv_uint(&pk, "frames_invalid", s.frames_invalid);
+        ff_pack_kv_uint(&pk, "rail_failovers", s.rail_failovers);
+        ff_pack_kv_uint(&pk, "rail_returns", s.rail_returns);
+        ff_pack_kv_uint(&pk, "rail_resent_bytes", s.rail_resent_bytes);
         break;
     }
     case FF_EVENT_CLEAR:

@@ -240,6 +240,12 @@ typedef struct coh_stats {
                                       no hello in time, too many at once. A peer that hangs
                                       up before its whole hello is not one. */
     uint64_t frames_invalid;       /* connections closed for a malformed frame */
+    uint64_t rail_failovers;       /* links (ends on this rank) that moved off their rail's
+                                      interface: a socket error, or no ACK for
+                                      COHORT_RAIL_STALL_MS while another rail was acked */
+    uint64_t rail_returns;         /* links that came back to their own interface */
+    uint64_t rail_resent_bytes;    /* bytes sent again after a move (what the old socket had
+                                      taken but the peer had not read) */
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 

@@ -655,6 +655,9 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
         s->bytes_received += atomic_load(&en->stat_bytes_in);
         s->connections_rejected += atomic_load(&en->stat_rejected);
         s->frames_invalid += atomic_load(&en->stat_bad_frames);
+        s->rail_failovers += atomic_load(&en->stat_failovers);
+        s->rail_returns += atomic_load(&en->stat_returns);
+        s->rail_resent_bytes += atomic_load(&en->stat_resent);
     }
     /* Every listener's refusals: the rails', the store's and the coordinator's. */
     if (ctx->store) s->connections_rejected += rx_store_server_rejected(ctx->store);

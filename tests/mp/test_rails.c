@@ -107,6 +107,12 @@ static int run_cut(int ops, int every)
         if (fo == 0) MP_FAIL("no failover was counted on this end of the cut link");
         if (back == 0) MP_FAIL("the link never came back to its own interface");
     }
+    /* The public stats say the same. */
+    coh_stats_t st;
+    MP_OK(coh_ctx_stats(ctx, &st));
+    MP_EQ_INT(st.rail_failovers, stat_sum(ctx, 0));
+    MP_EQ_INT(st.rail_returns, stat_sum(ctx, 1));
+    MP_EQ_INT(st.rail_resent_bytes, stat_sum(ctx, 2));
     for (int k = 0; k < INFLIGHT; k++) free(buf[k]);
     MP_OK(coh_finalize(ctx));
     printf("rank %d: OK\n", rank);
