@@ -608,6 +608,22 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 2);
         pack_logs(&pk);
         break;
+    case FF_LB_TABLE: {
+        /* At most 16 rails x 40 buckets of short lines. */
+        size_t cap = 64 * 1024;
+        char *text = coh_malloc(cap);
+        st = text ? coh_lb_table(fc->ctx, text, cap) : COH_ENOMEM;
+        if (st < 0) {
+            ff_fail(&e, st, "", "%s", text ? coh_last_error() : "out of memory");
+            ff_pack_head(&pk, st, &e, r->type, has_id, r->id, 0);
+        } else {
+            st = 0;
+            ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
+            ff_pack_kv_str(&pk, "table", text);
+        }
+        coh_free(text);
+        break;
+    }
     case FF_SYNC_LEAVE:
         st = coh_sync_leave(fc->world);
         if (st < 0) ff_fail(&e, st, "", "%s", coh_last_error());

@@ -20,8 +20,8 @@
 const char *const ff_tensor_names[FF_NTENSORS] = {"buf", "send", "recv"};
 
 static const char *const type_names[FF_TYPE_COUNT] = {
-    "allreduce", "broadcast", "allgather",   "reduce_scatter", "barrier",   "sync",
-    "info",      "stats",     "event_clear", "logs",           "sync_leave"};
+    "allreduce", "broadcast", "allgather",   "reduce_scatter", "barrier",    "sync",
+    "info",      "stats",     "event_clear", "logs",           "sync_leave", "lb_table"};
 
 const char *ff_type_name(ff_type t)
 {
@@ -264,6 +264,7 @@ static const uint32_t allowed[FF_TYPE_COUNT] = {
     [FF_EVENT_CLEAR] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_LOGS] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_SYNC_LEAVE] = FF_F_V | FF_F_TYPE | FF_F_ID,
+    [FF_LB_TABLE] = FF_F_V | FF_F_TYPE | FF_F_ID,
 };
 
 static const char *field_name(uint32_t bit)

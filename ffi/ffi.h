@@ -83,6 +83,7 @@ typedef enum ff_type {
     FF_EVENT_CLEAR, /* coh_ctx_event_clear */
     FF_LOGS,        /* drain the messages captured by the config's log_level */
     FF_SYNC_LEAVE,  /* coh_sync_leave: this rank stops synchronising */
+    FF_LB_TABLE,    /* coh_lb_table: the rail balancer's newest table, as text */
     FF_TYPE_COUNT
 } ff_type;
 const char *ff_type_name(ff_type t);

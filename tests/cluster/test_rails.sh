@@ -158,6 +158,9 @@ for p in "${plan[@]}"; do
   elif ! kill -0 $pid 2>/dev/null; then
     echo "FAIL: cut $ncut: the stream ended (an op failed: see below)"
     rc=1
+  elif [ "${COHORT_TIMING_CHECKS:-1}" = 0 ]; then
+    # Sanitizer builds: the ranks' CPU, not the links, sets the op time.
+    echo "  ops not back at ${base} ms x 1.3 within 10 s (timing not judged in this build)"
   else
     echo "FAIL: cut $ncut: the ops did not come back to ${base} ms x 1.3 within 10 s"
     rc=1

@@ -31,7 +31,7 @@ __all__ = [
     "get_world_size", "allreduce", "all_reduce", "broadcast", "allgather",
     "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier", "sync",
     "sync_leave",
-    "stats", "Context", "Work", "Result", "CohortError", "InvalidArgumentError", "DtypeError",
+    "stats", "lb_table", "Context", "Work", "Result", "CohortError", "InvalidArgumentError", "DtypeError",
     "UnsupportedError", "TimeoutError", "PeerError", "MismatchError", "CanceledError",
     "StateError", "OPS", "SYNC_MODES", "SUPPORTED_DTYPES", "SCHEMA", "library_path", "errors",
 ]
@@ -136,6 +136,11 @@ def sync_leave():
 
 def stats():
     return get_context().stats()
+
+
+def lb_table():
+    """The rail balancer's newest table as text (see Context.lb_table)."""
+    return get_context().lb_table()
 
 
 @atexit.register

@@ -554,6 +554,13 @@ class Context:
     def stats(self):
         return self.call({"type": "stats"})["stats"]
 
+    def lb_table(self):
+        """The rail balancer's newest table (text, loadable through
+        COHORT_LB_TABLE); the same on every rank for the same epoch. Raises
+        UnsupportedError with one rail, one rank or COHORT_LB_EPOCH=0, and
+        TimeoutError (EAGAIN) before the first world op."""
+        return self.call({"type": "lb_table"})["table"]
+
     def logs(self):
         """Messages captured since the last call when log_level was set."""
         return [tuple(x) for x in self.call({"type": "logs"})["logs"]]

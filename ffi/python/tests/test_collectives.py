@@ -150,3 +150,23 @@ def test_inline_through_the_abi(ctx, rank, size):
     r = ctx.call({"type": "broadcast", "dtype": "u8", "root": size - 1,
                   "buf": bytes([rank] * 3)})
     assert r["buf"] == bytes([size - 1] * 3)
+
+
+def test_lb_table(ctx, rank, size):
+    """The balancer's table through the FFI: with one rail (or one rank) there
+    is none; with several rails (python.n2.rails2) it is measured on every
+    rail after a few striped ops (mp.lb.* checks that every rank has the same
+    table for the same epoch)."""
+    info = ctx.call({"type": "info"})
+    if size == 1 or info["nrails"] < 2:
+        with pytest.raises(cohort.UnsupportedError):
+            cohort.lb_table()
+        return
+    x = np.ones(1 << 20, np.float32)
+    for _ in range(40):  # 2.5 epochs of 16 ops, 4 MiB each: striped and measured
+        cohort.allreduce(x)
+    cohort.barrier()
+    text = cohort.lb_table()
+    assert text.startswith("cohort-lb 1")
+    rails = {int(line.split()[1]) for line in text.splitlines() if " rate " in line}
+    assert rails == set(range(info["nrails"])), text
