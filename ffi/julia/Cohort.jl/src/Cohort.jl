@@ -159,6 +159,8 @@ end
 
 sync_leave(ctx::Context) = call(ctx, Dict("type" => "sync_leave"))
 stats(ctx::Context) = call(ctx, Dict("type" => "stats"))["stats"]
+"The rail balancer's newest table as text (EUNSUPPORTED with one rail)."
+lb_table(ctx::Context) = call(ctx, Dict("type" => "lb_table"))["table"]
 
 "The descriptor that becomes readable when a request completes (for event loops)."
 function event_fd(ctx::Context)
