@@ -277,7 +277,17 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
             rx_task_t *t;
             while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
             bool ran = mpsc_drained(&rx->queue);
-            if (ran) task->run(task, rx);
+            if (ran) {
+                task->run(task, rx);
+                /* One pass of the loop before letting go: libuv defers the
+                 * callbacks of writes that completed at once (uv__io_feed)
+                 * and the epoll registration of new watchers to the next
+                 * pass, which the loop thread, asleep in poll(), would only
+                 * run at its 50 ms timeout when no frame wakes it. A small
+                 * op whose peer's frames were already in (stashed) then
+                 * waited ~50 ms for its own send's completion. */
+                uv_run(&rx->loop, UV_RUN_NOWAIT);
+            }
             rx_sigpipe_release();
             if (ran) {
                 uv_mutex_unlock(&rx->run_mu);

@@ -154,9 +154,9 @@ def test_inline_through_the_abi(ctx, rank, size):
 
 def test_lb_table(ctx, rank, size):
     """The balancer's table through the FFI: with one rail (or one rank) there
-    is none; with several rails (python.n2.rails2) it is measured on every
-    rail after a few striped ops (mp.lb.* checks that every rank has the same
-    table for the same epoch)."""
+    is none; with several rails (python.n2.rails2) every rail is in it after a
+    few striped ops (mp.lb.* checks that every rank has the same table for
+    the same epoch)."""
     info = ctx.call({"type": "info"})
     if size == 1 or info["nrails"] < 2:
         with pytest.raises(cohort.UnsupportedError):
@@ -168,5 +168,10 @@ def test_lb_table(ctx, rank, size):
     cohort.barrier()
     text = cohort.lb_table()
     assert text.startswith("cohort-lb 1")
-    rails = {int(line.split()[1]) for line in text.splitlines() if " rate " in line}
+    # Every rail has been measured (latency at least: on a noisy host the
+    # balancer may leave a rail that looked slow out of the large ops until
+    # its next probe, so a rate per rail is not guaranteed in 40 ops).
+    rails = {int(line.split()[1]) for line in text.splitlines()
+             if line.startswith("rail ") and (" latency " in line or " rate " in line)}
     assert rails == set(range(info["nrails"])), text
+    assert any(" rate " in line for line in text.splitlines()), text
