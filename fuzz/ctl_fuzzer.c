@@ -1,32 +1,47 @@
 /*
  * ctl_fuzzer - the control plane's message parser (rx_ctl_parse: READY, PLAN,
- * DONE, REFUSE, LEAVE between ranks and the coordinator), fed as a stream in
+ * RPLAN, DONE, REFUSE, LEAVE, ... between ranks and the coordinator), fed as a stream in
  * pieces of random size, then as a stream of messages.
  *
  * Invariants: the parser never claims more bytes than it was given; a
  * refused prefix stays refused; a parsed message re-encodes to the same
- * bytes; a plan's member list lies inside the buffer.
+ * bytes; a plan's member list (a relay plan's ring and late ranks) lies
+ * inside the buffer.
  */
+
 #include "cohort.h"
 #include "fuzz/fuzz.h"
 #include "reactor/rx_ctl.h"
+
+static uint32_t *ranks_of(const uint8_t *p, uint32_t n)
+{
+    uint32_t *r = malloc(sizeof(uint32_t) * (n ? n : 1));
+    FUZZ_CHECK(r != NULL);
+    for (uint32_t i = 0; i < n; i++)
+        r[i] = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+               (uint32_t)p[4 * i + 3] << 24;
+    return r;
+}
 
 static void check_msg(const uint8_t *buf, size_t len, int n, const rx_ctl_msg_t *m)
 {
     FUZZ_CHECK(n >= RX_CTL_HDR && (size_t)n <= len);
     FUZZ_CHECK(rx_ctl_size(m) == (size_t)n);
     rx_ctl_msg_t copy = *m;
-    uint32_t *members = NULL;
+    uint32_t *members = NULL, *late = NULL;
     if (m->type == RX_CTL_PLAN) {
         FUZZ_CHECK(m->u.plan.members + 4 * (size_t)m->u.plan.nmembers == buf + n);
-        members = malloc(sizeof(uint32_t) * (m->u.plan.nmembers ? m->u.plan.nmembers : 1));
-        FUZZ_CHECK(members != NULL);
-        for (uint32_t i = 0; i < m->u.plan.nmembers; i++)
-            members[i] = (uint32_t)m->u.plan.members[4 * i] |
-                         (uint32_t)m->u.plan.members[4 * i + 1] << 8 |
-                         (uint32_t)m->u.plan.members[4 * i + 2] << 16 |
-                         (uint32_t)m->u.plan.members[4 * i + 3] << 24;
+        members = ranks_of(m->u.plan.members, m->u.plan.nmembers);
         copy.u.plan.members_in = members;
+    }
+    if (m->type == RX_CTL_RPLAN) {
+        const rx_ctl_rplan_t *r = &m->u.rplan;
+        FUZZ_CHECK(r->ring + 4 * (size_t)r->nring == r->late);
+        FUZZ_CHECK(r->late + 4 * (size_t)r->nlate == buf + n);
+        members = ranks_of(r->ring, r->nring);
+        late = ranks_of(r->late, r->nlate);
+        copy.u.rplan.ring_in = members;
+        copy.u.rplan.late_in = late;
     }
     uint8_t *re = malloc((size_t)n);
     FUZZ_CHECK(re != NULL);
@@ -34,6 +49,7 @@ static void check_msg(const uint8_t *buf, size_t len, int n, const rx_ctl_msg_t 
     FUZZ_CHECK(e == n && memcmp(re, buf, (size_t)n) == 0);
     free(re);
     free(members);
+    free(late);
 }
 
 static int parse(const uint8_t *buf, size_t len, void *m)

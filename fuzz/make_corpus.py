@@ -178,6 +178,17 @@ def ctl():
     write(t, "rail", ctl_msg(9, struct.pack("<IIII", 1, 0, 2, 1)))
     write(t, "rail_bad_kind", ctl_msg(9, struct.pack("<IIII", 1, 0, 2, 7)))
     write(t, "prefix", ctl_msg(1, ready)[:20])
+    # a plain relay allreduce's READY (op MIN), relay plans of both phases
+    write(t, "ready_relay", ctl_msg(1, struct.pack("<IIQQIIddQ", 3, 3, 17, 64, 4, 2 | 1 << 8,
+                                                    0.1, 1.0, 9)))
+    rplan1 = struct.pack("<QQIIQIIiIdII", 7, 0, 1, 0, 64, 0, 0, -3, 0, 2.0, 4, 1) + \
+        struct.pack("<5I", 0, 2, 1, 3, 3)
+    rplan2 = struct.pack("<QQIIQIIiIdII", 7, 9, 2, 1, 64, 0, 0, -3, 1, 4.0, 4, 1) + \
+        struct.pack("<5I", 0, 2, 1, 3, 3)
+    write(t, "rplan1", ctl_msg(10, rplan1))
+    write(t, "rplan2", ctl_msg(10, rplan2))
+    write(t, "rplan_bad_phase", ctl_msg(10, rplan1[:16] + struct.pack("<I", 3) + rplan1[20:]))
+    write(t, "rplan_short", ctl_msg(10, rplan1[:-4]))
 
 
 if __name__ == "__main__":

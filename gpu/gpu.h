@@ -20,6 +20,11 @@
  * applied once at the end). Returns 0 or COH_EINVAL. */
 int gpu_cpu_reduce(coh_dtype dtype, coh_redop op, void *dst, const void *a, const void *b,
                    size_t n);
+/* buf[i] = the identity of op (x op identity == x): -0.0 for a float sum
+ * (so -0.0 survives), 0 for an integer sum, 1 for a product, the type's
+ * largest value (+inf) for MIN, its smallest (-inf) for MAX. A relay's
+ * contribution to a ring it forwards for (AdapCC's has-reduce = 0). */
+int gpu_cpu_fill_identity(coh_dtype dtype, coh_redop op, void *buf, size_t n);
 /* buf[i] /= divisor; integer types truncate toward zero. */
 int gpu_cpu_div(coh_dtype dtype, void *buf, size_t n, double divisor);
 /* buf[i] *= factor; integer types round to nearest. */

@@ -181,6 +181,40 @@ static int half_map(coh_dtype dtype, void *buf, size_t n, double mul, double div
     return 0;
 }
 
+#define FILL(T, V)                                                                                 \
+    do {                                                                                           \
+        T *p = (T *)buf, v = (V);                                                                  \
+        for (size_t i = 0; i < n; i++) p[i] = v;                                                   \
+    } while (0)
+
+int gpu_cpu_fill_identity(coh_dtype dtype, coh_redop op, void *buf, size_t n)
+{
+    if ((unsigned)op >= COH_REDOP_COUNT) return COH_EINVAL;
+    bool sum = op == COH_SUM || op == COH_AVG;
+    switch (dtype) {
+    case COH_F32:
+        FILL(float, sum ? -0.0f : op == COH_PROD ? 1.0f : op == COH_MIN ? INFINITY : -INFINITY);
+        return 0;
+    case COH_F64:
+        FILL(double, sum ? -0.0 : op == COH_PROD ? 1.0 : op == COH_MIN ? INFINITY : -INFINITY);
+        return 0;
+    case COH_I32:
+        FILL(int32_t, sum ? 0 : op == COH_PROD ? 1 : op == COH_MIN ? INT32_MAX : INT32_MIN);
+        return 0;
+    case COH_I64:
+        FILL(int64_t, sum ? 0 : op == COH_PROD ? 1 : op == COH_MIN ? INT64_MAX : INT64_MIN);
+        return 0;
+    case COH_U8: FILL(uint8_t, sum ? 0 : op == COH_PROD ? 1 : op == COH_MIN ? 255 : 0); return 0;
+    case COH_F16:
+    case COH_BF16: {
+        float f = sum ? -0.0f : op == COH_PROD ? 1.0f : op == COH_MIN ? INFINITY : -INFINITY;
+        FILL(uint16_t, dtype == COH_F16 ? gpu_f32_to_f16(f) : gpu_f32_to_bf16(f));
+        return 0;
+    }
+    default: return COH_EINVAL;
+    }
+}
+
 int gpu_cpu_div(coh_dtype dtype, void *buf, size_t n, double divisor)
 {
     if (!isfinite(divisor) || divisor == 0) return COH_EINVAL;

@@ -192,6 +192,26 @@ COH_API int coh_comm_rank(const coh_comm_t *comm, int *rank);
 COH_API int coh_comm_size(const coh_comm_t *comm, int *size);
 
 /*
+ * Failures. A rank is failed when the coordinator excludes it for good: its
+ * process died (its connections closed without a goodbye), it was silent
+ * for COHORT_LIVENESS_MS (hung, SIGSTOP), or, in a relay group, it missed
+ * its fault deadline (T_fault). Every rank hears it from the coordinator
+ * and drops the failed rank's connections (so ops waiting on it end with
+ * COH_EPEER at once); syncs and relay groups go on without it. A rank that
+ * loses the coordinator counts the coordinator as failed. A rank that
+ * finalizes is not failed.
+ *
+ * coh_comm_on_failure: fn(comm, rank in comm, why, arg) is called once per
+ * failed rank of comm, from a cohort thread (keep it short; do not wait on
+ * cohort requests in it). NULL removes it. coh_comm_failed_ranks: the
+ * failed ranks of comm, ascending, up to cap of them into ranks (may be
+ * NULL with cap 0); returns how many there are, or a negative status.
+ */
+typedef void (*coh_failure_fn)(coh_comm_t *comm, int rank, const char *why, void *arg);
+COH_API int coh_comm_on_failure(coh_comm_t *comm, coh_failure_fn fn, void *arg);
+COH_API int coh_comm_failed_ranks(const coh_comm_t *comm, int *ranks, int cap);
+
+/*
  * Collectives. sendbuf == recvbuf (or sendbuf == NULL) means in place.
  * A count of 0 is valid and completes after matching the other ranks.
  */
@@ -284,6 +304,16 @@ COH_API void coh_set_log_handler(coh_log_fn fn, void *arg, int max_level);
  *   COH_SYNC_SELECTIVE  groups of similar bandwidth (BAG) that wait a little
  *                       for ranks about to be ready when that pays (BPAWR),
  *                       with a full synchronisation every c rounds.
+ *   COH_SYNC_RELAY      every live rank in every group, without waiting for
+ *                       the late ones (AdapCC): the coordinator waits while
+ *                       that is cheaper than starting (ski rental), then the
+ *                       ready ranks start a ring in which the late ranks'
+ *                       reactors relay (forward and reduce others' data,
+ *                       their own still being computed); when a late rank
+ *                       becomes ready its data is folded in (phase 2). The
+ *                       result equals the full weighted average (integer
+ *                       data: bit for bit). A late rank that misses its
+ *                       fault deadline is left out and excluded.
  * The mode and the scheduler's parameters come from the configuration
  * (sync_mode, sched); COH_SYNC_DEFAULT uses it. All ranks must use the same
  * mode. weight in [COH_SYNC_WEIGHT_MIN, COH_SYNC_WEIGHT_MAX] (e.g. the number
@@ -309,6 +339,7 @@ typedef enum coh_sync_mode {
     COH_SYNC_ALLREDUCE = 0,
     COH_SYNC_PARTIAL = 1,
     COH_SYNC_SELECTIVE = 2,
+    COH_SYNC_RELAY = 3,
     COH_SYNC_MODE_COUNT
 } coh_sync_mode;
 
@@ -322,7 +353,7 @@ COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dty
  * coh_sync brings it back into the schedule. */
 COH_API int coh_sync_leave(coh_comm_t *comm);
 COH_API const char *coh_sync_mode_name(coh_sync_mode mode);
-/* "allreduce", "partial", "selective" -> mode; COH_EINVAL otherwise. */
+/* "allreduce", "partial", "selective", "relay" -> mode; COH_EINVAL otherwise. */
 COH_API int coh_sync_mode_from_name(const char *name, coh_sync_mode *mode);
 
 typedef struct coh_group_info {
@@ -333,9 +364,39 @@ typedef struct coh_group_info {
     double total_weight;
     double wait_us; /* from READY to the plan's arrival */
     double comm_us; /* from the plan's arrival to completion */
+    /* Relay groups (COH_SYNC_RELAY, COH_ALLREDUCE_RELAY); 0 otherwise. */
+    int nrelays;       /* ranks late at the launch, relays of phase 1 */
+    const int *relays; /* valid until the request is freed */
+    int relayed;       /* 1: this rank relayed phase 1 (its data came in phase 2) */
+    int phase2;        /* late ranks whose data phase 2 folded in */
+    int phase2_method; /* 0 none, 1 broadcast around the ring, 2 prefix allreduce */
+    int nexcluded;     /* late ranks left out (failed or lost): not in the result */
 } coh_group_info_t;
 /* COH_EINVAL for a request that is not a sync; COH_EAGAIN while it runs. */
 COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info);
+
+/*
+ * Allreduce with options. COH_ALLREDUCE_RELAY runs the allreduce as a relay
+ * group (see COH_SYNC_RELAY): ranks that submitted start, guided by the
+ * coordinator, while the late ranks' reactors relay for them; the late
+ * ranks' data is folded in when they submit. The result is the same as
+ * coh_allreduce's (integer data: bit for bit; floating point: the same
+ * value on every rank, summed in another order). World communicator only;
+ * every rank must use the same algo, op, count and dtype (else
+ * COH_EMISMATCH); at most one relay op or sync outstanding per rank.
+ * coh_request_group() describes the group. opts NULL = defaults.
+ */
+typedef enum coh_allreduce_algo {
+    COH_ALLREDUCE_DEFAULT = 0, /* coh_allreduce: ring or recursive doubling by size */
+    COH_ALLREDUCE_RELAY = 1,
+} coh_allreduce_algo;
+typedef struct coh_allreduce_opts {
+    int algo;           /* coh_allreduce_algo */
+    uint64_t iteration; /* relay: the caller's step number, for traces */
+} coh_allreduce_opts_t;
+COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                             coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *opts,
+                             coh_request_t **req);
 
 /* Convenience: submit, wait, free. Returns the collective's status. */
 COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,

@@ -28,6 +28,7 @@ typedef struct co_rank {
     bool has_ready; /* a READY waits for a group */
     bool deferred;  /* a READY arrived while its group still ran */
     bool owe_mode;  /* ranks disagreed on the mode: its next READY is refused */
+    bool bye;       /* said BYE (finalizing): its close is not a failure */
     rx_ctl_ready_t ready;
     uint64_t t_heard_ns; /* last message from it (liveness) */
     uint64_t t_ready_ns; /* when has_ready was set */
@@ -50,7 +51,21 @@ typedef struct co_group {
     double max_duration;
     int status;
     double t_launch, t_first_fail;
+    /* Relay groups (COH_SYNC_RELAY): members are the ring, ready ranks first
+     * and then the late ones, who relay phase 1. */
+    bool relay;
+    int phase;    /* 1 phase 1 runs; 2 waiting for the late ranks; 3 phase 2 runs */
+    uint8_t *rst; /* per member: RL_* */
+    int32_t exp;  /* weighted floating-point data scales by 2^-exp */
+    double w1;    /* weights in the phase-1 result (plain: contributors) */
+    double t_p1;  /* phase 1 ended */
 } co_group_t;
+
+enum {
+    RL_LATE = 1,  /* late at the launch: relays phase 1 */
+    RL_READY = 2, /* late, and its READY has arrived: folded in by phase 2 */
+    RL_OUT = 4,   /* gone, failed or left: not in phase 2 */
+};
 
 struct rx_coord {
     struct coh_ctx *ctx;
@@ -108,7 +123,8 @@ static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *firs
 {
     if (c->sched[mode]) return c->sched[mode];
     sc_params_t p = c->ctx->sched_cfg.params;
-    static const sc_policy policy[] = {SC_POLICY_ALLREDUCE, SC_POLICY_PARTIAL, SC_POLICY_SELECTIVE};
+    static const sc_policy policy[] = {SC_POLICY_ALLREDUCE, SC_POLICY_PARTIAL, SC_POLICY_SELECTIVE,
+                                       SC_POLICY_RELAY};
     p.policy = policy[mode];
     /* The cost model's v is the size being synchronised. */
     if (first->count) p.model_mb = (double)first->count * coh_dtype_size(first->dtype) / 1e6;
@@ -125,6 +141,7 @@ static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *firs
 /* ---- sending ---- */
 
 static void declare_lost(rx_coord_t *c, int r, const char *why);
+static void broadcast_lost(rx_coord_t *c, int r, uint32_t silent_ms, int why);
 
 static void send_plan(rx_coord_t *c, int r, uint64_t gid, uint64_t attempt, int status, int full,
                       double total_weight, const int *members, int n)
@@ -182,11 +199,30 @@ static void group_end(rx_coord_t *c, co_group_t *g)
     coh_free(g->members);
     coh_free(g->readys);
     coh_free(g->done);
+    coh_free(g->rst);
     coh_free(g);
 }
 
+static void relay_phase1_end(rx_coord_t *c, co_group_t *g);
+static void relay_try_phase2(rx_coord_t *c, co_group_t *g);
+
 static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double duration)
 {
+    if (g->relay && g->phase == 2) {
+        /* Between the phases nobody owes a DONE: r is gone or failed, so
+         * phase 2 goes on without it (its phase-1 part, if it was ready,
+         * is in the result already; a late rank's is not). */
+        for (int i = 0; i < g->n; i++) {
+            if (g->members[i] != r || (g->rst[i] & RL_OUT)) continue;
+            g->rst[i] |= RL_OUT;
+            if (!g->done[i]) {
+                g->done[i] = 1;
+                g->ndone++;
+            }
+        }
+        relay_try_phase2(c, g);
+        return;
+    }
     for (int i = 0; i < g->n; i++) {
         if (g->members[i] != r || g->done[i]) continue;
         g->done[i] = 1;
@@ -197,25 +233,33 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
             g->t_first_fail = now_s(c);
         }
     }
-    if (g->ndone == g->n) group_end(c, g);
+    if (g->ndone < g->n) return;
+    if (g->relay && g->phase == 1 && g->status == 0)
+        relay_phase1_end(c, g);
+    else
+        group_end(c, g);
 }
 
 /* Every other rank drops r's data connections: ops that wait on it end
  * (EPEER, naming it) instead of running into their timeout, now and later. */
-static void broadcast_lost(rx_coord_t *c, int r, uint32_t silent_ms)
+static void broadcast_lost(rx_coord_t *c, int r, uint32_t silent_ms, int why)
 {
     rx_ctl_msg_t msg = {.type = RX_CTL_LOST};
     msg.u.lost.rank = (uint32_t)r;
     msg.u.lost.silent_ms = silent_ms;
+    msg.u.lost.why = (uint32_t)why;
     for (int k = 0; k < c->world; k++)
         if (k != r && c->ranks[k].conn && !c->ranks[k].lost) rx_ctl_send(c->ranks[k].conn, &msg);
 }
 
-static void declare_lost(rx_coord_t *c, int r, const char *why)
+/* r is failed for good (unless it said BYE: then it is only gone): out of
+ * every schedule, and every other rank hears it (LOST) and drops it. */
+static void declare_lost_as(rx_coord_t *c, int r, int code, uint32_t silent_ms, const char *why)
 {
     co_rank_t *cr = &c->ranks[r];
     if (cr->lost) return;
     cr->lost = true;
+    if (!cr->bye && !c->closing) broadcast_lost(c, r, silent_ms, code);
     if (cr->conn && !cr->left) active_add(c, -1);
     cr->has_ready = cr->deferred = false;
     bs_log(COH_LOG_WARN, "coordinator: rank %d is out of the schedule: %s", r, why);
@@ -224,6 +268,11 @@ static void declare_lost(rx_coord_t *c, int r, const char *why)
     if (cr->conn) rx_conn_close(cr->conn, COH_EPEER, why);
     co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
     if (g) member_done(c, g, r, COH_EPEER, 0);
+}
+
+static void declare_lost(rx_coord_t *c, int r, const char *why)
+{
+    declare_lost_as(c, r, RX_LOST_OTHER, 0, why);
 }
 
 /* Out of the schedule until its next READY (LEAVE, or a rank that held the
@@ -238,7 +287,14 @@ static void take_out(rx_coord_t *c, int r)
     for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
         if (c->sched[md]) sc_sched_on_worker_lost(c->sched[md], r);
     co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
-    if (g) member_done(c, g, r, 0, 0);
+    if (g && g->relay && g->phase != 2) {
+        /* Its relay op or phase 2 runs: its DONE ends its part; it is out
+         * of any phase 2 still to come. */
+        for (int i = 0; i < g->n; i++)
+            if (g->members[i] == r && (g->rst[i] & RL_LATE)) g->rst[i] |= RL_OUT;
+    } else if (g) {
+        member_done(c, g, r, 0, 0);
+    }
 }
 
 /* Tell rank r its sync has no group: status and an rx_ctl_why, with up to
@@ -348,6 +404,294 @@ static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
     coh_free(att);
 }
 
+/* ---- relay groups (AdapCC, seeds/004 IV-C) ---- */
+
+static void send_rplan(rx_coord_t *c, int r, const rx_ctl_rplan_t *p)
+{
+    co_rank_t *cr = &c->ranks[r];
+    rx_ctl_msg_t msg = {.type = RX_CTL_RPLAN};
+    msg.u.rplan = *p;
+    int st = cr->conn ? rx_ctl_send(cr->conn, &msg) : COH_EPEER;
+    if (st < 0) declare_lost(c, r, "cannot send it its relay plan");
+}
+
+/* Send one plan per rank of `to` (attempts att[]), from copies: sending can
+ * declare a rank lost and so end the group. */
+static void send_rplans(rx_coord_t *c, rx_ctl_rplan_t *p, const int *to, const uint64_t *att,
+                        int nto)
+{
+    for (int i = 0; i < nto; i++) {
+        if (c->ranks[to[i]].lost) continue;
+        p->attempt = att[i];
+        send_rplan(c, to[i], p);
+    }
+}
+
+static bool same_op(const rx_ctl_ready_t *a, const rx_ctl_ready_t *b)
+{
+    return a->count == b->count && a->dtype == b->dtype && a->redop == b->redop &&
+           a->plain == b->plain && a->mode == b->mode;
+}
+
+/*
+ * Launch a relay group: phase 1 is a ring over every live rank, the ready
+ * ones (d->members) contributing and the late ones (d->relays) relaying:
+ * their reactors forward and reduce the others' data, contributing the
+ * op's identity, while their applications still compute. With nobody late
+ * (every rank was ready) phase 1 is the whole allreduce.
+ */
+static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
+{
+    int m1 = d->nmembers, nl = d->nrelays, n = m1 + nl;
+    const rx_ctl_ready_t *first = NULL;
+    bool mismatch = false, missing = false;
+    double total = 0, wmax = 0;
+    for (int i = 0; i < m1; i++) {
+        co_rank_t *cr = &c->ranks[d->members[i]];
+        if (!cr->has_ready || cr->ready.mode != COH_SYNC_RELAY) {
+            missing = true;
+            continue;
+        }
+        if (!first) first = &cr->ready;
+        mismatch |= !same_op(&cr->ready, first);
+        total += cr->ready.weight;
+        if (cr->ready.weight > wmax) wmax = cr->ready.weight;
+    }
+    for (int i = 0; i < nl; i++) {
+        co_rank_t *cr = &c->ranks[d->relays[i]];
+        missing |= cr->lost || cr->left || !cr->conn || cr->group;
+    }
+    bool plain = first && first->plain;
+    /* Late weights are not known yet: room is left for each to be as large
+     * as the largest ready one (a later, larger one only narrows the
+     * headroom; the result stays exact for integer-valued data). */
+    double west = total + nl * wmax;
+    bool bad_weight =
+        first && !plain && dtype_is_int(first->dtype) && west > COH_SYNC_WEIGHT_INT_MAX;
+    co_group_t *g = coh_zalloc(sizeof(*g));
+    int *to = coh_malloc(sizeof(int) * (size_t)n);
+    uint64_t *att = coh_calloc((size_t)n, sizeof(uint64_t));
+    uint32_t *ring = coh_malloc(sizeof(uint32_t) * (size_t)n);
+    if (g) {
+        g->members = coh_malloc(sizeof(int) * (size_t)n);
+        g->readys = coh_calloc((size_t)n, sizeof(rx_ctl_ready_t));
+        g->done = coh_calloc((size_t)n, 1);
+        g->rst = coh_calloc((size_t)n, 1);
+    }
+    if (!g || !g->members || !g->readys || !g->done || !g->rst || !to || !att || !ring ||
+        mismatch || missing || bad_weight) {
+        if (g && g->members && g->readys && g->done && g->rst && to && att && ring) {
+            int st = mismatch ? COH_EMISMATCH : bad_weight ? COH_EINVAL : COH_EPROTO;
+            int why = mismatch     ? RX_CTL_WHY_COUNT
+                      : bad_weight ? RX_CTL_WHY_WEIGHT
+                                   : RX_CTL_WHY_NONE;
+            bs_log(COH_LOG_WARN, "coordinator: relay group refused: %s",
+                   mismatch     ? "ranks disagree on count, dtype or op"
+                   : bad_weight ? "integer weights may sum beyond 2^24"
+                                : "a member is not ready or a relay is gone");
+            for (int i = 0; i < m1; i++) {
+                co_rank_t *cr = &c->ranks[d->members[i]];
+                if (!cr->has_ready) continue;
+                cr->has_ready = false;
+                send_plan(c, d->members[i], 0, cr->ready.attempt, st, why, 0, d->members, m1);
+            }
+        } else {
+            bs_log(COH_LOG_ERROR, "coordinator: out of memory launching a relay group");
+        }
+        sc_sched_on_group_done(c->sched[COH_SYNC_RELAY], d->group_id, now_s(c), 0);
+        if (g) {
+            coh_free(g->members);
+            coh_free(g->readys);
+            coh_free(g->done);
+            coh_free(g->rst);
+        }
+        coh_free(g);
+        coh_free(to);
+        coh_free(att);
+        coh_free(ring);
+        return;
+    }
+    g->gid = ++c->next_gid;
+    g->sgid = d->group_id;
+    g->mode = COH_SYNC_RELAY;
+    g->n = n;
+    g->t_launch = now_s(c);
+    g->relay = true;
+    g->phase = nl ? 1 : 3;
+    g->w1 = plain ? m1 : total;
+    if (first && !plain && !dtype_is_int(first->dtype)) {
+        int e;
+        frexp(west, &e);
+        g->exp = e;
+    }
+    for (int i = 0; i < n; i++) {
+        int r = i < m1 ? d->members[i] : d->relays[i - m1];
+        co_rank_t *cr = &c->ranks[r];
+        g->members[i] = to[i] = r;
+        ring[i] = (uint32_t)r;
+        if (i < m1) {
+            g->readys[i] = cr->ready;
+            att[i] = cr->ready.attempt;
+            cr->has_ready = false;
+        } else {
+            g->rst[i] = RL_LATE;
+        }
+        cr->group = g->gid;
+    }
+    g->next = c->groups;
+    c->groups = g;
+    rx_ctl_rplan_t p = {.group_id = g->gid,
+                        .phase = 1,
+                        .final = nl == 0,
+                        .count = first->count,
+                        .dtype = first->dtype,
+                        .redop = first->redop,
+                        .plain = first->plain,
+                        .exp = g->exp,
+                        .total_weight = g->w1,
+                        .nring = (uint32_t)n,
+                        .nlate = (uint32_t)nl,
+                        .ring_in = ring,
+                        .late_in = ring + m1};
+    bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu: %d ready, %d relaying",
+           (unsigned long long)g->gid, m1, nl);
+    send_rplans(c, &p, to, att, n);
+    coh_free(to);
+    coh_free(att);
+    coh_free(ring);
+}
+
+/* Every rank has reported phase 1: the result of the ready ranks' data is
+ * on every rank, relays included. Phase 2 waits for the late ranks. */
+static void relay_phase1_end(rx_coord_t *c, co_group_t *g)
+{
+    g->t_p1 = now_s(c);
+    if (c->sched[g->mode]) sc_sched_on_phase1_done(c->sched[g->mode], g->sgid, g->t_p1);
+    g->phase = 2;
+    g->ndone = 0;
+    for (int i = 0; i < g->n; i++) {
+        g->done[i] = (g->rst[i] & RL_OUT) != 0;
+        g->ndone += g->done[i];
+    }
+    relay_try_phase2(c, g);
+}
+
+/*
+ * Phase 2, once every late rank is ready or out: the late ranks' data is
+ * folded into the phase-1 result by a broadcast around the ring (one late
+ * rank) or an allreduce where the others contribute the identity, as the
+ * scheduler's cost model says; ranks that are out are not in its ring.
+ */
+static void relay_try_phase2(rx_coord_t *c, co_group_t *g)
+{
+    if (g->phase != 2) return;
+    for (int i = 0; i < g->n; i++)
+        if ((g->rst[i] & RL_LATE) && !(g->rst[i] & (RL_READY | RL_OUT))) return;
+    int n = g->n, n2 = 0, k = 0;
+    int *to = coh_malloc(sizeof(int) * (size_t)n);
+    uint64_t *att = coh_malloc(sizeof(uint64_t) * (size_t)n);
+    uint32_t *ring = coh_malloc(sizeof(uint32_t) * (size_t)n * 2);
+    int *iring = coh_malloc(sizeof(int) * (size_t)n);
+    if (!to || !att || !ring || !iring) {
+        coh_free(to);
+        coh_free(att);
+        coh_free(ring);
+        coh_free(iring);
+        for (int i = 0; i < n; i++)
+            if (!(g->rst[i] & RL_OUT)) declare_lost(c, g->members[i], "out of memory (phase 2)");
+        return;
+    }
+    uint32_t *late = ring + n;
+    double total = g->w1;
+    const rx_ctl_ready_t *first = NULL;
+    for (int i = 0; i < n; i++) {
+        if (g->rst[i] & RL_OUT) continue;
+        if (!(g->rst[i] & RL_LATE) && !first) first = &g->readys[i];
+        to[n2] = g->members[i];
+        iring[n2] = g->members[i];
+        att[n2] = g->readys[i].attempt;
+        ring[n2++] = (uint32_t)g->members[i];
+        if (g->rst[i] & RL_READY) {
+            late[k++] = (uint32_t)g->members[i];
+            total += g->readys[i].plain ? 1 : g->readys[i].weight;
+            c->ranks[g->members[i]].deferred = false; /* its READY is used up here */
+        }
+    }
+    if (!first) { /* every ready member is gone: nobody to finish */
+        coh_free(to);
+        coh_free(att);
+        coh_free(ring);
+        coh_free(iring);
+        g->phase = 3;
+        if (g->ndone == g->n) group_end(c, g);
+        return;
+    }
+    int method = k ? sc_sched_phase2_method(c->sched[g->mode], iring, n2, k) : RX_RELAY_NONE;
+    if (method < 0) method = RX_RELAY_ALLREDUCE;
+    g->phase = 3;
+    bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu phase 2: %d late folded in (%s), %d out",
+           (unsigned long long)g->gid, k,
+           method == RX_RELAY_BCAST       ? "broadcast"
+           : method == RX_RELAY_ALLREDUCE ? "allreduce"
+                                          : "nothing to fold",
+           n - n2);
+    rx_ctl_rplan_t p = {.group_id = g->gid,
+                        .phase = 2,
+                        .method = (uint32_t)method,
+                        .final = 1,
+                        .count = first->count,
+                        .dtype = first->dtype,
+                        .redop = first->redop,
+                        .plain = first->plain,
+                        .exp = g->exp,
+                        .total_weight = total,
+                        .nring = (uint32_t)n2,
+                        .nlate = (uint32_t)k,
+                        .ring_in = ring,
+                        .late_in = late};
+    send_rplans(c, &p, to, att, n2);
+    coh_free(to);
+    coh_free(att);
+    coh_free(ring);
+    coh_free(iring);
+}
+
+/* A READY from r while its relay group runs. A late rank's is its data for
+ * phase 2; anything else waits for the group's end as usual. Returns true
+ * when it was taken. */
+static bool relay_ready(rx_coord_t *c, int r, const rx_ctl_ready_t *rd)
+{
+    co_rank_t *cr = &c->ranks[r];
+    co_group_t *g = group_find(c, cr->group);
+    if (!g || !g->relay || g->phase > 2) return false;
+    int i = 0;
+    while (i < g->n && g->members[i] != r) i++;
+    if (i == g->n || (g->rst[i] & (RL_READY | RL_OUT)) != 0 || !(g->rst[i] & RL_LATE)) return false;
+    const rx_ctl_ready_t *first = NULL;
+    for (int j = 0; j < g->n && !first; j++)
+        if (!(g->rst[j] & RL_LATE)) first = &g->readys[j];
+    if (first && !same_op(rd, first)) {
+        bs_log(COH_LOG_WARN, "coordinator: rank %d's READY disagrees with its relay group", r);
+        g->rst[i] |= RL_OUT;
+        if (g->phase == 2 && !g->done[i]) {
+            g->done[i] = 1;
+            g->ndone++;
+        }
+        cr->ready = *rd;
+        refuse_rank(c, r, COH_EMISMATCH, RX_CTL_WHY_COUNT, NULL, 0);
+        relay_try_phase2(c, g);
+        return true;
+    }
+    g->rst[i] |= RL_READY;
+    g->readys[i] = *rd;
+    cr->ready = *rd;
+    cr->deferred = true; /* should the group fail, it is grouped again */
+    sc_sched_t *s = c->sched[g->mode];
+    if (s) sc_sched_on_ready(s, r, now_s(c), rd->compute_s);
+    relay_try_phase2(c, g);
+    return true;
+}
+
 static void tick_all(rx_coord_t *c)
 {
     double t = now_s(c);
@@ -383,9 +727,15 @@ static void tick_all(rx_coord_t *c)
                 char line[256];
                 if (sc_decision_explain(&dec[i], line, sizeof(line)) > 0)
                     bs_log(COH_LOG_DEBUG, "coordinator: %s", line);
-                launch(c, m, &dec[i]);
+                if (m == COH_SYNC_RELAY)
+                    launch_relay(c, &dec[i]);
+                else
+                    launch(c, m, &dec[i]);
             } else if (dec[i].kind == SC_DEC_SUSPECT && dec[i].nmembers > 0) {
-                declare_lost(c, dec[i].members[0], "missed its fault deadline");
+                /* AdapCC's T_fault: taken for failed, excluded by everybody
+                 * (its data connections are dropped as for a hung rank). */
+                declare_lost_as(c, dec[i].members[0], RX_LOST_FAULT, 0,
+                                "missed its fault deadline (T_fault)");
             }
             coh_free(mem[i]);
         }
@@ -502,6 +852,7 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
                 if (c->sched[md]) sc_sched_on_worker_back(c->sched[md], r, now_s(c));
         }
         if (cr->group) {
+            if (relay_ready(c, r, rd)) break;
             cr->deferred = true; /* its group ends when the last DONE arrives */
             return;
         }
@@ -550,7 +901,7 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
         char why[96];
         snprintf(why, sizeof(why), "rank %d reported it gone", r);
         uint64_t gid = g->gid;
-        declare_lost(c, (int)f->gone, why); /* may end the group */
+        declare_lost_as(c, (int)f->gone, RX_LOST_REPORTED, 0, why); /* may end the group */
         if ((g = group_find(c, gid)) != NULL) member_done(c, g, r, 0, 0);
         break;
     }
@@ -562,6 +913,14 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
         take_out(c, r);
         break;
     case RX_CTL_PING: break; /* heard (on_bytes) is all it says */
+    case RX_CTL_BYE:
+        if (m->u.bye_rank != (uint32_t)r) {
+            declare_lost(c, r, "BYE for another rank");
+            return;
+        }
+        cr->bye = true;
+        take_out(c, r);
+        break;
     case RX_CTL_RAIL:
         if (m->u.rail.rank != (uint32_t)r) {
             declare_lost(c, r, "RAIL for another rank");
@@ -614,7 +973,8 @@ static void on_close(rx_conn_t *conn, int status, const char *why)
     }
     char msg[160];
     snprintf(msg, sizeof(msg), "control connection closed (%s)", why);
-    declare_lost(c, r, msg); /* counts it out of `active` while conn is still set */
+    /* counts it out of `active` while conn is still set */
+    declare_lost_as(c, r, RX_LOST_CLOSED, 0, msg);
     c->ranks[r].conn = NULL;
     tick_all(c);
 }
@@ -640,8 +1000,7 @@ static void check_liveness(rx_coord_t *c, uint64_t now)
         uint32_t ms = (uint32_t)((now - cr->t_heard_ns) / 1000000ull);
         char why[96];
         snprintf(why, sizeof(why), "unresponsive: nothing heard for %u ms", ms);
-        declare_lost(c, r, why);
-        broadcast_lost(c, r, ms);
+        declare_lost_as(c, r, RX_LOST_SILENT, ms, why);
     }
 }
 
@@ -691,11 +1050,28 @@ static void on_tick(uv_timer_t *t)
     /* A group where someone failed and others never report (a hung rank)
      * ends after the op timeout: the silent ones are out. */
     double tnow = now_s(c), limit = c->ctx->cfg.timeout_ms / 1e3;
+    /* A relay group whose late ranks are still not ready an op timeout
+     * after phase 1 (T_fault off, or no verdict): phase 2 goes on without
+     * them; they leave the schedule until their next sync. */
+    for (co_group_t *g = c->groups; g; g = g->next) {
+        if (!g->relay || g->phase != 2 || tnow - g->t_p1 < limit) continue;
+        for (int i = 0; i < g->n; i++)
+            if ((g->rst[i] & RL_LATE) && !(g->rst[i] & (RL_READY | RL_OUT))) {
+                bs_log(COH_LOG_WARN,
+                       "coordinator: rank %d not ready %d ms after phase 1 of relay group %llu: "
+                       "phase 2 goes on without it",
+                       g->members[i], c->ctx->cfg.timeout_ms, (unsigned long long)g->gid);
+                take_out(c, g->members[i]);
+                break; /* the group may have moved on: next tick continues */
+            }
+        break;
+    }
     for (co_group_t *g = c->groups; g; g = g->next) {
         if (g->status == 0 || tnow - g->t_first_fail < limit) continue;
         for (int i = 0; i < g->n; i++)
             if (!g->done[i]) {
-                declare_lost(c, g->members[i], "silent after its group failed");
+                declare_lost_as(c, g->members[i], RX_LOST_SILENT, 0,
+                                "silent after its group failed");
                 break; /* the group may be gone now: next tick continues */
             }
         break;
@@ -712,6 +1088,7 @@ static void tick_closed(uv_handle_t *h)
         coh_free(g->members);
         coh_free(g->readys);
         coh_free(g->done);
+        coh_free(g->rst);
         coh_free(g);
     }
     coh_free(c->ranks);
@@ -723,6 +1100,11 @@ static void tick_closed(uv_handle_t *h)
 void rx_coord_close(rx_coord_t *c)
 {
     if (!c || c->closing) return;
+    /* The members still connected: this close is a finalize, not a failure. */
+    rx_ctl_msg_t bye = {.type = RX_CTL_BYE};
+    bye.u.bye_rank = (uint32_t)c->ctx->rank;
+    for (int r = 0; r < c->world; r++)
+        if (c->ranks[r].conn && !c->ranks[r].lost) rx_ctl_send(c->ranks[r].conn, &bye);
     c->closing = true;
     /* Closes every connection accepted on it; their on_close runs now. */
     rx_listener_close(c->listener);

@@ -30,9 +30,11 @@ static double get_f64(const uint8_t *p)
 #define REFUSE_LEN 24
 #define LEAVE_LEN  4
 #define PING_LEN   4
-#define LOST_LEN   8
+#define LOST_LEN   12
+#define BYE_LEN    4
 #define LBTAB_LEN  16 /* + the table */
 #define RAIL_LEN   16
+#define RPLAN_LEN  64 /* + 4 per ring member and per late rank */
 
 size_t rx_ctl_size(const rx_ctl_msg_t *m)
 {
@@ -44,8 +46,11 @@ size_t rx_ctl_size(const rx_ctl_msg_t *m)
     case RX_CTL_LEAVE: return RX_CTL_HDR + LEAVE_LEN;
     case RX_CTL_PING: return RX_CTL_HDR + PING_LEN;
     case RX_CTL_LOST: return RX_CTL_HDR + LOST_LEN;
+    case RX_CTL_BYE: return RX_CTL_HDR + BYE_LEN;
     case RX_CTL_LBTAB: return RX_CTL_HDR + LBTAB_LEN + (size_t)m->u.lbtab.len;
     case RX_CTL_RAIL: return RX_CTL_HDR + RAIL_LEN;
+    case RX_CTL_RPLAN:
+        return RX_CTL_HDR + RPLAN_LEN + 4 * ((size_t)m->u.rplan.nring + m->u.rplan.nlate);
     default: return 0;
     }
 }
@@ -73,7 +78,7 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         en_put64(p + 8, r->iteration);
         en_put64(p + 16, r->count);
         en_put32(p + 24, r->dtype);
-        en_put32(p + 28, 0);
+        en_put32(p + 28, r->redop | r->plain << 8);
         put_f64(p + 32, r->compute_s);
         put_f64(p + 40, r->weight);
         en_put64(p + 48, r->attempt);
@@ -121,7 +126,9 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
     case RX_CTL_LOST:
         en_put32(p, m->u.lost.rank);
         en_put32(p + 4, m->u.lost.silent_ms);
+        en_put32(p + 8, m->u.lost.why);
         break;
+    case RX_CTL_BYE: en_put32(p, m->u.bye_rank); break;
     case RX_CTL_LBTAB:
         en_put64(p, m->u.lbtab.epoch);
         en_put32(p + 8, m->u.lbtab.len);
@@ -134,6 +141,25 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         en_put32(p + 8, m->u.rail.peer);
         en_put32(p + 12, m->u.rail.kind);
         break;
+    case RX_CTL_RPLAN: {
+        const rx_ctl_rplan_t *r = &m->u.rplan;
+        en_put64(p, r->group_id);
+        en_put64(p + 8, r->attempt);
+        en_put32(p + 16, r->phase);
+        en_put32(p + 20, r->method);
+        en_put64(p + 24, r->count);
+        en_put32(p + 32, r->dtype);
+        en_put32(p + 36, r->redop | r->plain << 8);
+        en_put32(p + 40, (uint32_t)r->exp);
+        en_put32(p + 44, r->final);
+        put_f64(p + 48, r->total_weight);
+        en_put32(p + 56, r->nring);
+        en_put32(p + 60, r->nlate);
+        for (uint32_t i = 0; i < r->nring; i++) en_put32(p + 64 + 4 * i, r->ring_in[i]);
+        for (uint32_t i = 0; i < r->nlate; i++)
+            en_put32(p + 64 + 4 * (r->nring + i), r->late_in[i]);
+        break;
+    }
     default: return COH_EINVAL;
     }
     return (int)n;
@@ -178,11 +204,17 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
     case RX_CTL_LOST:
         if (plen != LOST_LEN) return COH_EPROTO;
         break;
+    case RX_CTL_BYE:
+        if (plen != BYE_LEN) return COH_EPROTO;
+        break;
     case RX_CTL_LBTAB:
         if (plen < LBTAB_LEN || plen - LBTAB_LEN > RX_CTL_MAXLB) return COH_EPROTO;
         break;
     case RX_CTL_RAIL:
         if (plen != RAIL_LEN) return COH_EPROTO;
+        break;
+    case RX_CTL_RPLAN:
+        if (plen < RPLAN_LEN || (plen - RPLAN_LEN) % 4) return COH_EPROTO;
         break;
     default: return COH_EPROTO;
     }
@@ -202,7 +234,11 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         r->compute_s = get_f64(p + 32);
         r->weight = get_f64(p + 40);
         r->attempt = en_get64(p + 48);
-        if (en_get32(p + 28) != 0 || !finite_nonneg(r->compute_s) || !finite_nonneg(r->weight))
+        uint32_t op = en_get32(p + 28);
+        r->redop = op & 0xff;
+        r->plain = op >> 8;
+        if (r->redop >= COH_REDOP_COUNT || r->plain > 1 || !finite_nonneg(r->compute_s) ||
+            !finite_nonneg(r->weight))
             return COH_EPROTO;
         break;
     }
@@ -253,7 +289,10 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
     case RX_CTL_LOST:
         m->u.lost.rank = en_get32(p);
         m->u.lost.silent_ms = en_get32(p + 4);
+        m->u.lost.why = en_get32(p + 8);
+        if (m->u.lost.why < 1 || m->u.lost.why >= RX_LOST_WHY_MAX) return COH_EPROTO;
         break;
+    case RX_CTL_BYE: m->u.bye_rank = en_get32(p); break;
     case RX_CTL_LBTAB:
         m->u.lbtab.epoch = en_get64(p);
         m->u.lbtab.len = en_get32(p + 8);
@@ -268,8 +307,44 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         if (m->u.rail.rail >= RX_MAX_RAILS || m->u.rail.kind < 1 || m->u.rail.kind > 3)
             return COH_EPROTO;
         break;
+    case RX_CTL_RPLAN: {
+        rx_ctl_rplan_t *r = &m->u.rplan;
+        r->group_id = en_get64(p);
+        r->attempt = en_get64(p + 8);
+        r->phase = en_get32(p + 16);
+        r->method = en_get32(p + 20);
+        r->count = en_get64(p + 24);
+        r->dtype = en_get32(p + 32);
+        uint32_t op = en_get32(p + 36);
+        r->redop = op & 0xff;
+        r->plain = op >> 8;
+        r->exp = (int32_t)en_get32(p + 40);
+        r->final = en_get32(p + 44);
+        r->total_weight = get_f64(p + 48);
+        r->nring = en_get32(p + 56);
+        r->nlate = en_get32(p + 60);
+        r->ring = p + RPLAN_LEN;
+        r->late = p + RPLAN_LEN + 4 * (size_t)r->nring;
+        if (r->phase < 1 || r->phase > 2 || r->method > RX_RELAY_ALLREDUCE || r->final > 1 ||
+            r->dtype >= COH_DTYPE_COUNT || r->redop >= COH_REDOP_COUNT || r->plain > 1 ||
+            r->exp < -1100 || r->exp > 1100 || !finite_nonneg(r->total_weight) || r->nring < 1 ||
+            (uint64_t)r->nring + r->nlate != (plen - RPLAN_LEN) / 4)
+            return COH_EPROTO;
+        break;
+    }
     }
     return (int)(RX_CTL_HDR + plen);
+}
+
+const char *rx_lost_why_text(int why)
+{
+    switch (why) {
+    case RX_LOST_SILENT: return "unresponsive";
+    case RX_LOST_CLOSED: return "its connection closed (the process died or was killed)";
+    case RX_LOST_FAULT: return "it missed its fault deadline (T_fault)";
+    case RX_LOST_REPORTED: return "a peer found its connections gone";
+    default: return "excluded by the coordinator";
+    }
 }
 
 /* ---- on a connection ---- */

@@ -17,14 +17,21 @@
  *                                 for COHORT_LIVENESS_MS takes the other for
  *                                 hung (a SIGSTOPped process keeps its TCP
  *                                 connections open, so only silence tells)
- *   LOST    coordinator -> rank  "rank r is unresponsive: drop it" (its data
- *                                 connections too, so no op waits on it)
+ *   LOST    coordinator -> rank  "rank r failed (died, hung, missed its fault
+ *                                 deadline): drop it" (its data connections
+ *                                 too, so no op waits on it)
+ *   BYE     either way           "I am finalizing": the connection's close
+ *                                 that follows is not a failure
  *   LBTAB   coordinator -> rank  "the rail balancer's table for epoch e" (the
  *                                 packed sc_lb table world ops of that epoch
  *                                 are split with, docs/multirail.md)
  *   RAIL    rank -> coordinator  "my link to peer on rail r failed over /
  *                                 came back / is gone" (the balancer marks
  *                                 the rail down while any link on it is off)
+ *   RPLAN   coordinator -> rank  a relay group's phase (COH_SYNC_RELAY):
+ *                                 phase 1, the ring over every live rank in
+ *                                 which the late ones relay; phase 2, how
+ *                                 the late ranks' data is folded in
  *
  * Framing: a 16-byte header, then `len` payload bytes, little-endian:
  *   0 u32 magic "COHC"  4 u8 type  5 u8 flags (0)  6 u16 reserved (0)
@@ -54,10 +61,30 @@ typedef enum rx_ctl_type {
     RX_CTL_REFUSE = 4,
     RX_CTL_LEAVE = 5, /* rank -> coordinator: "I will not sync again": payload u32 rank */
     RX_CTL_PING = 6,  /* either way: payload u32 sender rank */
-    RX_CTL_LOST = 7,  /* coordinator -> rank: payload u32 rank, u32 silent ms */
+    RX_CTL_LOST = 7,  /* coordinator -> rank: u32 rank, u32 silent ms, u32 rx_lost_why */
     RX_CTL_LBTAB = 8, /* coordinator -> rank: u64 epoch, u32 len, u32 0, len table bytes */
     RX_CTL_RAIL = 9,  /* rank -> coordinator: u32 rank, u32 rail, u32 peer, u32 kind */
+    RX_CTL_RPLAN = 10,
+    RX_CTL_BYE = 11, /* either way: u32 sender rank */
 } rx_ctl_type;
+
+/* Why the coordinator took a rank for failed (LOST). */
+typedef enum rx_lost_why {
+    RX_LOST_SILENT = 1,   /* nothing heard for COHORT_LIVENESS_MS */
+    RX_LOST_CLOSED = 2,   /* its control connection closed without BYE */
+    RX_LOST_FAULT = 3,    /* a relay that missed T_fault */
+    RX_LOST_REPORTED = 4, /* a member found its data connections gone */
+    RX_LOST_OTHER = 5,    /* a protocol violation, or no memory to plan it */
+    RX_LOST_WHY_MAX
+} rx_lost_why;
+const char *rx_lost_why_text(int why);
+
+/* How phase 2 of a relay group folds the late ranks' data in. */
+typedef enum rx_relay_method {
+    RX_RELAY_NONE = 0,      /* nobody late is left: the phase-1 result is final */
+    RX_RELAY_BCAST = 1,     /* one late rank: broadcast its data around the ring */
+    RX_RELAY_ALLREDUCE = 2, /* several: allreduce, the others contributing the identity */
+} rx_relay_method;
 
 /* Why a PLAN refuses (status < 0): carried in `full`, which a refusal does
  * not otherwise use. */
@@ -79,6 +106,8 @@ typedef struct rx_ctl_ready {
     double compute_s; /* time since this rank's previous sync ended */
     double weight;
     uint64_t attempt; /* this rank's attempt number: a PLAN answers one */
+    uint32_t redop;   /* coh_redop of a plain relay allreduce (COH_SUM for syncs) */
+    uint32_t plain;   /* 1: coh_allreduce_ex (no weights), 0: a weighted sync */
 } rx_ctl_ready_t;
 
 typedef struct rx_ctl_plan {
@@ -91,6 +120,22 @@ typedef struct rx_ctl_plan {
     const uint8_t *members;     /* nmembers little-endian u32 ranks, ring order (decode) */
     const uint32_t *members_in; /* (encode) */
 } rx_ctl_plan_t;
+
+/* A relay group's phase for one rank. */
+typedef struct rx_ctl_rplan {
+    uint64_t group_id;
+    uint64_t attempt; /* the READY it answers; 0: phase 1 of a relay (it sent none) */
+    uint32_t phase;   /* 1 or 2 */
+    uint32_t method;  /* phase 2: rx_relay_method */
+    uint32_t final;   /* 1: the result is complete after this phase */
+    uint64_t count;
+    uint32_t dtype, redop, plain;
+    int32_t exp;         /* weighted syncs on floating point: weights scale by 2^-exp */
+    double total_weight; /* final: sum of the weights folded in (plain: contributors) */
+    uint32_t nring, nlate;
+    const uint8_t *ring, *late;        /* little-endian u32 ranks (decode) */
+    const uint32_t *ring_in, *late_in; /* (encode) */
+} rx_ctl_rplan_t;
 
 typedef struct rx_ctl_bw {
     uint32_t peer;
@@ -135,12 +180,15 @@ typedef struct rx_ctl_msg {
         rx_ctl_refuse_t refuse;
         uint32_t leave_rank;
         uint32_t ping_rank;
+        uint32_t bye_rank;
         struct {
             uint32_t rank;
             uint32_t silent_ms;
+            uint32_t why; /* rx_lost_why */
         } lost;
         rx_ctl_lbtab_t lbtab;
         rx_ctl_rail_t rail;
+        rx_ctl_rplan_t rplan;
     } u;
 } rx_ctl_msg_t;
 

@@ -437,6 +437,8 @@ static void ctx_fini(struct coh_ctx *ctx)
     coh_free(ctx->token_s);
     coh_free(ctx->nics_s);
     coh_free(ctx->sched_s);
+    coh_free(ctx->failed);
+    uv_mutex_destroy(&ctx->fail_mu);
     coh_free(ctx);
 }
 
@@ -479,9 +481,17 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->rank = cfg_in->rank;
     ctx->spin_us = rx_config_spin_us(cfg_in);
     ctx->world = cfg_in->world_size;
+    uv_mutex_init(&ctx->fail_mu);
+    ctx->failed = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
+    ctx->world_comm.ctx = ctx;
+    ctx->world_comm.id = 0;
+    ctx->world_comm.rank = ctx->rank;
+    ctx->world_comm.size = ctx->world;
+    ctx->comms = &ctx->world_comm;
     int st = 0;
     uint64_t deadline = bs_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
-    if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s)) {
+    if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s) ||
+        !ctx->failed) {
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
@@ -547,10 +557,6 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
     BS_CHECK_GOTO(rx_lb_start(ctx), st, fail); /* before a table can arrive */
     if (ctx->world > 1) BS_CHECK_GOTO(bootstrap(ctx, deadline), st, fail);
-    ctx->world_comm.ctx = ctx;
-    ctx->world_comm.id = 0;
-    ctx->world_comm.rank = ctx->rank;
-    ctx->world_comm.size = ctx->world;
     describe(ctx);
     BS_CHECK_GOTO(reg_add(ctx), st, fail);
     atomic_store(&ctx->state, RX_CTX_RUNNING);

@@ -14,6 +14,9 @@ struct coh_comm {
     int rank, size;
     const int *ranks; /* world rank of each member; NULL for the world */
     _Atomic uint64_t next_seq;
+    coh_failure_fn on_failure; /* under ctx->fail_mu */
+    void *on_failure_arg;
+    struct coh_comm *next; /* the context's communicators (under ctx->fail_mu) */
 };
 
 struct coh_ctx {
@@ -43,6 +46,11 @@ struct coh_ctx {
     char *lb_table_s;            /* cfg.lb_table's copy */
     en_rail_observer_t rail_obs; /* the rails' failover events (rx_lb.c) */
     _Atomic uint64_t rail_events[RX_MAX_RAILS][3]; /* per rail: failovers, returns, gone */
+    /* Failed ranks (rx_fail.c): world ranks the coordinator excluded. */
+    uv_mutex_t fail_mu;
+    uint8_t *failed; /* world entries */
+    int nfailed;
+    coh_comm_t *comms; /* world_comm, then communicators made from it */
     char describe[1024];
 };
 
@@ -69,6 +77,11 @@ typedef struct rx_launch {
  * rails. On failure nothing was submitted and the request is untouched
  * (its comm, seq and slices are set only on success). */
 int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
+
+/* Any thread: world rank r failed (idempotent); tells every communicator's
+ * failure handler that has r. */
+void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why);
+bool rx_ctx_is_failed(struct coh_ctx *ctx, int r);
 
 /* Notify waiters and the event fd that a request of ctx completed. */
 void rx_ctx_notify(struct coh_ctx *ctx, int failed);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gpu/gpu.h"
 #include "reactor/rx_ctx.h"
 #include "reactor/rx_sync.h"
 
@@ -31,6 +32,17 @@ struct rx_member {
     uv_timer_t beat; /* heartbeats out, the coordinator's silence checked */
     bool beat_open;
     uint64_t t_heard_ns, t_ping_ns;
+    /* This rank as a relay (AdapCC): the phase-1 op it runs for the group's
+     * ready ranks while its own step still computes, then that op's result,
+     * which its own sync takes up in phase 2. */
+    coh_request_t *relay_req;
+    uint64_t relay_gid;
+    void *relay_result;
+    int *relay_late; /* the group's relays, as phase 1 named them */
+    int relay_nlate;
+    int *relay_ring; /* phase 1's ring */
+    int relay_nring;
+    bool coord_bye; /* the coordinator said BYE: its close is not a failure */
 };
 
 #define SYNC_RETRIES 3
@@ -68,7 +80,9 @@ static int send_ready(rx_member_t *m, coh_request_t *req)
                                    .dtype = (uint32_t)s->dtype,
                                    .compute_s = (double)(now - m->last_done_ns) / 1e9,
                                    .weight = s->weight,
-                                   .attempt = s->attempt};
+                                   .attempt = s->attempt,
+                                   .redop = (uint32_t)s->redop,
+                                   .plain = (uint32_t)s->plain};
     if (!m->conn || atomic_load(&m->lost)) return COH_EPEER;
     return rx_ctl_send(m->conn, &msg);
 }
@@ -110,6 +124,55 @@ static void abort_group(struct coh_ctx *ctx, uint32_t gcomm, const int *members,
         if (members[j] != ctx->rank && members[j] != skip) others[no++] = members[j];
     for (int r = 0; r < ctx->nrails; r++)
         rx_rail_abort(&ctx->rails[r], gcomm, 0, COH_EPEER, why, others, no);
+}
+
+/* Run one collective of group gid (its op number seq) over `ring`, this
+ * rank at position pos, on the rails: the weighted ring allreduce of a
+ * group, and a relay group's phases. */
+static int group_launch(struct coh_ctx *ctx, coh_request_t *req, uint64_t gid, uint64_t seq,
+                        sc_coll_kind kind, const int *ring, int n, int pos, int root,
+                        const void *in, void *out, double scale, double divide)
+{
+    rx_syncreq_t *s = req->sync;
+    const coh_config_t *cfg = &ctx->cfg;
+    size_t es = coh_dtype_size(s->dtype);
+    uint64_t chunk = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
+    uint64_t sig = bs_fnv64(bs_fnv64(bs_fnv64(BS_FNV_SEED, 0x5359u), s->count), (uint64_t)s->dtype);
+    sig = bs_fnv64(bs_fnv64(bs_fnv64(sig, gid), seq), (uint64_t)kind * 8 + (uint64_t)s->redop);
+    for (int i = 0; i < n; i++) sig = bs_fnv64(sig, (uint64_t)ring[i]);
+    char desc[96];
+    if (s->phase || s->internal)
+        snprintf(desc, sizeof(desc), "relay group %llu phase %d (%d ranks, count=%zu, %s)",
+                 (unsigned long long)gid, seq ? 2 : 1, n, s->count, coh_dtype_name(s->dtype));
+    else
+        snprintf(desc, sizeof(desc), "sync(group %llu of %d, count=%zu, %s)",
+                 (unsigned long long)gid, n, s->count, coh_dtype_name(s->dtype));
+    memset(s->nbw, 0, sizeof(s->nbw));
+    rx_launch_t L = {.coll = {.kind = kind,
+                              .algo = SC_ALGO_AUTO,
+                              .nranks = n,
+                              .rank = pos,
+                              .order = ring,
+                              .root = root,
+                              .count = s->count,
+                              .chunk_elems = chunk,
+                              .small_elems = cfg->small_bytes / es,
+                              .scale = scale,
+                              .divide = divide},
+                     .comm = rx_group_comm(gid),
+                     .seq = seq,
+                     .sig = sig,
+                     .key = gid + seq,
+                     .bytes = (uint64_t)s->count * es,
+                     .desc = desc,
+                     .dtype = s->dtype,
+                     .redop = s->redop,
+                     .sendbuf = in,
+                     .recvbuf = out};
+    s->running = true;
+    int st = rx_launch(ctx, req, &L);
+    if (st < 0) s->running = false;
+    return st;
 }
 
 static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
@@ -219,37 +282,8 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
         scale = ldexp(scale, -e);
         divide = ldexp(divide, -e);
     }
-    const coh_config_t *cfg = &ctx->cfg;
-    size_t es = coh_dtype_size(s->dtype);
-    uint64_t chunk = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
-    uint64_t sig = bs_fnv64(bs_fnv64(bs_fnv64(BS_FNV_SEED, 0x5359u), s->count), (uint64_t)s->dtype);
-    sig = bs_fnv64(sig, p->group_id);
-    for (int i = 0; i < n; i++) sig = bs_fnv64(sig, (uint64_t)members[i]);
-    char desc[96];
-    snprintf(desc, sizeof(desc), "sync(group %llu of %d, count=%zu, %s)",
-             (unsigned long long)p->group_id, n, s->count, coh_dtype_name(s->dtype));
-    memset(s->nbw, 0, sizeof(s->nbw));
-    rx_launch_t L = {.coll = {.kind = SC_ALLREDUCE,
-                              .algo = SC_ALGO_AUTO,
-                              .nranks = n,
-                              .rank = pos,
-                              .order = members,
-                              .count = s->count,
-                              .chunk_elems = chunk,
-                              .small_elems = cfg->small_bytes / es,
-                              .scale = scale,
-                              .divide = divide},
-                     .comm = gcomm,
-                     .seq = 0,
-                     .sig = sig,
-                     .key = p->group_id,
-                     .bytes = (uint64_t)s->count * es,
-                     .desc = desc,
-                     .dtype = s->dtype,
-                     .redop = COH_SUM,
-                     .sendbuf = s->buf,
-                     .recvbuf = s->scratch};
-    int st = rx_launch(ctx, req, &L);
+    int st = group_launch(ctx, req, p->group_id, 0, SC_ALLREDUCE, members, n, pos, 0, s->sendbuf,
+                          s->scratch, scale, divide);
     if (st < 0) {
         /* The others wait for our part: tell them and the coordinator, and fail. */
         rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
@@ -261,6 +295,321 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
     }
 }
 
+/* ---- relay groups (COH_SYNC_RELAY, coh_allreduce_ex's relay) ---- */
+
+static bool dtype_int(coh_dtype d)
+{
+    return d == COH_I32 || d == COH_I64 || d == COH_U8;
+}
+
+/* What this rank's input is multiplied by before it is sent (0: as it is). */
+static double relay_scale(const rx_syncreq_t *s)
+{
+    if (s->plain) return 0;
+    return dtype_int(s->dtype) ? s->weight : ldexp(s->weight, -s->exp);
+}
+
+/* What the sum is divided by at the end (0: nothing), from the plan's total:
+ * the weights folded in, or for a plain AVG the number of contributors. */
+static double relay_divide(const rx_syncreq_t *s, double total)
+{
+    if (s->plain) return s->redop == COH_AVG ? total : 0;
+    return dtype_int(s->dtype) ? total : ldexp(total, -s->exp);
+}
+
+/* The ranks of a plan: n little-endian u32, each < world, no repeats. */
+static int *plan_ranks(struct coh_ctx *ctx, const uint8_t *p, uint32_t n, int *pos)
+{
+    int *r = coh_malloc(sizeof(int) * (n ? n : 1));
+    if (!r) return NULL;
+    if (pos) *pos = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t v = en_get32(p + 4 * i);
+        bool bad = v >= (uint32_t)ctx->world;
+        for (uint32_t j = 0; j < i && !bad; j++) bad = r[j] == (int)v;
+        if (bad) {
+            coh_free(r);
+            return NULL;
+        }
+        r[i] = (int)v;
+        if (pos && r[i] == ctx->rank) *pos = (int)i;
+    }
+    return r;
+}
+
+static bool has_rank(const int *r, int n, int x)
+{
+    for (int i = 0; i < n; i++)
+        if (r[i] == x) return true;
+    return false;
+}
+
+static void send_done(rx_member_t *m, coh_request_t *req, int status);
+
+static void relay_forget(rx_member_t *m)
+{
+    coh_free(m->relay_result);
+    coh_free(m->relay_late);
+    coh_free(m->relay_ring);
+    m->relay_result = NULL;
+    m->relay_late = NULL;
+    m->relay_ring = NULL;
+    m->relay_nlate = m->relay_nring = 0;
+    m->relay_gid = 0;
+}
+
+/* Phase 1 with this rank as a relay: its reactor runs the group's ring on
+ * a buffer of its own, contributing the identity of the op (AdapCC's
+ * has-reduce = 0: what passes through is forwarded and reduced with
+ * nothing of this rank's), while its application still computes. */
+static void relay_start(rx_member_t *m, const rx_ctl_rplan_t *p, int *ring, int pos, int *late)
+{
+    struct coh_ctx *ctx = m->ctx;
+    relay_forget(m);
+    size_t es = coh_dtype_size((coh_dtype)p->dtype);
+    coh_request_t *req = rx_request_new(ctx, 0);
+    rx_syncreq_t *s = coh_zalloc(sizeof(*s));
+    void *scratch = coh_aligned(p->count ? p->count * es : 1, 64);
+    void *ident = coh_aligned(p->count ? p->count * es : 1, 64);
+    if (!req || !s || !scratch || !ident) {
+        if (req) rx_request_discard(req);
+        coh_free(s);
+        coh_free(scratch);
+        coh_free(ident);
+        coh_free(ring);
+        coh_free(late);
+        rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
+        msg.u.done = (rx_ctl_done_t){
+            .group_id = p->group_id, .rank = (uint32_t)ctx->rank, .status = COH_ENOMEM};
+        if (m->conn) rx_ctl_send(m->conn, &msg);
+        return;
+    }
+    gpu_cpu_fill_identity((coh_dtype)p->dtype, (coh_redop)p->redop, ident, p->count);
+    *s = (rx_syncreq_t){.scratch = scratch,
+                        .ident = ident,
+                        .sendbuf = ident,
+                        .count = p->count,
+                        .dtype = (coh_dtype)p->dtype,
+                        .redop = (coh_redop)p->redop,
+                        .plain = (int)p->plain,
+                        .internal = 1,
+                        .phase = 1,
+                        .relayed = 1,
+                        .exp = p->exp,
+                        .group_id = p->group_id,
+                        .members = ring,
+                        .nmembers = (int)p->nring,
+                        .relays = late,
+                        .nrelays = (int)p->nlate,
+                        .mode = COH_SYNC_RELAY};
+    s->t_plan_ns = bs_now_ns();
+    req->sync = s;
+    m->relay_req = req;
+    m->relay_gid = p->group_id;
+    int st = group_launch(ctx, req, p->group_id, 0, SC_ALLREDUCE, ring, (int)p->nring, pos, 0,
+                          ident, scratch, 0, 0);
+    if (st < 0) {
+        m->relay_req = NULL;
+        send_done(m, req, st);
+        rx_request_discard(req);
+    }
+}
+
+/* The relay's phase-1 op ended: report it, keep its result for phase 2. */
+static void relay_end(rx_member_t *m, coh_request_t *req)
+{
+    rx_syncreq_t *s = req->sync;
+    int status = atomic_load(&req->status);
+    s->running = false;
+    send_done(m, req, status);
+    if (m->relay_req == req) m->relay_req = NULL;
+    if (status == 0 && m->relay_gid == s->group_id) {
+        relay_forget(m);
+        m->relay_gid = s->group_id;
+        m->relay_result = s->scratch;
+        m->relay_late = s->relays;
+        m->relay_nlate = s->nrelays;
+        m->relay_ring = s->members;
+        m->relay_nring = s->nmembers;
+        s->scratch = NULL;
+        s->relays = NULL;
+        s->members = NULL;
+    } else if (m->relay_gid == s->group_id) {
+        relay_forget(m);
+    }
+    bs_log(COH_LOG_DEBUG, "rank %d: relayed phase 1 of group %llu: %s", m->ctx->rank,
+           (unsigned long long)s->group_id, status ? req->err : "ok");
+    rx_request_discard(req);
+}
+
+/* Phase 2 ended (or there was none): fold what the late ranks brought into
+ * the phase-1 result, divide, done. Every rank does the same arithmetic on
+ * the same bytes, so every rank has the same result. */
+static void relay_complete(rx_member_t *m, coh_request_t *req, int status)
+{
+    rx_syncreq_t *s = req->sync;
+    if (status == 0 && s->count) {
+        if (s->phase2_method != RX_RELAY_NONE)
+            gpu_cpu_reduce(s->dtype, s->redop, s->scratch, s->scratch, s->tmp, s->count);
+        double div = relay_divide(s, s->total_weight);
+        if (div != 0 && gpu_cpu_div(s->dtype, s->scratch, s->count, div) < 0) status = COH_EINVAL;
+    }
+    if (status < 0 && !req->err_set) rx_request_set_error(req, status, "cannot divide the result");
+    finish(m, req, status, req->err);
+}
+
+static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
+{
+    struct coh_ctx *ctx = m->ctx;
+    int pos = -1;
+    int *ring = plan_ranks(ctx, p->ring, p->nring, &pos);
+    int *late = ring ? plan_ranks(ctx, p->late, p->nlate, NULL) : NULL;
+    bool late_ok = late != NULL;
+    for (uint32_t i = 0; late_ok && i < p->nlate; i++)
+        late_ok = has_rank(ring, (int)p->nring, late[i]);
+    if (!ring || !late_ok || pos < 0) {
+        coh_free(ring);
+        coh_free(late);
+        if (m->conn)
+            rx_conn_close(m->conn, COH_EPROTO,
+                          "the coordinator sent a relay plan that does not name this rank once");
+        return;
+    }
+    bool am_late = has_rank(late, (int)p->nlate, ctx->rank);
+    if (p->phase == 1 && p->attempt == 0) {
+        if (!am_late) {
+            coh_free(ring);
+            coh_free(late);
+            rx_conn_close(m->conn, COH_EPROTO, "a relay plan for a rank that is not late");
+            return;
+        }
+        relay_start(m, p, ring, pos, late);
+        return;
+    }
+    coh_request_t *req = m->pending;
+    rx_syncreq_t *s = req ? req->sync : NULL;
+    bool want = s && s->attempt == p->attempt && !s->running &&
+                (p->phase == 1 ? !s->members : s->phase == 2 || (!s->members && am_late));
+    if (!want || s->count != p->count || (uint32_t)s->dtype != p->dtype ||
+        (uint32_t)s->redop != p->redop || (uint32_t)s->plain != p->plain) {
+        bs_log(COH_LOG_WARN, "rank %d: ignoring a stale relay plan for group %llu (phase %u)",
+               ctx->rank, (unsigned long long)p->group_id, p->phase);
+        coh_free(ring);
+        coh_free(late);
+        return;
+    }
+    if (p->phase == 1) {
+        if (p->nlate == 0 && p->final != 1) {
+            coh_free(ring);
+            coh_free(late);
+            rx_conn_close(m->conn, COH_EPROTO, "a relay plan without relays that is not final");
+            return;
+        }
+        relay_forget(m);
+        s->members = ring;
+        s->nmembers = (int)p->nring;
+        s->relays = late;
+        s->nrelays = (int)p->nlate;
+        s->group_id = p->group_id;
+        s->full = 1;
+        s->exp = p->exp;
+        s->total_weight = p->total_weight;
+        s->phase = p->final ? 0 : 1;
+        s->t_plan_ns = bs_now_ns();
+        double div = p->final ? relay_divide(s, p->total_weight) : 0;
+        int st = group_launch(ctx, req, p->group_id, 0, SC_ALLREDUCE, ring, (int)p->nring, pos, 0,
+                              s->sendbuf, s->scratch, relay_scale(s), div);
+        if (st < 0) {
+            send_done(m, req, st);
+            finish(m, req, st, "cannot build the relay group's plan");
+        }
+        return;
+    }
+    /* Phase 2. */
+    if (!s->members) {
+        /* This rank relayed phase 1: its sync takes that op's result up. */
+        if (!m->relay_result || m->relay_gid != p->group_id) {
+            coh_free(ring);
+            coh_free(late);
+            finish(m, req, COH_EPROTO, "phase 2 of a relay group whose phase 1 this rank lacks");
+            return;
+        }
+        coh_free(s->scratch);
+        s->scratch = m->relay_result;
+        s->relays = m->relay_late;
+        s->nrelays = m->relay_nlate;
+        s->members = m->relay_ring;
+        s->nmembers = m->relay_nring;
+        m->relay_result = NULL;
+        m->relay_late = NULL;
+        m->relay_ring = NULL;
+        relay_forget(m);
+        s->relayed = 1;
+        s->group_id = p->group_id;
+        s->exp = p->exp;
+        s->t_plan_ns = bs_now_ns();
+    }
+    /* The group's members are whose data is in the result: phase 1's ring
+     * but its relays, and the relays phase 2 folds in. */
+    int nm = 0;
+    for (int i = 0; i < s->nmembers; i++) {
+        int r = s->members[i];
+        if (!has_rank(s->relays, s->nrelays, r) || has_rank(late, (int)p->nlate, r))
+            s->members[nm++] = r;
+    }
+    s->nmembers = nm;
+    s->phase = 2;
+    s->phase2 = (int)p->nlate;
+    s->phase2_method = (int)p->method;
+    s->total_weight = p->total_weight;
+    if (s->nrelays > (int)p->nlate) s->nexcluded = s->nrelays - (int)p->nlate;
+    s->full = s->nexcluded == 0;
+    size_t es = coh_dtype_size(s->dtype);
+    int st = 0;
+    if (p->method == RX_RELAY_NONE || !s->count) {
+        coh_free(ring);
+        coh_free(late);
+        send_done(m, req, 0);
+        relay_complete(m, req, 0);
+        return;
+    }
+    s->tmp = coh_aligned(s->count * es, 64);
+    if (!s->tmp) st = COH_ENOMEM;
+    if (st == 0 && p->method == RX_RELAY_BCAST) {
+        int root = -1;
+        for (uint32_t i = 0; i < p->nring; i++)
+            if (ring[i] == late[0]) root = (int)i;
+        if (root == pos) {
+            memcpy(s->tmp, s->sendbuf, s->count * es);
+            double f = relay_scale(s);
+            if (f != 0) gpu_cpu_scale(s->dtype, s->tmp, s->count, f);
+        }
+        st = group_launch(ctx, req, p->group_id, 1, SC_BROADCAST, ring, (int)p->nring, pos, root,
+                          s->tmp, s->tmp, 0, 0);
+    } else if (st == 0) {
+        const void *in = s->sendbuf;
+        double f = relay_scale(s);
+        if (!am_late) {
+            if (!s->ident) s->ident = coh_aligned(s->count * es, 64);
+            if (!s->ident)
+                st = COH_ENOMEM;
+            else
+                gpu_cpu_fill_identity(s->dtype, s->redop, s->ident, s->count);
+            in = s->ident;
+            f = 0;
+        }
+        if (st == 0)
+            st = group_launch(ctx, req, p->group_id, 1, SC_ALLREDUCE, ring, (int)p->nring, pos, 0,
+                              in, s->tmp, f, 0);
+    }
+    coh_free(ring); /* the plans hold their peers */
+    coh_free(late);
+    if (st < 0) {
+        send_done(m, req, st);
+        finish(m, req, st, "cannot build phase 2 of the relay group");
+    }
+}
+
 /* ---- an attempt ended ---- */
 
 typedef struct done_task {
@@ -268,25 +617,19 @@ typedef struct done_task {
     coh_request_t *req;
 } done_task_t;
 
-static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
+/* Tell the coordinator how the op went, and what the links looked like:
+ * bytes from each peer over the time they took, summed over the rails (they
+ * run side by side, so the longest time counts). */
+static void send_done(rx_member_t *m, coh_request_t *req, int status)
 {
-    done_task_t *dt = (done_task_t *)t;
-    coh_request_t *req = dt->req;
-    coh_free(dt);
-    rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
     rx_syncreq_t *s = req->sync;
-    int status = atomic_load(&req->status);
-    uint64_t now = bs_now_ns();
-    /* Tell the coordinator how it went, and what the links looked like:
-     * bytes from each peer over the time they took, summed over the rails
-     * (they run side by side, so the longest time counts). */
     rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
     rx_ctl_done_t *d = &msg.u.done;
     d->group_id = s->group_id;
     d->rank = (uint32_t)m->ctx->rank;
     d->status = status;
-    d->duration_s = (double)(now - s->t_plan_ns) / 1e9;
-    for (int sl = 0; sl < req->nslices; sl++)
+    d->duration_s = (double)(bs_now_ns() - s->t_plan_ns) / 1e9;
+    for (int sl = 0; status == 0 && sl < req->nslices && sl < RX_MAX_RAILS; sl++)
         for (int k = 0; k < s->nbw[sl]; k++) {
             const en_bw_t *b = &s->bw[sl][k];
             uint32_t j = 0;
@@ -296,7 +639,35 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
             d->bw[j].bytes += b->bytes;
             if ((double)b->ns / 1e9 > d->bw[j].seconds) d->bw[j].seconds = (double)b->ns / 1e9;
         }
-    bool sent = m->conn && rx_ctl_send(m->conn, &msg) == 0;
+    if (m->conn) rx_ctl_send(m->conn, &msg);
+}
+
+static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
+{
+    done_task_t *dt = (done_task_t *)t;
+    coh_request_t *req = dt->req;
+    coh_free(dt);
+    rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
+    rx_syncreq_t *s = req->sync;
+    s->running = false;
+    if (s->internal) {
+        relay_end(m, req);
+        return;
+    }
+    int status = atomic_load(&req->status);
+    bool sent = m->conn != NULL;
+    send_done(m, req, status);
+    if (status == 0 && s->phase == 1) {
+        /* Phase 1 of a relay group: the coordinator sends phase 2 once the
+         * late ranks are ready or excluded. */
+        s->phase = 2;
+        if (!m->conn) finish(m, req, COH_EPEER, "lost the coordinator between the relay phases");
+        return;
+    }
+    if (status == 0 && s->phase == 2) {
+        relay_complete(m, req, 0);
+        return;
+    }
     if (status == COH_EPEER && s->retries_left > 0 && sent) {
         /* A member died under us: the caller's buffer is untouched, so go
          * back to the coordinator and sync with the survivors. */
@@ -306,6 +677,11 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
         coh_free(s->members);
         s->members = NULL;
         s->nmembers = 0;
+        coh_free(s->relays);
+        s->relays = NULL;
+        s->nrelays = s->relayed = s->phase = s->phase2 = s->phase2_method = s->nexcluded = 0;
+        coh_free(s->tmp);
+        s->tmp = NULL;
         req->err[0] = 0;
         atomic_store(&req->status, 0);
         atomic_store(&req->err_set, 0);
@@ -362,6 +738,7 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
     m->t_heard_ns = bs_now_ns();
     switch (msg.type) {
     case RX_CTL_PLAN: handle_plan(m, &msg.u.plan); break;
+    case RX_CTL_RPLAN: handle_rplan(m, &msg.u.rplan); break;
     case RX_CTL_PING: break;
     case RX_CTL_LBTAB:
         if (rx_lb_on_table(m->ctx, &msg.u.lbtab) < 0)
@@ -369,14 +746,20 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
         break;
     case RX_CTL_LOST: {
         char why[BS_ERR_LEN];
-        snprintf(why, sizeof(why),
-                 "rank %u is unresponsive (the coordinator heard nothing from it "
-                 "for %u ms)",
-                 msg.u.lost.rank, msg.u.lost.silent_ms);
+        if (msg.u.lost.why == RX_LOST_SILENT)
+            snprintf(why, sizeof(why),
+                     "rank %u is unresponsive (the coordinator heard nothing from it "
+                     "for %u ms)",
+                     msg.u.lost.rank, msg.u.lost.silent_ms);
+        else
+            snprintf(why, sizeof(why), "rank %u failed: %s", msg.u.lost.rank,
+                     rx_lost_why_text((int)msg.u.lost.why));
         bs_log(COH_LOG_WARN, "rank %d: %s", m->ctx->rank, why);
         drop_peer(m->ctx, (int)msg.u.lost.rank, why);
+        rx_ctx_rank_failed(m->ctx, (int)msg.u.lost.rank, why);
         break;
     }
+    case RX_CTL_BYE: m->coord_bye = true; break;
     default: rx_conn_close(c, COH_EPROTO, "unexpected message from the coordinator");
     }
     return n;
@@ -432,14 +815,17 @@ static void on_close(rx_conn_t *c, int status, const char *why)
     snprintf(msg, sizeof(msg), "connection to the coordinator (rank %d): %s",
              m->ctx->cfg.coordinator, why);
     set_state(m, status < 0 ? status : COH_EPEER, msg);
-    if (atomic_load(&m->ctx->state) == RX_CTX_RUNNING)
+    if (atomic_load(&m->ctx->state) == RX_CTX_RUNNING && status != COH_ECANCELED) {
         bs_log(COH_LOG_WARN, "rank %d: lost the %s", m->ctx->rank, msg);
+        if (!m->coord_bye) rx_ctx_rank_failed(m->ctx, m->ctx->cfg.coordinator, msg);
+    }
     /* World ops waiting for a rail table will never get one. */
     rx_lb_close(m->ctx, COH_EPEER, msg);
     /* A sync still waiting for its plan will never get one. One whose ops
      * run ends when they do. */
     coh_request_t *req = m->pending;
-    if (req && !req->sync->members) finish(m, req, COH_EPEER, msg);
+    if (req && (!req->sync->members || (req->sync->phase == 2 && !req->sync->running)))
+        finish(m, req, COH_EPEER, msg);
 }
 
 static const rx_conn_proto_t member_proto = RX_CTL_PROTO_INIT(on_bytes, on_ready, on_close);
@@ -489,7 +875,12 @@ static int close_fn(rx_reactor_t *rx, void *arg)
 {
     (void)rx;
     rx_member_t *m = arg;
-    if (m->conn) rx_conn_close(m->conn, COH_ECANCELED, "finalizing");
+    if (m->conn) {
+        rx_ctl_msg_t bye = {.type = RX_CTL_BYE};
+        bye.u.bye_rank = (uint32_t)m->ctx->rank;
+        rx_ctl_send(m->conn, &bye); /* written now: the write queue is empty or nearly */
+        rx_conn_close(m->conn, COH_ECANCELED, "finalizing");
+    }
     if (m->beat_open) uv_close((uv_handle_t *)&m->beat, NULL);
     m->beat_open = false;
     return 0;
@@ -507,6 +898,7 @@ void rx_member_fini(struct coh_ctx *ctx)
     if (!m) return;
     uv_cond_destroy(&m->cv);
     uv_mutex_destroy(&m->mu);
+    coh_free(m->relay_result);
     coh_free(m);
     ctx->member = NULL;
 }
@@ -575,7 +967,7 @@ COH_API int coh_sync_leave(coh_comm_t *comm)
 
 COH_API const char *coh_sync_mode_name(coh_sync_mode mode)
 {
-    static const char *names[] = {"allreduce", "partial", "selective"};
+    static const char *names[] = {"allreduce", "partial", "selective", "relay"};
     return (unsigned)mode < COH_SYNC_MODE_COUNT ? names[mode] : "default";
 }
 
@@ -586,8 +978,80 @@ COH_API int coh_sync_mode_from_name(const char *name, coh_sync_mode *mode)
             *mode = (coh_sync_mode)i;
             return 0;
         }
-    return bs_fail(COH_EINVAL, "unknown sync mode \"%s\" (allreduce, partial, selective)",
+    return bs_fail(COH_EINVAL, "unknown sync mode \"%s\" (allreduce, partial, selective, relay)",
                    name ? name : "(null)");
+}
+
+/* A sync request (coh_sync_ex) or a relay allreduce (coh_allreduce_ex):
+ * arguments checked by the caller. */
+static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t count,
+                       coh_dtype dtype, uint64_t iteration, double weight, coh_sync_mode mode,
+                       coh_redop redop, int plain, coh_request_t **out, const char *fn)
+{
+    struct coh_ctx *ctx = comm->ctx;
+    size_t es = coh_dtype_size(dtype);
+    if (comm != &ctx->world_comm)
+        return bs_fail(COH_EUNSUPPORTED, "%s: only the world communicator is scheduled", fn);
+    rx_member_t *m = ctx->member;
+    if (m && atomic_load(&m->lost))
+        return bs_fail(COH_EPEER, "%s: the coordinator (rank %d) is gone", fn,
+                       ctx->cfg.coordinator);
+    if (m) {
+        int idle = 0;
+        if (!atomic_compare_exchange_strong(&m->busy, &idle, 1))
+            return bs_fail(COH_ESTATE,
+                           "%s: a sync or relay op is already outstanding on this "
+                           "communicator (wait for it first)",
+                           fn);
+    }
+    coh_request_t *req = rx_request_new(ctx, 0);
+    rx_syncreq_t *s = coh_zalloc(sizeof(*s));
+    void *scratch = coh_aligned(count ? count * es : 1, 64);
+    ready_task_t *rt = coh_zalloc(sizeof(*rt));
+    if (!req || !s || !scratch || !rt) {
+        if (req) rx_request_discard(req);
+        coh_free(s);
+        coh_free(scratch);
+        coh_free(rt);
+        if (m) atomic_store(&m->busy, 0);
+        return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
+    }
+    *s = (rx_syncreq_t){.buf = buf,
+                        .sendbuf = sendbuf ? sendbuf : buf,
+                        .scratch = scratch,
+                        .count = count,
+                        .dtype = dtype,
+                        .mode = mode,
+                        .iteration = iteration,
+                        .weight = weight,
+                        .redop = redop,
+                        .plain = plain,
+                        .retries_left = SYNC_RETRIES};
+    req->sync = s;
+    if (!m) {
+        /* A world of one: the group is this rank, the result its own input. */
+        if (count && buf != s->sendbuf) memcpy(buf, s->sendbuf, count * es);
+        s->members = coh_malloc(sizeof(int));
+        if (s->members) s->members[0] = 0;
+        s->nmembers = 1;
+        s->full = 1;
+        s->total_weight = weight;
+        s->t_start_ns = s->t_ready_ns = s->t_plan_ns = s->t_done_ns = bs_now_ns();
+        coh_free(rt);
+        rx_request_complete(req);
+        *out = req;
+        return 0;
+    }
+    rt->task.run = ready_run;
+    rt->req = req;
+    if (!rx_reactor_post(&ctx->ctrl, &rt->task)) {
+        coh_free(rt);
+        rx_request_discard(req);
+        atomic_store(&m->busy, 0);
+        return bs_fail(COH_ESTATE, "%s: the context is finalizing", fn);
+    }
+    *out = req;
+    return 0;
 }
 
 COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype,
@@ -612,62 +1076,35 @@ COH_API int coh_sync_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dty
     if (mode == COH_SYNC_DEFAULT) mode = (coh_sync_mode)ctx->cfg.sync_mode;
     if ((unsigned)mode >= COH_SYNC_MODE_COUNT)
         return bs_fail(COH_EINVAL, "coh_sync: unknown mode %d", (int)mode);
-    if (comm != &ctx->world_comm)
-        return bs_fail(COH_EUNSUPPORTED, "coh_sync: only the world communicator is scheduled");
-    rx_member_t *m = ctx->member;
-    if (m && atomic_load(&m->lost))
-        return bs_fail(COH_EPEER, "coh_sync: the coordinator (rank %d) is gone",
-                       ctx->cfg.coordinator);
-    if (m) {
-        int idle = 0;
-        if (!atomic_compare_exchange_strong(&m->busy, &idle, 1))
-            return bs_fail(COH_ESTATE, "coh_sync: a sync is already outstanding on this "
-                                       "communicator (wait for it first)");
-    }
-    coh_request_t *req = rx_request_new(ctx, 0);
-    rx_syncreq_t *s = coh_zalloc(sizeof(*s));
-    void *scratch = coh_aligned(count ? count * es : 1, 64);
-    ready_task_t *rt = coh_zalloc(sizeof(*rt));
-    if (!req || !s || !scratch || !rt) {
-        if (req) rx_request_discard(req);
-        coh_free(s);
-        coh_free(scratch);
-        coh_free(rt);
-        if (m) atomic_store(&m->busy, 0);
-        return bs_fail(COH_ENOMEM, "coh_sync: out of memory");
-    }
-    *s = (rx_syncreq_t){.buf = buf,
-                        .scratch = scratch,
-                        .count = count,
-                        .dtype = dtype,
-                        .mode = mode,
-                        .iteration = iteration,
-                        .weight = weight,
-                        .retries_left = SYNC_RETRIES};
-    req->sync = s;
-    if (!m) {
-        /* A world of one: the group is this rank, the average its own input. */
-        s->members = coh_malloc(sizeof(int));
-        if (s->members) s->members[0] = 0;
-        s->nmembers = 1;
-        s->full = 1;
-        s->total_weight = weight;
-        s->t_start_ns = s->t_ready_ns = s->t_plan_ns = s->t_done_ns = bs_now_ns();
-        coh_free(rt);
-        rx_request_complete(req);
-        *out = req;
-        return 0;
-    }
-    rt->task.run = ready_run;
-    rt->req = req;
-    if (!rx_reactor_post(&ctx->ctrl, &rt->task)) {
-        coh_free(rt);
-        rx_request_discard(req);
-        atomic_store(&m->busy, 0);
-        return bs_fail(COH_ESTATE, "coh_sync: the context is finalizing");
-    }
-    *out = req;
-    return 0;
+    return sync_submit(comm, NULL, buf, count, dtype, iteration, weight, mode, COH_SUM, 0, out,
+                       "coh_sync");
+}
+
+COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                             coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *opts,
+                             coh_request_t **req)
+{
+    coh_allreduce_opts_t o = opts ? *opts : (coh_allreduce_opts_t){0};
+    if (o.algo == COH_ALLREDUCE_DEFAULT)
+        return coh_allreduce(comm, sendbuf, recvbuf, count, dtype, op, req);
+    const char *fn = "coh_allreduce_ex";
+    if (o.algo != COH_ALLREDUCE_RELAY)
+        return bs_fail(COH_EINVAL, "%s: unknown algo %d", fn, o.algo);
+    if (!comm || !comm->ctx) return bs_fail(COH_EINVAL, "%s: comm is NULL", fn);
+    struct coh_ctx *ctx = comm->ctx;
+    if (!rx_ctx_alive(ctx) || atomic_load(&ctx->state) != RX_CTX_RUNNING)
+        return bs_fail(COH_ESTATE, "%s: the context is not running", fn);
+    if (!req) return bs_fail(COH_EINVAL, "%s: req is NULL", fn);
+    size_t es = coh_dtype_size(dtype);
+    if (!es) return bs_fail(COH_EINVAL, "%s: unknown dtype %d", fn, (int)dtype);
+    if ((unsigned)op >= COH_REDOP_COUNT)
+        return bs_fail(COH_EINVAL, "%s: unknown op %d", fn, (int)op);
+    if (count && !recvbuf) return bs_fail(COH_EINVAL, "%s: NULL buffer with count %zu", fn, count);
+    if (count > SIZE_MAX / es) return bs_fail(COH_EINVAL, "%s: count overflows", fn);
+    if (dtype == COH_U8 && op == COH_AVG && comm->size > 255)
+        return bs_fail(COH_EINVAL, "%s: a u8 average over more than 255 ranks", fn);
+    return sync_submit(comm, sendbuf, recvbuf, count, dtype, o.iteration, 1.0, COH_SYNC_RELAY, op,
+                       1, req, fn);
 }
 
 COH_API int coh_sync(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype, uint64_t iteration,
@@ -689,6 +1126,12 @@ COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info)
         .full = s->full,
         .total_weight = s->total_weight,
         .wait_us = s->t_plan_ns > s->t_start_ns ? (double)(s->t_plan_ns - s->t_start_ns) / 1e3 : 0,
-        .comm_us = s->t_done_ns > s->t_plan_ns ? (double)(s->t_done_ns - s->t_plan_ns) / 1e3 : 0};
+        .comm_us = s->t_done_ns > s->t_plan_ns ? (double)(s->t_done_ns - s->t_plan_ns) / 1e3 : 0,
+        .nrelays = s->nrelays,
+        .relays = s->relays,
+        .relayed = s->relayed,
+        .phase2 = s->phase2,
+        .phase2_method = s->phase2_method,
+        .nexcluded = s->nexcluded};
     return 0;
 }

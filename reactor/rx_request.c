@@ -52,6 +52,9 @@ void rx_request_unref(coh_request_t *req)
         if (req->sync) {
             coh_free(req->sync->scratch);
             coh_free(req->sync->members);
+            coh_free(req->sync->relays);
+            coh_free(req->sync->tmp);
+            coh_free(req->sync->ident);
             coh_free(req->sync);
         }
         struct coh_ctx *ctx = req->ctx;

@@ -25,7 +25,8 @@ struct coh_ctx;
 
 /* The sync-specific part of a request. */
 typedef struct rx_syncreq {
-    void *buf; /* the caller's: read by the plan, written once at the end */
+    void *buf;           /* the caller's: written once at the end */
+    const void *sendbuf; /* the caller's input (buf, or coh_allreduce_ex's sendbuf) */
     void *scratch;
     size_t count;
     coh_dtype dtype;
@@ -43,6 +44,18 @@ typedef struct rx_syncreq {
     double total_weight;
     en_bw_t bw[RX_MAX_RAILS][EN_BW_PER_SLICE]; /* what each slice measured */
     int nbw[RX_MAX_RAILS];
+    /* Relay groups (COH_SYNC_RELAY, coh_allreduce_ex's relay). */
+    coh_redop redop; /* COH_SUM for a weighted sync */
+    int plain;       /* 1: coh_allreduce_ex: no weights, `redop` over the ranks */
+    int internal;    /* 1: a relay's own phase-1 op (no caller: relay_done ends it) */
+    int phase;       /* 1: phase 1 runs; 2: phase 1 done, phase 2 awaited or running */
+    bool running;    /* an op of this attempt is on the rails */
+    int *relays;     /* the late ranks at the launch */
+    int nrelays;
+    int relayed, phase2, phase2_method, nexcluded;
+    int32_t exp; /* floating-point weights scale by 2^-exp */
+    void *tmp;   /* phase 2: what the late ranks bring */
+    void *ident; /* the identity of redop: what a non-contributor sends */
 } rx_syncreq_t;
 
 /* ---- member side (per context, on its control reactor) ---- */

@@ -810,6 +810,17 @@ static double ring_raw(const sc_sched_t *s, const int *ids, int m)
     return sc_cost_ring(&s->cost, m, min_bw(s, ids, m));
 }
 
+int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k)
+{
+    if (!s || !ring || n < 1 || k <= 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (bad_worker(s, ring[i])) return COH_EINVAL;
+    if (k > 1 || n < 2) return 2;
+    double b = min_bw(s, ring, n);
+    double bcast = (n - 1) * s->cost.alpha_s + s->cost.model_gbit / b;
+    return bcast <= sc_cost_ring(&s->cost, n, b) ? 1 : 2;
+}
+
 /* Every ready worker, ascending id (a stable ring for full syncs). */
 static int ready_by_id(sc_sched_t *s, int *ids)
 {

@@ -290,6 +290,13 @@ int sc_sched_on_group_done(sc_sched_t *s, uint64_t group_id, double t, double du
 /* Relay groups: phase 1 finished at t (optional; otherwise the expected end
  * is used for T_fault). */
 int sc_sched_on_phase1_done(sc_sched_t *s, uint64_t group_id, double t);
+/* Relay groups: how phase 2 should fold k late workers' data into the
+ * phase-1 result over the n workers of ring[]: 1 = each late worker
+ * broadcasts around the ring (k * v / b), 2 = an allreduce in which the
+ * others contribute the identity (Eq. 2) -- whichever the cost model says
+ * is cheaper (the same comparison as the ski rental's phase-2 cost);
+ * broadcasting is only chosen for k = 1. 0 when k = 0. */
+int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k);
 /* New bandwidth estimate for w in Gbps (> 0). */
 int sc_sched_on_bandwidth(sc_sched_t *s, int w, double gbps);
 /* w is gone: never planned, waited for or counted again. A lost member of a

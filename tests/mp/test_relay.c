@@ -1,0 +1,350 @@
+/*
+ * Relay groups (COH_SYNC_RELAY, coh_allreduce_ex's COH_ALLREDUCE_RELAY)
+ * across processes. The last rank is a straggler (its step takes longer).
+ *
+ *   test_relay sync ITERS        weighted syncs in relay mode; checks
+ *       - every result is the full weighted mean sum(w_i x_i) / sum(w_i) over
+ *         every rank, exactly (integer-valued f64 data, whole weights);
+ *       - every group is full and names every rank;
+ *       - the straggler relayed phase 1 (its reactor ran the ring while it
+ *         still computed) and phase 2 folded its data in, in most syncs;
+ *         the other ranks saw it as their group's relay.
+ *   test_relay allreduce ITERS   coh_allreduce_ex(RELAY) with every op on
+ *       i32 and f32 data: the result equals the exact reduction over every
+ *       rank (bit for bit) on every rank, and relaying happened.
+ *   test_relay fault kill|stop DIR [VICTIM]   relay syncs while VICTIM (default
+ *       the straggler) SIGKILLs or SIGSTOPs itself at a random moment:
+ *       the survivors' syncs never hang (each ends within a bound) and never
+ *       compute a wrong value (every result is checked against the members
+ *       the group reports); the victim is reported failed to every survivor
+ *       once, by the callback and by coh_comm_failed_ranks, and no other
+ *       rank is; later groups exclude it. Prints the time from the fault to
+ *       the survivors' next completed sync ("recovery_ms"). A stopped victim
+ *       is SIGKILLed by rank 0 at the end.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mp_util.h"
+
+#define COUNT 5003 /* not a multiple of anything */
+
+static int R, N;
+static coh_comm_t *W;
+
+static double val(int r, int it, size_t j)
+{
+    return (double)((r * 7 + (int)j * 3 + it) % 13 + r);
+}
+
+static void step(int it)
+{
+    /* The straggler is 25 ms late; the others vary a little. */
+    usleep((useconds_t)(2000 + (R == N - 1 ? 25000 : 300 * ((R + it) % 3))));
+}
+
+static void relay_stats(const coh_group_info_t *g, int *relayed, int *phase2, int *saw_relay)
+{
+    *relayed += g->relayed;
+    *phase2 += g->phase2 > 0;
+    for (int i = 0; i < g->nrelays; i++) *saw_relay += g->relays[i] == N - 1;
+}
+
+static void check_relaying(int iters, int relayed, int phase2, int saw_relay)
+{
+    /* Relaying is a timing decision (ski rental), so only most syncs are
+     * asked to show it: a 25 ms straggler against a ~1 ms phase 1. */
+    if (N < 2) return;
+    if (R == N - 1 && relayed < iters / 2)
+        MP_FAIL("the straggler relayed only %d of %d ops", relayed, iters);
+    if (phase2 < iters / 2) MP_FAIL("phase 2 happened in only %d of %d ops", phase2, iters);
+    if (R != N - 1 && saw_relay < iters / 2)
+        MP_FAIL("the straggler was a relay in only %d of %d ops", saw_relay, iters);
+}
+
+static void run_sync(int iters)
+{
+    double *x = malloc(COUNT * sizeof(double));
+    double weight = R + 1, total = 0;
+    for (int r = 0; r < N; r++) total += r + 1;
+    int relayed = 0, phase2 = 0, saw_relay = 0;
+    for (int it = 0; it < iters; it++) {
+        step(it);
+        for (size_t j = 0; j < COUNT; j++) x[j] = val(R, it, j);
+        coh_request_t *req;
+        MP_OK(coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)it, weight, COH_SYNC_RELAY, &req));
+        int st = coh_wait(req, 60000);
+        if (st != 0)
+            MP_FAIL("sync %d failed: %s: %s", it, coh_status_name(st), coh_request_error(req));
+        coh_group_info_t g;
+        MP_OK(coh_request_group(req, &g));
+        if (g.size != N || !g.full || g.total_weight != total || g.nexcluded)
+            MP_FAIL("sync %d: group of %d, full %d, total weight %g (want %g), %d excluded", it,
+                    g.size, g.full, g.total_weight, total, g.nexcluded);
+        relay_stats(&g, &relayed, &phase2, &saw_relay);
+        for (size_t j = 0; j < COUNT; j++) {
+            double num = 0;
+            for (int r = 0; r < N; r++) num += (r + 1) * val(r, it, j);
+            if (x[j] != num / total)
+                MP_FAIL("sync %d (relays %d, phase 2 %d): x[%zu] = %.17g, expected %.17g", it,
+                        g.nrelays, g.phase2, j, x[j], num / total);
+        }
+        coh_request_free(req);
+    }
+    check_relaying(iters, relayed, phase2, saw_relay);
+    printf("rank %d: OK %d relay syncs: relayed %d, phase 2 in %d, straggler a relay in %d\n", R,
+           iters, relayed, phase2, saw_relay);
+    free(x);
+}
+
+static int32_t ival(int r, int it, size_t j)
+{
+    /* Large enough that a sum over ranks wraps sometimes. */
+    return (int32_t)((uint32_t)(r + 1) * 2654435761u + (uint32_t)j * 40503u + (uint32_t)it * 7u);
+}
+
+static int32_t ired(coh_redop op, int32_t a, int32_t b)
+{
+    switch (op) {
+    case COH_SUM:
+    case COH_AVG: return (int32_t)((uint32_t)a + (uint32_t)b);
+    case COH_PROD: return (int32_t)((uint32_t)a * (uint32_t)b);
+    case COH_MIN: return a < b ? a : b;
+    default: return a > b ? a : b;
+    }
+}
+
+static void run_allreduce(int iters)
+{
+    int32_t *in = malloc(COUNT * sizeof(int32_t)), *out = malloc(COUNT * sizeof(int32_t));
+    float *fin = malloc(COUNT * sizeof(float)), *fout = malloc(COUNT * sizeof(float));
+    int relayed = 0, phase2 = 0, saw_relay = 0;
+    coh_allreduce_opts_t o = {.algo = COH_ALLREDUCE_RELAY};
+    for (int it = 0; it < iters; it++) {
+        coh_redop op = (coh_redop)(it % COH_REDOP_COUNT);
+        bool fl = it % 2;
+        step(it);
+        for (size_t j = 0; j < COUNT; j++) {
+            in[j] = ival(R, it, j);
+            /* Products of small integers stay exact in f32. */
+            fin[j] =
+                op == COH_PROD ? (float)((R + (int)j) % 3 + 1) : (float)(ival(R, it, j) % 1000);
+        }
+        o.iteration = (uint64_t)it;
+        coh_request_t *req;
+        if (fl)
+            MP_OK(coh_allreduce_ex(W, fin, fout, COUNT, COH_F32, op, &o, &req));
+        else
+            MP_OK(coh_allreduce_ex(W, in, out, COUNT, COH_I32, op, &o, &req));
+        int st = coh_wait(req, 60000);
+        if (st != 0)
+            MP_FAIL("allreduce %d (%s) failed: %s: %s", it, coh_redop_name(op), coh_status_name(st),
+                    coh_request_error(req));
+        coh_group_info_t g;
+        MP_OK(coh_request_group(req, &g));
+        if (g.size != N || !g.full) MP_FAIL("op %d: group of %d, full %d", it, g.size, g.full);
+        relay_stats(&g, &relayed, &phase2, &saw_relay);
+        for (size_t j = 0; j < COUNT; j++) {
+            if (fl) {
+                double acc = 0;
+                for (int r = 0; r < N; r++) {
+                    double v = op == COH_PROD ? (double)((r + (int)j) % 3 + 1)
+                                              : (double)(ival(r, it, j) % 1000);
+                    acc = r == 0           ? v
+                          : op == COH_PROD ? acc * v
+                          : op == COH_MIN  ? fmin(acc, v)
+                          : op == COH_MAX  ? fmax(acc, v)
+                                           : acc + v;
+                }
+                float want = op == COH_AVG ? (float)(acc / N) : (float)acc;
+                if (fout[j] != want)
+                    MP_FAIL("op %d (f32 %s): [%zu] = %.9g, expected %.9g", it, coh_redop_name(op),
+                            j, fout[j], want);
+            } else {
+                int32_t acc = ival(0, it, j);
+                for (int r = 1; r < N; r++) acc = ired(op, acc, ival(r, it, j));
+                if (op == COH_AVG) acc = (int32_t)(acc / N);
+                if (out[j] != acc)
+                    MP_FAIL("op %d (i32 %s, relays %d, phase 2 %d): [%zu] = %d, expected %d", it,
+                            coh_redop_name(op), g.nrelays, g.phase2, j, out[j], acc);
+            }
+        }
+        coh_request_free(req);
+    }
+    check_relaying(iters, relayed, phase2, saw_relay);
+    printf("rank %d: OK %d relay allreduces: relayed %d, phase 2 in %d, straggler a relay in %d\n",
+           R, iters, relayed, phase2, saw_relay);
+    free(in);
+    free(out);
+    free(fin);
+    free(fout);
+}
+
+/* ---- faults ---- */
+
+static _Atomic int fail_calls, fail_rank = -1;
+static char fault_dir[512];
+static int fault_kill;
+
+static void on_failure(coh_comm_t *comm, int rank, const char *why, void *arg)
+{
+    (void)comm;
+    (void)why;
+    (void)arg;
+    atomic_fetch_add(&fail_calls, 1);
+    atomic_store(&fail_rank, rank);
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* one clock for every process of the host */
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void write_file(const char *name, const char *fmt, double v)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s", fault_dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) MP_FAIL("cannot write %s", path);
+    fprintf(f, fmt, v);
+    fclose(f);
+}
+
+static double read_file(const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s", fault_dir, name);
+    FILE *f = fopen(path, "r");
+    double v = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &v) != 1) v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+static void *faulter(void *arg)
+{
+    usleep((useconds_t)(uintptr_t)arg);
+    write_file("t_fault", "%.6f\n", mono_s());
+    raise(fault_kill ? SIGKILL : SIGSTOP);
+    return NULL;
+}
+
+static void run_fault(int victim)
+{
+    MP_OK(coh_comm_on_failure(W, on_failure, NULL));
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    if (R == victim) {
+        write_file("pid", "%.0f\n", (double)getpid());
+        pthread_t t;
+        pthread_create(&t, NULL, faulter, (void *)(uintptr_t)(100000 + rand() % 700000));
+        pthread_detach(t);
+    }
+    double *x = malloc(COUNT * sizeof(double));
+    double t0 = mp_now_s(), known = 0, worst = 0;
+    double *done_at = malloc(sizeof(double) * 4096);
+    int nd = 0, failed_ops = 0, it = 0;
+    /* Until 1.5 s after the failure is known (at most 8 s). */
+    for (; it < 4096 && mp_now_s() - t0 < 8 && !(known > 0 && mp_now_s() - known > 1.5); it++) {
+        step(it);
+        for (size_t j = 0; j < COUNT; j++) x[j] = val(R, it, j);
+        coh_request_t *req;
+        double ts = mp_now_s();
+        int st = coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req);
+        if (st == 0) {
+            st = coh_wait(req, 30000);
+            if (st == COH_EAGAIN) MP_FAIL("sync %d hangs (30 s)", it);
+        }
+        double took = mp_now_s() - ts;
+        if (took > worst) worst = took;
+        if (known == 0 && atomic_load(&fail_calls) > 0) known = mp_now_s();
+        if (st != 0) {
+            /* A fault may cost an attempt its group (retried; bounded). */
+            if (st != COH_EPEER)
+                MP_FAIL("sync %d: %s: %s", it, coh_status_name(st), coh_last_error());
+            failed_ops++;
+            coh_request_free(req);
+            continue;
+        }
+        coh_group_info_t g;
+        MP_OK(coh_request_group(req, &g));
+        double total = 0;
+        for (int i = 0; i < g.size; i++) total += g.members[i] + 1;
+        if (total != g.total_weight)
+            MP_FAIL("sync %d: total weight %g, its %d members make %g", it, g.total_weight, g.size,
+                    total);
+        for (int i = 0; i < g.size && known > 0 && ts > known + 0.05; i++)
+            if (g.members[i] == victim) MP_FAIL("sync %d: the failed rank is still a member", it);
+        for (size_t j = 0; j < COUNT; j++) {
+            double num = 0;
+            for (int i = 0; i < g.size; i++) num += (g.members[i] + 1) * val(g.members[i], it, j);
+            if (x[j] != num / total)
+                MP_FAIL("sync %d (group of %d, relays %d, excluded %d): x[%zu] = %.17g, "
+                        "expected %.17g",
+                        it, g.size, g.nrelays, g.nexcluded, j, x[j], num / total);
+        }
+        done_at[nd++] = mono_s();
+        coh_request_free(req);
+    }
+    if (known == 0) MP_FAIL("rank %d's failure was never reported (%d syncs)", victim, it);
+    int fr[64];
+    int nf = coh_comm_failed_ranks(W, fr, 64);
+    if (nf != 1 || fr[0] != victim)
+        MP_FAIL("failed ranks: %d of them, first %d; expected just %d", nf, nf > 0 ? fr[0] : -1,
+                victim);
+    if (atomic_load(&fail_calls) != 1 || atomic_load(&fail_rank) != victim)
+        MP_FAIL("the failure handler was called %d times, last for rank %d",
+                atomic_load(&fail_calls), atomic_load(&fail_rank));
+    /* COHORT_LIVENESS_MS + COHORT_TIMEOUT_MS bound a sync (the trials set 1000 and 4000). */
+    if (worst > 6) MP_FAIL("a sync took %.1f s", worst);
+    double tf = read_file("t_fault"), rec = -1;
+    for (int i = 0; i < nd && tf > 0; i++)
+        if (done_at[i] > tf) {
+            rec = (done_at[i] - tf) * 1e3;
+            break;
+        }
+    printf("rank %d: OK fault %s of rank %d: %d syncs, %d failed attempts, worst %.0f ms, "
+           "recovery_ms %.1f\n",
+           R, fault_kill ? "kill" : "stop", victim, nd, failed_ops, worst * 1e3, rec);
+    free(x);
+    free(done_at);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: test_relay sync|allreduce ITERS\n");
+        return 2;
+    }
+    int iters = atoi(argv[2]);
+    coh_ctx_t *ctx = mp_init(&W, &R, &N);
+    if (!strcmp(argv[1], "fault")) {
+        if (argc < 4) MP_FAIL("usage: test_relay fault kill|stop DIR [VICTIM]");
+        fault_kill = !strcmp(argv[2], "kill");
+        snprintf(fault_dir, sizeof(fault_dir), "%s", argv[3]);
+        int victim = argc > 4 ? atoi(argv[4]) : N - 1;
+        if (victim <= 0 || victim >= N) MP_FAIL("victim %d: not the coordinator, < %d", victim, N);
+        run_fault(victim);
+        if (!fault_kill && R == 0) {
+            double pid = read_file("pid");
+            if (pid > 0) kill((pid_t)pid, SIGKILL);
+        }
+    } else if (!strcmp(argv[1], "sync"))
+        run_sync(iters);
+    else if (!strcmp(argv[1], "allreduce"))
+        run_allreduce(iters);
+    else
+        MP_FAIL("unknown test %s", argv[1]);
+    MP_OK(coh_sync_leave(W));
+    fflush(stdout);
+    MP_OK(coh_finalize(ctx));
+    return 0;
+}
