@@ -15,6 +15,12 @@
  *   total sync          groups finished
  *   total iteration     syncs finished, summed over ranks
  *   wait                mean time from READY to the plan, per sync
+ *   time in sync        mean time a rank spends in coh_sync (call to completion):
+ *                       what the straggler costs the others, in every mode
+ *   iterations/s        per rank
+ * --straggler R --tail A makes rank R a heavy-tailed straggler: each of its
+ * compute times is multiplied by a Pareto(A) factor (>= 1, at most 8;
+ * A = 1.5: a long tail). --mode relay runs relay groups (COH_SYNC_RELAY).
  * --replay-out writes the run as a cohort-sim replay scenario (each rank's
  * compute times in order, with its bandwidth from --bw-list), so the
  * simulator can predict the same run.
@@ -30,7 +36,7 @@
 #include "cohort.h"
 #include "sched/sc_sim.h"
 
-enum { F_GID, F_SIZE, F_COMM, F_WAIT, F_COMPUTE, F_END, F_MASK, NF };
+enum { F_GID, F_SIZE, F_COMM, F_WAIT, F_COMPUTE, F_END, F_MASK, F_BLOCK, NF };
 
 static double now_s(void)
 {
@@ -54,8 +60,9 @@ static void log_stderr(int level, const char *msg, void *arg)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: cohortrun -n N -- cohort-syncbench [--mode allreduce|partial|selective]\n"
+            "usage: cohortrun -n N -- cohort-syncbench [--mode allreduce|partial|selective|relay]\n"
             "  [--duration S] [--model-mb M] [--dist cnn|transformer] [--compute-scale X]\n"
+            "  [--straggler R --tail A]\n"
             "  [--seed K] [--bw-list G0,G1,...] [--replay-out FILE] [--groups-out FILE]\n"
             "  [--csv]\n");
     exit(2);
@@ -67,6 +74,8 @@ int main(int argc, char **argv)
     const char *dist_name = "transformer", *bw_list = NULL, *replay = NULL, *mode_name = NULL;
     const char *groups_out = NULL;
     uint64_t seed = 1;
+    int straggler = -1;
+    double tail = 1.5;
     int csv = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -94,6 +103,10 @@ int main(int argc, char **argv)
             mode_name = v;
         else if (!strcmp(a, "--groups-out"))
             groups_out = v;
+        else if (!strcmp(a, "--straggler"))
+            straggler = atoi(v);
+        else if (!strcmp(a, "--tail"))
+            tail = atof(v);
         else
             usage();
     }
@@ -125,8 +138,10 @@ int main(int argc, char **argv)
     double t0 = now_s();
     for (uint64_t it = 0; now_s() - t0 < duration; it++) {
         double c = sc_dist_draw(&dist, &rng) * scale;
+        if (rank == straggler && tail > 0) c *= fmin(8, pow(1 - sc_rng_uniform(&rng), -1 / tail));
         usleep((useconds_t)(c * 1e6));
         for (size_t j = 0; j < count; j += 1024) model[j] += 1.0f; /* touch the model */
+        double tb = now_s();
         if ((st = coh_sync_ex(w, model, count, COH_F32, it, 1.0, mode, &req))) die("coh_sync", st);
         if ((st = coh_wait(req, -1))) {
             fprintf(stderr, "cohort-syncbench rank %d: sync failed: %s\n", rank,
@@ -146,6 +161,7 @@ int main(int argc, char **argv)
         r[F_WAIT] = g.wait_us / 1e6;
         r[F_COMPUTE] = c;
         r[F_END] = now_s() - t0;
+        r[F_BLOCK] = now_s() - tb;
         double mask = 0; /* members as a bit set (exact in a double up to 52 ranks) */
         for (int i = 0; i < g.size && n <= 52; i++) mask += ldexp(1.0, g.members[i]);
         r[F_MASK] = mask;
@@ -169,7 +185,7 @@ int main(int argc, char **argv)
     if (rank == 0) {
         /* Groups: key gid; duration = longest member comm time. */
         size_t total_iter = 0, ngroups = 0;
-        double sum_time = 0, sum_scale = 0, sum_wait = 0;
+        double sum_time = 0, sum_scale = 0, sum_wait = 0, sum_block = 0;
         size_t cap_g = 1024;
         double *gid = malloc(sizeof(double) * cap_g), *gdur = malloc(sizeof(double) * cap_g),
                *gsize = malloc(sizeof(double) * cap_g);
@@ -180,6 +196,7 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < k; i++) {
                 const double *x = b + 1 + NF * i;
                 sum_wait += x[F_WAIT];
+                sum_block += x[F_BLOCK];
                 size_t j = 0;
                 while (j < ngroups && gid[j] != x[F_GID]) j++;
                 if (j == ngroups) {
@@ -204,20 +221,23 @@ int main(int argc, char **argv)
         double avg_time = ngroups ? sum_time / (double)ngroups : 0;
         double avg_scale = ngroups ? sum_scale / (double)ngroups : 0;
         double avg_wait = total_iter ? sum_wait / (double)total_iter : 0;
+        double avg_block = total_iter ? sum_block / (double)total_iter : 0;
+        double ips = (double)total_iter / (double)n / duration;
         const char *mname =
             coh_sync_mode_name(mode == COH_SYNC_DEFAULT ? COH_SYNC_SELECTIVE : mode);
         if (mode_name) mname = mode_name;
         if (csv) {
             printf("scheme,n,avg_sync_time_s,avg_sync_scale,total_sync,total_iteration,"
-                   "avg_wait_s\n");
-            printf("%s,%d,%.4f,%.3f,%zu,%zu,%.4f\n", mname, n, avg_time, avg_scale, ngroups,
-                   total_iter, avg_wait);
+                   "avg_wait_s,avg_in_sync_s,iter_per_s\n");
+            printf("%s,%d,%.4f,%.3f,%zu,%zu,%.4f,%.4f,%.3f\n", mname, n, avg_time, avg_scale,
+                   ngroups, total_iter, avg_wait, avg_block, ips);
         } else {
             printf("cohort-syncbench: %s, %d ranks, %.0f s, model %.1f MB, %s x %.2f\n", mname, n,
                    duration, model_mb, dist_name, scale);
             printf("  average sync time  %.3f s\n  average sync scale %.2f\n  total sync         "
-                   "%zu\n  total iteration    %zu\n  average wait       %.3f s\n",
-                   avg_time, avg_scale, ngroups, total_iter, avg_wait);
+                   "%zu\n  total iteration    %zu\n  average wait       %.3f s\n"
+                   "  time in sync       %.3f s\n  iterations/s       %.2f per rank\n",
+                   avg_time, avg_scale, ngroups, total_iter, avg_wait, avg_block, ips);
         }
         if (replay) {
             /* cohort-sim replay: rows in iteration order, each rank's k-th

@@ -48,6 +48,15 @@ def ffi():
                  "mode": "selective"},
         "sync_int_weight": {"type": "sync", "dtype": "f32", "buf": b"", "iteration": 0,
                             "weight": 3, "mode": "partial"},
+        "sync_relay": {"type": "sync", "dtype": "f64", "buf": b"\x00" * 16, "iteration": 3,
+                       "weight": 2.0, "mode": "relay", "async": True},
+        "allreduce_relay": {"type": "allreduce", "dtype": "i32", "op": "sum", "algo": "relay",
+                            "iteration": 5, "buf": b"\x01\x00\x00\x00\x02\x00\x00\x00"},
+        "allreduce_relay_send": {"type": "allreduce", "dtype": "f32", "op": "avg",
+                                 "algo": "relay", "send": addr, "recv": None},
+        "allreduce_algo_default": {"type": "allreduce", "dtype": "u8", "algo": "default",
+                                   "buf": b"abcd"},
+        "allreduce_algo_bad": {"type": "allreduce", "dtype": "f32", "algo": "ring", "buf": addr},
         "info": {"type": "info", "id": -7},
         "stats": {"type": "stats"},
         "event_clear": {"type": "event_clear", "v": 1},
@@ -153,7 +162,7 @@ def ctl_msg(typ, payload, comm=0, magic=b"COHC"):
 
 def ctl():
     t = "ctl_fuzzer"
-    ready = struct.pack("<IIQQIIddQ", 3, 2, 17, 1 << 20, 0, 0, 0.42, 1.0, 5)
+    ready = struct.pack("<IIQQIIddQQ", 3, 2, 17, 1 << 20, 0, 0, 0.42, 1.0, 5, 12)
     plan = struct.pack("<QQiIdII", 7, 5, 0, 0, 3.0, 3, 0) + struct.pack("<3I", 2, 0, 1)
     plan_err = struct.pack("<QQiIdII", 8, 6, -6, 0, 0.0, 1, 0) + struct.pack("<I", 3)
     done = struct.pack("<QIidII", 7, 3, 0, 0.125, 2, 0) + \
@@ -166,8 +175,8 @@ def ctl():
     write(t, "refuse", ctl_msg(4, refuse))
     write(t, "leave", ctl_msg(5, struct.pack("<I", 2)))
     write(t, "stream", ctl_msg(1, ready) + ctl_msg(2, plan) + ctl_msg(3, done))
-    write(t, "ready_nan_weight", ctl_msg(1, struct.pack("<IIQQIIddQ", 3, 2, 17, 4, 0, 0, 0.1,
-                                                         float("nan"), 5)))
+    write(t, "ready_nan_weight", ctl_msg(1, struct.pack("<IIQQIIddQQ", 3, 2, 17, 4, 0, 0, 0.1,
+                                                         float("nan"), 5, 0)))
     write(t, "plan_short", ctl_msg(2, plan[:-2]))
     write(t, "done_too_many", ctl_msg(3, struct.pack("<QIidII", 7, 3, 0, 0.1, 65, 0)))
     write(t, "unknown_type", ctl_msg(99, b""))
@@ -179,8 +188,8 @@ def ctl():
     write(t, "rail_bad_kind", ctl_msg(9, struct.pack("<IIII", 1, 0, 2, 7)))
     write(t, "prefix", ctl_msg(1, ready)[:20])
     # a plain relay allreduce's READY (op MIN), relay plans of both phases
-    write(t, "ready_relay", ctl_msg(1, struct.pack("<IIQQIIddQ", 3, 3, 17, 64, 4, 2 | 1 << 8,
-                                                    0.1, 1.0, 9)))
+    write(t, "ready_relay", ctl_msg(1, struct.pack("<IIQQIIddQQ", 3, 3, 17, 64, 4, 2 | 1 << 8,
+                                                    0.1, 1.0, 9, 40)))
     rplan1 = struct.pack("<QQIIQIIiIdII", 7, 0, 1, 0, 64, 0, 0, -3, 0, 2.0, 4, 1) + \
         struct.pack("<5I", 0, 2, 1, 3, 3)
     rplan2 = struct.pack("<QQIIQIIiIdII", 7, 9, 2, 1, 64, 0, 0, -3, 1, 4.0, 4, 1) + \
@@ -189,6 +198,9 @@ def ctl():
     write(t, "rplan2", ctl_msg(10, rplan2))
     write(t, "rplan_bad_phase", ctl_msg(10, rplan1[:16] + struct.pack("<I", 3) + rplan1[20:]))
     write(t, "rplan_short", ctl_msg(10, rplan1[:-4]))
+    write(t, "lost", ctl_msg(7, struct.pack("<III", 2, 0, 3)))
+    write(t, "lost_bad_why", ctl_msg(7, struct.pack("<III", 2, 0, 9)))
+    write(t, "bye", ctl_msg(11, struct.pack("<I", 1)))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,8 @@ typedef struct coh_config {
                                (16; 0 = even splits) */
     const char *lb_table;   /* COHORT_LB_TABLE: file the coordinator loads its balancer table
                                from at init (if it exists) and saves it to at finalize ("") */
+    int coord_election;     /* COHORT_COORD_ELECTION: when the coordinator fails, the survivors
+                               elect the lowest live rank (1; 0 = syncs fail with EPEER) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -385,6 +387,11 @@ COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info);
  * every rank must use the same algo, op, count and dtype (else
  * COH_EMISMATCH); at most one relay op or sync outstanding per rank.
  * coh_request_group() describes the group. opts NULL = defaults.
+ * A late rank that fails (dies, hangs, misses its fault deadline, or is
+ * still not there COHORT_TIMEOUT_MS after phase 1) is excluded: the others
+ * complete without its data (the group says full = 0, nexcluded > 0) and it
+ * is failed for good (coh_comm_failed_ranks); a slow rank whose compute
+ * time has no record yet is waited for.
  */
 typedef enum coh_allreduce_algo {
     COH_ALLREDUCE_DEFAULT = 0, /* coh_allreduce: ring or recursive doubling by size */

@@ -96,8 +96,8 @@ static int knob_parse(const rx_knob_t *k, const char *text, const char *where, v
         coh_sync_mode m;
         if (coh_sync_mode_from_name(t, &m) < 0)
             return bs_fail(COH_EINVAL,
-                           "%s: unknown value '%s' (one of allreduce, partial, selective)", where,
-                           t);
+                           "%s: unknown value '%s' (one of allreduce, partial, selective, relay)",
+                           where, t);
         *(int *)out = (int)m;
         return 0;
     }

@@ -68,7 +68,7 @@ typedef enum rx_knob_kind {
       "frames that arrive before their receive is posted are kept, per rail, up to this; beyond "  \
       "it the connection pauses")                                                                  \
     X(sync_mode, RX_K_MODE, "selective", "COHORT_SYNC_MODE", 0, COH_SYNC_MODE_COUNT - 1,           \
-      "default mode of coh_sync: allreduce, partial or selective")                                 \
+      "default mode of coh_sync: allreduce, partial, selective or relay")                          \
     X(coordinator, RX_K_INT, "0", "COHORT_COORDINATOR", 0, RX_MAX_WORLD - 1,                       \
       "the rank that runs the scheduler")                                                          \
     X(tick_ms, RX_K_INT, "2", "COHORT_TICK_MS", 1, 10000,                                          \
@@ -95,7 +95,10 @@ typedef enum rx_knob_kind {
       "is republished every this many ops (docs/multirail.md); 0: even splits")                    \
     X(lb_table, RX_K_STR, "", "COHORT_LB_TABLE", 0, RX_STR_MAX,                                    \
       "file of the rail balancer's table: the coordinator loads it at init if it exists and "      \
-      "saves it at finalize")
+      "saves it at finalize")                                                                      \
+    X(coord_election, RX_K_INT, "1", "COHORT_COORD_ELECTION", 0, 1,                                \
+      "when the coordinator fails, the survivors elect the lowest live rank and go on (its "       \
+      "scheduler starts cold); 0: every later sync fails with EPEER")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

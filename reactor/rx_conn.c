@@ -274,6 +274,7 @@ static void on_connect(uv_connect_t *req, int status)
         rx_conn_close(c, COH_EPEER, uv_strerror(status));
         return;
     }
+    c->connected = true;
     uv_tcp_nodelay(&c->tcp, 1);
     if (send_hello(c) != 0) {
         rx_conn_close(c, COH_ESYS, "cannot start the handshake");

@@ -61,6 +61,8 @@ struct rx_conn {
     void *data;              /* the protocol user's, per connection */
     int peer;                /* the peer's rank, -1 until the handshake */
     bool ready, closing, outgoing, reading;
+    bool connected; /* dialled: the TCP connect succeeded (a close before ready
+                       with connected false means nobody listens there) */
     const char *token;
     int rank, world;
     uint8_t hello[EN_HELLO_SIZE];

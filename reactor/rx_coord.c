@@ -24,11 +24,12 @@
 typedef struct co_rank {
     rx_conn_t *conn;
     bool lost;
-    bool left;      /* said LEAVE: out of the schedule, connection kept */
-    bool has_ready; /* a READY waits for a group */
-    bool deferred;  /* a READY arrived while its group still ran */
-    bool owe_mode;  /* ranks disagreed on the mode: its next READY is refused */
-    bool bye;       /* said BYE (finalizing): its close is not a failure */
+    bool left;         /* said LEAVE: out of the schedule, connection kept */
+    bool has_ready;    /* a READY waits for a group */
+    bool deferred;     /* a READY arrived while its group still ran */
+    bool owe_mode;     /* ranks disagreed on the mode: its next READY is refused */
+    bool bye;          /* said BYE (finalizing): its close is not a failure */
+    uint64_t owed_gid; /* a relay plan waits for it to connect (after an election) */
     rx_ctl_ready_t ready;
     uint64_t t_heard_ns; /* last message from it (liveness) */
     uint64_t t_ready_ns; /* when has_ready was set */
@@ -54,11 +55,13 @@ typedef struct co_group {
     /* Relay groups (COH_SYNC_RELAY): members are the ring, ready ranks first
      * and then the late ones, who relay phase 1. */
     bool relay;
-    int phase;    /* 1 phase 1 runs; 2 waiting for the late ranks; 3 phase 2 runs */
-    uint8_t *rst; /* per member: RL_* */
-    int32_t exp;  /* weighted floating-point data scales by 2^-exp */
-    double w1;    /* weights in the phase-1 result (plain: contributors) */
-    double t_p1;  /* phase 1 ended */
+    int phase;         /* 1 phase 1 runs; 2 waiting for the late ranks; 3 phase 2 runs */
+    uint8_t *rst;      /* per member: RL_* */
+    int32_t exp;       /* weighted floating-point data scales by 2^-exp */
+    double w1;         /* weights in the phase-1 result (plain: contributors) */
+    double t_p1;       /* phase 1 ended */
+    rx_ctl_rplan_t p1; /* phase 1's plan (attempt 0), for a relay that connects late */
+    uint32_t *ring32;  /* p1's ring and late ranks point here */
 } co_group_t;
 
 enum {
@@ -73,11 +76,15 @@ struct rx_coord {
     rx_listener_t *listener;
     uv_timer_t tick;
     bool closing;
+    bool dormant;         /* not (yet) the coordinator: no timer, no scheduler */
+    bool elected;         /* became the coordinator after the configured one failed */
+    uint64_t t_active_ns; /* when it became active */
     int world;
     co_rank_t *ranks;
     sc_sched_t *sched[COH_SYNC_MODE_COUNT];
     co_group_t *groups;
     uint64_t next_gid;
+    uint64_t max_seen_gid; /* the newest group any READY named (elections) */
     uint64_t t0_ns;
     uint64_t t_ping_ns; /* last heartbeat sent */
     /* The disagreement on the mode that owe_mode ranks are told about. */
@@ -178,6 +185,16 @@ static co_group_t *group_find(rx_coord_t *c, uint64_t gid)
 
 static void apply_ready(rx_coord_t *c, int r);
 
+/* A group id no rank has used: after an election, past every group the
+ * ranks report (READY's last_gid), with room for what the relays of the
+ * last group saw (ranks remember finished ops, EN_FIN_MAX of them, and drop
+ * frames for one: a reused id would stall the group). */
+static uint64_t new_gid(rx_coord_t *c)
+{
+    if (c->next_gid < c->max_seen_gid) c->next_gid = c->max_seen_gid + EN_FIN_MAX;
+    return ++c->next_gid;
+}
+
 static void group_end(rx_coord_t *c, co_group_t *g)
 {
     co_group_t **pp = &c->groups;
@@ -200,6 +217,7 @@ static void group_end(rx_coord_t *c, co_group_t *g)
     coh_free(g->readys);
     coh_free(g->done);
     coh_free(g->rst);
+    coh_free(g->ring32);
     coh_free(g);
 }
 
@@ -259,7 +277,16 @@ static void declare_lost_as(rx_coord_t *c, int r, int code, uint32_t silent_ms, 
     co_rank_t *cr = &c->ranks[r];
     if (cr->lost) return;
     cr->lost = true;
-    if (!cr->bye && !c->closing) broadcast_lost(c, r, silent_ms, code);
+    if (!cr->bye && !c->closing) {
+        broadcast_lost(c, r, silent_ms, code);
+        /* And r itself, should it still read: it is out, and must not take
+         * the closed connection for a failed coordinator and elect one. */
+        rx_ctl_msg_t msg = {.type = RX_CTL_LOST};
+        msg.u.lost.rank = (uint32_t)r;
+        msg.u.lost.silent_ms = silent_ms;
+        msg.u.lost.why = (uint32_t)code;
+        if (cr->conn) rx_ctl_send(cr->conn, &msg);
+    }
     if (cr->conn && !cr->left) active_add(c, -1);
     cr->has_ready = cr->deferred = false;
     bs_log(COH_LOG_WARN, "coordinator: rank %d is out of the schedule: %s", r, why);
@@ -346,7 +373,7 @@ static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
         bs_log(COH_LOG_ERROR, "coordinator: out of memory launching a group");
         return;
     }
-    g->gid = ++c->next_gid;
+    g->gid = new_gid(c);
     g->sgid = d->group_id;
     g->mode = mode;
     g->n = n;
@@ -409,6 +436,12 @@ static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
 static void send_rplan(rx_coord_t *c, int r, const rx_ctl_rplan_t *p)
 {
     co_rank_t *cr = &c->ranks[r];
+    if (!cr->conn && !cr->lost && p->phase == 1 && p->attempt == 0) {
+        /* A relay that has not reached this (elected) coordinator yet: its
+         * data connections are up, so it relays once it connects. */
+        cr->owed_gid = p->group_id;
+        return;
+    }
     rx_ctl_msg_t msg = {.type = RX_CTL_RPLAN};
     msg.u.rplan = *p;
     int st = cr->conn ? rx_ctl_send(cr->conn, &msg) : COH_EPEER;
@@ -459,7 +492,7 @@ static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
     }
     for (int i = 0; i < nl; i++) {
         co_rank_t *cr = &c->ranks[d->relays[i]];
-        missing |= cr->lost || cr->left || !cr->conn || cr->group;
+        missing |= cr->lost || cr->left || cr->group;
     }
     bool plain = first && first->plain;
     /* Late weights are not known yet: room is left for each to be as large
@@ -511,7 +544,7 @@ static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
         coh_free(ring);
         return;
     }
-    g->gid = ++c->next_gid;
+    g->gid = new_gid(c);
     g->sgid = d->group_id;
     g->mode = COH_SYNC_RELAY;
     g->n = n;
@@ -540,6 +573,8 @@ static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
     }
     g->next = c->groups;
     c->groups = g;
+    g->ring32 = ring;
+    ring = NULL;
     rx_ctl_rplan_t p = {.group_id = g->gid,
                         .phase = 1,
                         .final = nl == 0,
@@ -551,8 +586,9 @@ static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
                         .total_weight = g->w1,
                         .nring = (uint32_t)n,
                         .nlate = (uint32_t)nl,
-                        .ring_in = ring,
-                        .late_in = ring + m1};
+                        .ring_in = g->ring32,
+                        .late_in = g->ring32 + m1};
+    g->p1 = p;
     bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu: %d ready, %d relaying",
            (unsigned long long)g->gid, m1, nl);
     send_rplans(c, &p, to, att, n);
@@ -843,7 +879,20 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
             return;
         }
         cr->ready = *rd;
+        if (rd->last_gid > c->max_seen_gid) c->max_seen_gid = rd->last_gid;
         check_mode(c, r, rd->mode);
+        if (rd->plain) {
+            /* A relay allreduce is a collective: every rank that has not
+             * failed takes part, whether or not it left the sync schedule. */
+            for (int k = 0; k < c->world; k++) {
+                co_rank_t *o = &c->ranks[k];
+                if (k == r || !o->left || o->lost || o->bye || !o->conn) continue;
+                o->left = false;
+                active_add(c, 1);
+                for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+                    if (c->sched[md]) sc_sched_on_worker_back(c->sched[md], k, now_s(c));
+            }
+        }
         if (cr->left && !cr->owe_mode) {
             /* A rank that left syncs again: back in the schedule. */
             cr->left = false;
@@ -948,6 +997,20 @@ static void on_ready(rx_conn_t *conn)
 {
     rx_coord_t *c = conn->owner;
     int peer = conn->peer;
+    if (c->dormant) {
+        /* A member elected this rank. Only if this rank has lost the
+         * coordinator too: otherwise that member is the one cut off. */
+        if (rx_member_has_coordinator(c->ctx)) {
+            /* BYE first: the member asks again shortly, rather than taking
+             * this rank for failed. */
+            rx_ctl_msg_t bye = {.type = RX_CTL_BYE};
+            bye.u.bye_rank = (uint32_t)c->ctx->rank;
+            rx_ctl_send(conn, &bye);
+            rx_conn_close(conn, COH_EPEER, "not the coordinator: this rank still has one");
+            return;
+        }
+        rx_coord_activate(c, -1);
+    }
     if (peer < 0 || peer >= c->world || c->ranks[peer].conn || c->ranks[peer].lost) {
         rx_conn_close(conn, COH_EPROTO, "duplicate or unknown rank");
         return;
@@ -955,6 +1018,14 @@ static void on_ready(rx_conn_t *conn)
     c->ranks[peer].conn = conn;
     c->ranks[peer].t_heard_ns = bs_now_ns();
     active_add(c, 1);
+    uint64_t owed = c->ranks[peer].owed_gid;
+    c->ranks[peer].owed_gid = 0;
+    co_group_t *og = owed ? group_find(c, owed) : NULL;
+    if (og && og->relay && og->phase == 1) {
+        rx_ctl_rplan_t p = og->p1;
+        p.attempt = 0;
+        send_rplan(c, peer, &p);
+    }
     rx_lb_greet(c->ctx, conn); /* the rail tables published before it was here */
 }
 
@@ -994,6 +1065,13 @@ static void check_liveness(rx_coord_t *c, uint64_t now)
         for (int r = 0; r < c->world; r++)
             if (c->ranks[r].conn && !c->ranks[r].lost) rx_ctl_send(c->ranks[r].conn, &ping);
     }
+    for (int r = 0; r < c->world && c->elected; r++) {
+        /* After an election: a rank that never connects is gone too. */
+        co_rank_t *cr = &c->ranks[r];
+        if (cr->conn || cr->lost || cr->bye || now - c->t_active_ns <= live) continue;
+        declare_lost_as(c, r, RX_LOST_SILENT, (uint32_t)((now - c->t_active_ns) / 1000000ull),
+                        "never reached the elected coordinator");
+    }
     for (int r = 0; r < c->world; r++) {
         co_rank_t *cr = &c->ranks[r];
         if (!cr->conn || cr->lost || now - cr->t_heard_ns <= live) continue;
@@ -1017,7 +1095,11 @@ static void check_waiting(rx_coord_t *c, uint64_t now)
         if (c->ranks[r].has_ready && now - c->ranks[r].t_ready_ns > limit) stuck = r;
     if (stuck < 0) return;
     int out = 0;
-    for (int r = 0; r < c->world; r++) {
+    /* A relay allreduce does not go on without a rank that is only slow
+     * (T_fault and the liveness check exclude the failed ones): after twice
+     * the timeout it fails with ETIMEDOUT, as coh_allreduce would. */
+    if (c->ranks[stuck].ready.plain) out = -1;
+    for (int r = 0; r < c->world && out >= 0; r++) {
         co_rank_t *cr = &c->ranks[r];
         if (cr->lost || cr->left || cr->has_ready || cr->deferred || cr->group || !cr->conn)
             continue;
@@ -1028,7 +1110,7 @@ static void check_waiting(rx_coord_t *c, uint64_t now)
         take_out(c, r);
         out++;
     }
-    if (out) {
+    if (out > 0) {
         tick_all(c);
         return;
     }
@@ -1061,7 +1143,13 @@ static void on_tick(uv_timer_t *t)
                        "coordinator: rank %d not ready %d ms after phase 1 of relay group %llu: "
                        "phase 2 goes on without it",
                        g->members[i], c->ctx->cfg.timeout_ms, (unsigned long long)g->gid);
-                take_out(c, g->members[i]);
+                /* A relay allreduce's late rank would otherwise come with
+                 * data for a collective that is over: it is failed. */
+                if (g->readys[0].plain) /* members[0] was ready at the launch */
+                    declare_lost_as(c, g->members[i], RX_LOST_FAULT, 0,
+                                    "not ready an op timeout after phase 1");
+                else
+                    take_out(c, g->members[i]);
                 break; /* the group may have moved on: next tick continues */
             }
         break;
@@ -1089,6 +1177,7 @@ static void tick_closed(uv_handle_t *h)
         coh_free(g->readys);
         coh_free(g->done);
         coh_free(g->rst);
+        coh_free(g->ring32);
         coh_free(g);
     }
     coh_free(c->ranks);
@@ -1112,7 +1201,22 @@ void rx_coord_close(rx_coord_t *c)
     uv_close((uv_handle_t *)&c->tick, tick_closed);
 }
 
-int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
+void rx_coord_activate(rx_coord_t *c, int old)
+{
+    if (!c || !c->dormant || c->closing) return;
+    c->dormant = false;
+    c->elected = true;
+    c->t_active_ns = bs_now_ns();
+    /* Cold: the ranks this rank knows failed are out; the others come
+     * back with their next READY. */
+    for (int r = 0; r < c->world; r++)
+        if (r != c->ctx->rank && (r == old || rx_ctx_is_failed(c->ctx, r))) c->ranks[r].lost = true;
+    bs_log(COH_LOG_WARN, "rank %d: now the coordinator (elected)", c->ctx->rank);
+    uint64_t period = (uint64_t)(c->ctx->cfg.tick_ms > 0 ? c->ctx->cfg.tick_ms : 2);
+    uv_timer_start(&c->tick, on_tick, period, period);
+}
+
+int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, bool active, rx_coord_t **out)
 {
     rx_coord_t *c = coh_zalloc(sizeof(*c));
     if (!c) return bs_fail(COH_ENOMEM, "coordinator: out of memory");
@@ -1138,8 +1242,10 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out)
         return st;
     }
     c->addr = c->listener->addr;
+    c->dormant = !active;
+    c->t_active_ns = bs_now_ns();
     uint64_t period = (uint64_t)(ctx->cfg.tick_ms > 0 ? ctx->cfg.tick_ms : 2);
-    uv_timer_start(&c->tick, on_tick, period, period);
+    if (active) uv_timer_start(&c->tick, on_tick, period, period);
     *out = c;
     return 0;
 }

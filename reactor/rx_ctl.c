@@ -24,7 +24,7 @@ static double get_f64(const uint8_t *p)
     return v;
 }
 
-#define READY_LEN  56
+#define READY_LEN  64
 #define PLAN_LEN   40 /* + 4 per member */
 #define DONE_LEN   32 /* + 24 per measurement */
 #define REFUSE_LEN 24
@@ -82,6 +82,7 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         put_f64(p + 32, r->compute_s);
         put_f64(p + 40, r->weight);
         en_put64(p + 48, r->attempt);
+        en_put64(p + 56, r->last_gid);
         break;
     }
     case RX_CTL_PLAN: {
@@ -234,6 +235,7 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         r->compute_s = get_f64(p + 32);
         r->weight = get_f64(p + 40);
         r->attempt = en_get64(p + 48);
+        r->last_gid = en_get64(p + 56);
         uint32_t op = en_get32(p + 28);
         r->redop = op & 0xff;
         r->plain = op >> 8;

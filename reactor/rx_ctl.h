@@ -105,9 +105,11 @@ typedef struct rx_ctl_ready {
     uint32_t dtype;
     double compute_s; /* time since this rank's previous sync ended */
     double weight;
-    uint64_t attempt; /* this rank's attempt number: a PLAN answers one */
-    uint32_t redop;   /* coh_redop of a plain relay allreduce (COH_SUM for syncs) */
-    uint32_t plain;   /* 1: coh_allreduce_ex (no weights), 0: a weighted sync */
+    uint64_t attempt;  /* this rank's attempt number: a PLAN answers one */
+    uint32_t redop;    /* coh_redop of a plain relay allreduce (COH_SUM for syncs) */
+    uint32_t plain;    /* 1: coh_allreduce_ex (no weights), 0: a weighted sync */
+    uint64_t last_gid; /* the newest group this rank took part in (an elected
+                          coordinator numbers its groups above every one) */
 } rx_ctl_ready_t;
 
 typedef struct rx_ctl_plan {

@@ -239,7 +239,7 @@ static void ctrl_on_stop(rx_reactor_t *rx)
 static int coord_start_fn(rx_reactor_t *rx, void *arg)
 {
     struct coh_ctx *ctx = arg;
-    return rx_coord_start(ctx, rx, &ctx->coord);
+    return rx_coord_start(ctx, rx, ctx->rank == ctx->cfg.coordinator, &ctx->coord);
 }
 
 /* The settings every rank must share, as text: a rank that disagrees would
@@ -363,16 +363,21 @@ static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
     for (int r = 0; r < ctx->nrails; r++)
         BS_CHECK(en_rail_wait_connected(&ctx->rails[r].en, deadline));
     if (ctx->nrails > 1) BS_CHECK(set_routes(ctx, sc, deadline));
-    /* The coordinator's control address. */
-    if (ctx->coord) {
-        struct sockaddr_storage a;
-        rx_coord_addr(ctx->coord, &a);
-        rx_format_addr((struct sockaddr *)&a, val, sizeof(val));
-        BS_CHECK(rx_store_set(sc, "ctrl", val, strlen(val), deadline));
+    /* Every rank's control address: the coordinator's now, any other's
+     * should the survivors have to elect it. */
+    struct sockaddr_storage a;
+    rx_coord_addr(ctx->coord, &a);
+    rx_format_addr((struct sockaddr *)&a, val, sizeof(val));
+    snprintf(key, sizeof(key), "ctrl/%d", ctx->rank);
+    BS_CHECK(rx_store_set(sc, key, val, strlen(val), deadline));
+    for (int peer = 0; peer < ctx->world; peer++) {
+        snprintf(key, sizeof(key), "ctrl/%d", peer);
+        memset(val, 0, sizeof(val));
+        BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, NULL, left_ms(deadline), deadline));
+        BS_CHECK(rx_resolve_hostport(val, &ctx->ctrl_addrs[peer]));
     }
-    memset(val, 0, sizeof(val));
-    BS_CHECK(rx_store_get(sc, "ctrl", val, sizeof(val) - 1, NULL, left_ms(deadline), deadline));
-    return rx_resolve_hostport(val, &ctx->coord_addr);
+    ctx->coord_addr = ctx->ctrl_addrs[ctx->cfg.coordinator];
+    return 0;
 }
 
 /* Every rank is a member of the coordinator: nobody's init returns before
@@ -438,6 +443,7 @@ static void ctx_fini(struct coh_ctx *ctx)
     coh_free(ctx->nics_s);
     coh_free(ctx->sched_s);
     coh_free(ctx->failed);
+    coh_free(ctx->ctrl_addrs);
     uv_mutex_destroy(&ctx->fail_mu);
     coh_free(ctx);
 }
@@ -483,6 +489,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->world = cfg_in->world_size;
     uv_mutex_init(&ctx->fail_mu);
     ctx->failed = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
+    ctx->ctrl_addrs =
+        coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(struct sockaddr_storage));
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
     ctx->world_comm.rank = ctx->rank;
@@ -491,7 +499,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     int st = 0;
     uint64_t deadline = bs_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
     if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s) ||
-        !ctx->failed) {
+        !ctx->failed || !ctx->ctrl_addrs) {
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
@@ -553,8 +561,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             goto fail;
         }
     }
-    if (ctx->world > 1 && ctx->rank == ctx->cfg.coordinator)
-        BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
+    if (ctx->world > 1) BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
     BS_CHECK_GOTO(rx_lb_start(ctx), st, fail); /* before a table can arrive */
     if (ctx->world > 1) BS_CHECK_GOTO(bootstrap(ctx, deadline), st, fail);
     describe(ctx);

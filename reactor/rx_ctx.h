@@ -33,9 +33,13 @@ struct coh_ctx {
     rx_store_server_t *store;
     uint32_t incarnation;               /* which init of its job this context is (rx_ctx.c) */
     struct rx_member *member;           /* every rank of a world > 1 */
-    struct rx_coord *coord;             /* the coordinator rank only */
+    struct rx_coord *coord;             /* every rank's; active on the coordinator only */
     rx_sched_cfg_t sched_cfg;           /* read at init, for the coordinator */
     struct sockaddr_storage coord_addr; /* where the coordinator listens */
+    /* Every rank's control listener (its coordinator, dormant until it is
+     * elected or configured): the survivors elect the lowest live rank when
+     * the coordinator fails (rx_member.c). */
+    struct sockaddr_storage *ctrl_addrs;
     coh_comm_t world_comm;
     _Atomic int state;
     _Atomic int refs; /* finalize's, plus one per request not yet freed */

@@ -43,7 +43,21 @@ struct rx_member {
     int *relay_ring; /* phase 1's ring */
     int relay_nring;
     bool coord_bye; /* the coordinator said BYE: its close is not a failure */
+    /* Coordinator election (COHORT_COORD_ELECTION). */
+    int coord_rank;       /* the coordinator, or the candidate being dialled */
+    bool was_ready;       /* had a coordinator once (init is over) */
+    bool electing;        /* between losing one and reaching the next */
+    uint64_t t_lost_ns;   /* the coordinator was lost */
+    uint64_t t_cand_ns;   /* the current candidate was picked */
+    uint32_t coord_epoch; /* coordinators reached so far */
+    uint64_t last_gid;    /* the newest group this rank ran an op of */
+    uv_timer_t redial;
+    bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
+    char excluded_why[160];
 };
+
+static void on_redial(uv_timer_t *t);
+static void resend_pending(rx_member_t *m);
 
 #define SYNC_RETRIES 3
 
@@ -72,6 +86,7 @@ static int send_ready(rx_member_t *m, coh_request_t *req)
     uint64_t now = bs_now_ns();
     s->attempt = ++m->attempt;
     s->t_ready_ns = now;
+    s->coord_epoch = m->coord_epoch;
     rx_ctl_msg_t msg = {.type = RX_CTL_READY, .comm = 0};
     msg.u.ready = (rx_ctl_ready_t){.rank = (uint32_t)m->ctx->rank,
                                    .mode = (uint32_t)s->mode,
@@ -82,7 +97,8 @@ static int send_ready(rx_member_t *m, coh_request_t *req)
                                    .weight = s->weight,
                                    .attempt = s->attempt,
                                    .redop = (uint32_t)s->redop,
-                                   .plain = (uint32_t)s->plain};
+                                   .plain = (uint32_t)s->plain,
+                                   .last_gid = m->last_gid};
     if (!m->conn || atomic_load(&m->lost)) return COH_EPEER;
     return rx_ctl_send(m->conn, &msg);
 }
@@ -102,6 +118,7 @@ static void ready_run(rx_task_t *t, rx_reactor_t *rx)
     rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
     m->pending = req;
     req->sync->t_start_ns = bs_now_ns();
+    if (m->electing) return; /* sent once the new coordinator is reached */
     int st = send_ready(m, req);
     if (st < 0) finish(m, req, st, "lost the connection to the coordinator");
 }
@@ -265,6 +282,7 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
     s->members = members;
     s->nmembers = n;
     s->group_id = p->group_id;
+    if (p->group_id > m->last_gid) m->last_gid = p->group_id;
     s->full = (int)p->full;
     s->total_weight = p->total_weight;
     s->t_plan_ns = bs_now_ns();
@@ -476,6 +494,7 @@ static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
         return;
     }
     bool am_late = has_rank(late, (int)p->nlate, ctx->rank);
+    if (p->group_id > m->last_gid) m->last_gid = p->group_id;
     if (p->phase == 1 && p->attempt == 0) {
         if (!am_late) {
             coh_free(ring);
@@ -655,12 +674,17 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
         return;
     }
     int status = atomic_load(&req->status);
-    bool sent = m->conn != NULL;
+    bool sent = m->conn != NULL || m->electing;
     send_done(m, req, status);
     if (status == 0 && s->phase == 1) {
         /* Phase 1 of a relay group: the coordinator sends phase 2 once the
          * late ranks are ready or excluded. */
         s->phase = 2;
+        if (m->electing) return; /* resent to the new coordinator once reached */
+        if (s->coord_epoch != m->coord_epoch) {
+            resend_pending(m); /* the coordinator that planned it is gone */
+            return;
+        }
         if (!m->conn) finish(m, req, COH_EPEER, "lost the coordinator between the relay phases");
         return;
     }
@@ -685,6 +709,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
         req->err[0] = 0;
         atomic_store(&req->status, 0);
         atomic_store(&req->err_set, 0);
+        if (m->electing) return; /* sent to the coordinator being elected, once reached */
         int st = send_ready(m, req);
         if (st < 0) finish(m, req, st, "lost the connection to the coordinator");
         return;
@@ -736,6 +761,7 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
     int n = rx_ctl_parse(buf, len, &msg);
     if (n <= 0) return n;
     m->t_heard_ns = bs_now_ns();
+    if (msg.type != RX_CTL_BYE) m->t_cand_ns = 0; /* it coordinates */
     switch (msg.type) {
     case RX_CTL_PLAN: handle_plan(m, &msg.u.plan); break;
     case RX_CTL_RPLAN: handle_rplan(m, &msg.u.rplan); break;
@@ -746,6 +772,16 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
         break;
     case RX_CTL_LOST: {
         char why[BS_ERR_LEN];
+        if (msg.u.lost.rank == (uint32_t)m->ctx->rank) {
+            /* The coordinator excluded this rank: no election, every sync
+             * from now on fails. */
+            snprintf(m->excluded_why, sizeof(m->excluded_why),
+                     "the coordinator excluded this rank (%s)",
+                     rx_lost_why_text((int)msg.u.lost.why));
+            bs_log(COH_LOG_WARN, "rank %d: %s", m->ctx->rank, m->excluded_why);
+            m->excluded = true;
+            break;
+        }
         if (msg.u.lost.why == RX_LOST_SILENT)
             snprintf(why, sizeof(why),
                      "rank %u is unresponsive (the coordinator heard nothing from it "
@@ -783,16 +819,88 @@ static void on_beat(uv_timer_t *t)
     if (now - m->t_heard_ns <= live) return;
     char why[BS_ERR_LEN];
     snprintf(why, sizeof(why),
-             "the coordinator (rank %d) is unresponsive: nothing heard for %llu ms",
-             m->ctx->cfg.coordinator, (unsigned long long)((now - m->t_heard_ns) / 1000000ull));
-    drop_peer(m->ctx, m->ctx->cfg.coordinator, why);
+             "the coordinator (rank %d) is unresponsive: nothing heard for %llu ms", m->coord_rank,
+             (unsigned long long)((now - m->t_heard_ns) / 1000000ull));
+    drop_peer(m->ctx, m->coord_rank, why);
     rx_conn_close(m->conn, COH_EPEER, why);
+}
+
+static const rx_conn_proto_t member_proto;
+
+/* Dial the coordinator candidate m->coord_rank through rail 0's interface. */
+static int dial(rx_member_t *m)
+{
+    struct coh_ctx *ctx = m->ctx;
+    struct sockaddr_storage local = ctx->rail_addr[0];
+    m->coord = ctx->ctrl_addrs[m->coord_rank];
+    return rx_conn_dial(&ctx->ctrl.loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
+                        &member_proto, m, ctx->token_s, ctx->rank, ctx->world, &m->conn);
+}
+
+/*
+ * The coordinator failed: the survivors elect the lowest rank none of them
+ * knows failed (each decides alone, from the failures it heard of; ranks
+ * that picked a rank that is gone find its control port closed and go on to
+ * the next). That rank's dormant coordinator takes over, cold; every member
+ * connects to it and sends again what it was waiting for.
+ */
+static void elect(rx_member_t *m)
+{
+    struct coh_ctx *ctx = m->ctx;
+    int cand = ctx->rank;
+    for (int r = 0; r < ctx->world; r++)
+        if (!rx_ctx_is_failed(ctx, r)) {
+            cand = r;
+            break;
+        }
+    if (cand != m->coord_rank || !m->electing)
+        bs_log(COH_LOG_WARN, "rank %d: electing rank %d as the coordinator", ctx->rank, cand);
+    int old = m->coord_rank;
+    m->coord_rank = cand;
+    m->electing = true;
+    m->coord_bye = false;
+    if (cand != old) m->t_cand_ns = bs_now_ns();
+    if (cand == ctx->rank) rx_coord_activate(ctx->coord, old);
+    if (dial(m) < 0) uv_timer_start(&m->redial, on_redial, 50, 0);
+}
+
+static void on_redial(uv_timer_t *t)
+{
+    rx_member_t *m = t->data;
+    if (!m->conn && m->electing && atomic_load(&m->ctx->state) == RX_CTX_RUNNING) elect(m);
+}
+
+bool rx_member_has_coordinator(struct coh_ctx *ctx)
+{
+    rx_member_t *m = ctx->member;
+    return m && m->conn && m->conn->ready && !m->electing;
+}
+
+/* A sync waiting for the coordinator (its READY or phase 2 went to a
+ * coordinator that failed): ask the new one. The caller's buffer is
+ * untouched until a sync succeeds, so starting over is safe. */
+static void resend_pending(rx_member_t *m)
+{
+    coh_request_t *req = m->pending;
+    if (!req || req->sync->running) return;
+    rx_syncreq_t *s = req->sync;
+    if (s->members && s->phase != 2) return;
+    coh_free(s->members);
+    s->members = NULL;
+    s->nmembers = 0;
+    coh_free(s->relays);
+    s->relays = NULL;
+    s->nrelays = s->relayed = s->phase = s->phase2 = s->phase2_method = s->nexcluded = 0;
+    coh_free(s->tmp);
+    s->tmp = NULL;
+    int st = send_ready(m, req);
+    if (st < 0) finish(m, req, st, "cannot reach the new coordinator");
 }
 
 static void on_ready(rx_conn_t *c)
 {
     rx_member_t *m = c->owner;
-    if (c->peer != m->ctx->cfg.coordinator) {
+    if (c->peer != m->coord_rank) {
         rx_conn_close(c, COH_EPROTO, "the coordinator's address answered as another rank");
         return;
     }
@@ -802,25 +910,65 @@ static void on_ready(rx_conn_t *c)
         uint64_t period = (uint64_t)(live / 10 > 0 ? live / 10 : 1);
         uv_timer_start(&m->beat, on_beat, period, period);
     }
+    m->was_ready = true;
+    if (m->electing) {
+        m->electing = false;
+        bs_log(COH_LOG_WARN, "rank %d: rank %d is the coordinator now (%.1f ms after the loss)",
+               m->ctx->rank, m->coord_rank, (double)(bs_now_ns() - m->t_lost_ns) / 1e6);
+        atomic_store(&m->lost, 0);
+        m->coord_epoch++;
+        resend_pending(m);
+    }
     set_state(m, 1, NULL);
 }
 
 static void on_close(rx_conn_t *c, int status, const char *why)
 {
     rx_member_t *m = c->owner;
+    struct coh_ctx *ctx = m->ctx;
     m->conn = NULL;
     uv_timer_stop(&m->beat);
-    atomic_store(&m->lost, 1);
     char msg[BS_ERR_LEN];
-    snprintf(msg, sizeof(msg), "connection to the coordinator (rank %d): %s",
-             m->ctx->cfg.coordinator, why);
+    snprintf(msg, sizeof(msg), "connection to the coordinator (rank %d): %s", m->coord_rank, why);
+    bool running = atomic_load(&ctx->state) == RX_CTX_RUNNING && status != COH_ECANCELED;
+    if (m->excluded) snprintf(msg, sizeof(msg), "%s", m->excluded_why);
+    if (running && (m->was_ready || m->electing) && ctx->cfg.coord_election && !m->excluded) {
+        uint64_t now = bs_now_ns(), live = (uint64_t)ctx->cfg.liveness_ms * 1000000ull;
+        if (!m->electing) {
+            m->t_lost_ns = now;
+            bs_log(COH_LOG_WARN, "rank %d: lost the %s", ctx->rank, msg);
+        }
+        if (m->coord_bye || (!c->ready && c->connected)) {
+            /* Alive, but not (or no longer) coordinating: finalizing, or a
+             * candidate that has not noticed the loss itself yet and said
+             * so. Ask again shortly; after the liveness time it counts as
+             * failed. */
+            if (!m->t_cand_ns) m->t_cand_ns = now;
+            m->electing = true;
+            if (live && now - m->t_cand_ns > live) {
+                rx_ctx_rank_failed(ctx, m->coord_rank, "did not take over as the coordinator");
+                elect(m);
+            } else {
+                uv_timer_start(&m->redial, on_redial, 20, 0);
+            }
+        } else {
+            /* It coordinated and the connection died, or nobody listens
+             * where the candidate should: failed. */
+            rx_ctx_rank_failed(ctx, m->coord_rank, msg);
+            drop_peer(ctx, m->coord_rank, msg);
+            elect(m);
+        }
+        rx_lb_close(ctx, COH_EPEER, msg); /* the balancer's tables came from the old one */
+        return;
+    }
+    atomic_store(&m->lost, 1);
     set_state(m, status < 0 ? status : COH_EPEER, msg);
-    if (atomic_load(&m->ctx->state) == RX_CTX_RUNNING && status != COH_ECANCELED) {
-        bs_log(COH_LOG_WARN, "rank %d: lost the %s", m->ctx->rank, msg);
-        if (!m->coord_bye) rx_ctx_rank_failed(m->ctx, m->ctx->cfg.coordinator, msg);
+    if (running && !m->excluded) {
+        bs_log(COH_LOG_WARN, "rank %d: lost the %s", ctx->rank, msg);
+        if (!m->coord_bye) rx_ctx_rank_failed(ctx, m->coord_rank, msg);
     }
     /* World ops waiting for a rail table will never get one. */
-    rx_lb_close(m->ctx, COH_EPEER, msg);
+    rx_lb_close(ctx, COH_EPEER, msg);
     /* A sync still waiting for its plan will never get one. One whose ops
      * run ends when they do. */
     coh_request_t *req = m->pending;
@@ -833,14 +981,12 @@ static const rx_conn_proto_t member_proto = RX_CTL_PROTO_INIT(on_bytes, on_ready
 static int dial_fn(rx_reactor_t *rx, void *arg)
 {
     rx_member_t *m = arg;
-    struct coh_ctx *ctx = m->ctx;
     uv_timer_init(&rx->loop, &m->beat);
     m->beat.data = m;
+    uv_timer_init(&rx->loop, &m->redial);
+    m->redial.data = m;
     m->beat_open = true;
-    /* Leave through rail 0's interface. */
-    struct sockaddr_storage local = ctx->rail_addr[0];
-    return rx_conn_dial(&rx->loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
-                        &member_proto, m, ctx->token_s, ctx->rank, ctx->world, &m->conn);
+    return dial(m);
 }
 
 int rx_member_start(struct coh_ctx *ctx)
@@ -849,10 +995,10 @@ int rx_member_start(struct coh_ctx *ctx)
     if (!m) return bs_fail(COH_ENOMEM, "out of memory");
     m->ctx = ctx;
     m->last_done_ns = bs_now_ns();
+    m->coord_rank = ctx->cfg.coordinator;
     uv_mutex_init(&m->mu);
     uv_cond_init(&m->cv);
     ctx->member = m;
-    m->coord = ctx->coord_addr;
     return rx_reactor_call(&ctx->ctrl, dial_fn, m);
 }
 
@@ -881,7 +1027,10 @@ static int close_fn(rx_reactor_t *rx, void *arg)
         rx_ctl_send(m->conn, &bye); /* written now: the write queue is empty or nearly */
         rx_conn_close(m->conn, COH_ECANCELED, "finalizing");
     }
-    if (m->beat_open) uv_close((uv_handle_t *)&m->beat, NULL);
+    if (m->beat_open) {
+        uv_close((uv_handle_t *)&m->beat, NULL);
+        uv_close((uv_handle_t *)&m->redial, NULL);
+    }
     m->beat_open = false;
     return 0;
 }
@@ -994,8 +1143,9 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
         return bs_fail(COH_EUNSUPPORTED, "%s: only the world communicator is scheduled", fn);
     rx_member_t *m = ctx->member;
     if (m && atomic_load(&m->lost))
-        return bs_fail(COH_EPEER, "%s: the coordinator (rank %d) is gone", fn,
-                       ctx->cfg.coordinator);
+        return m->excluded
+                   ? bs_fail(COH_EPEER, "%s: %s", fn, m->excluded_why)
+                   : bs_fail(COH_EPEER, "%s: the coordinator (rank %d) is gone", fn, m->coord_rank);
     if (m) {
         int idle = 0;
         if (!atomic_compare_exchange_strong(&m->busy, &idle, 1))

@@ -53,9 +53,10 @@ typedef struct rx_syncreq {
     int *relays;     /* the late ranks at the launch */
     int nrelays;
     int relayed, phase2, phase2_method, nexcluded;
-    int32_t exp; /* floating-point weights scale by 2^-exp */
-    void *tmp;   /* phase 2: what the late ranks bring */
-    void *ident; /* the identity of redop: what a non-contributor sends */
+    int32_t exp;          /* floating-point weights scale by 2^-exp */
+    void *tmp;            /* phase 2: what the late ranks bring */
+    void *ident;          /* the identity of redop: what a non-contributor sends */
+    uint32_t coord_epoch; /* the coordinator its READY went to */
 } rx_syncreq_t;
 
 /* ---- member side (per context, on its control reactor) ---- */
@@ -91,8 +92,16 @@ void rx_sched_cfg_fini(rx_sched_cfg_t *c);
 /* ---- coordinator (on the coordinator rank's control reactor) ---- */
 
 typedef struct rx_coord rx_coord_t;
-/* Loop thread of the control reactor. Listen next to rail 0's address. */
-int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, rx_coord_t **out);
+/* Loop thread of the control reactor. Listen next to rail 0's address.
+ * Every rank runs one; only the configured coordinator's is active. The
+ * others are dormant (no timer, no scheduler) until this rank is elected:
+ * rx_coord_activate, or the first member that connects to it while this
+ * rank's own member has no coordinator either. */
+int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, bool active, rx_coord_t **out);
+void rx_coord_activate(rx_coord_t *c, int old_coordinator);
+/* Loop thread: the member has a live coordinator connection (a dormant
+ * coordinator refuses members that elected it early). */
+bool rx_member_has_coordinator(struct coh_ctx *ctx);
 void rx_coord_close(rx_coord_t *c); /* loop thread: close everything */
 int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr);
 /* Control connections refused at the handshake (any thread, before stop). */

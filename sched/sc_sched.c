@@ -1050,7 +1050,7 @@ static void eval_relay(sc_sched_t *s)
          * varies more than phase 1 lasts (a Transformer batch of long
          * sentences); so a relay is suspected only once it is also overdue by
          * its runtime CDF (elapsed > overdue * largest sample), as BPAWR's
-         * guard says. With no CDF yet, T_fault alone decides.
+         * guard says; with no sample yet it is not suspected.
          */
         double tf = P->fault_factor * (g->phase1_end - g->t_first_ready);
         if (tf < P->tick_s) tf = P->tick_s;
@@ -1065,6 +1065,11 @@ static void eval_relay(sc_sched_t *s)
             double longest = sc_cdf_max(c);
             if (sc_cdf_max(&x->cdf) > longest) longest = sc_cdf_max(&x->cdf);
             double due = deadline;
+            /* No compute time on record at all (the first steps of a run):
+             * T_fault alone would exclude, for good, a healthy rank that is
+             * merely slower than phase 1 is long; it is not suspected yet
+             * (the live coordinator still bounds the wait). */
+            if (longest <= 0 && P->overdue_factor > 0) continue;
             if (longest > 0 && P->overdue_factor > 0) {
                 double overdue = x->t_start + P->overdue_factor * longest;
                 if (overdue > due) due = overdue;

@@ -37,9 +37,17 @@ static int mp_rank = -1;
         if (mp__a != mp__b) MP_FAIL("%s == %s: %lld != %lld", #a, #b, mp__a, mp__b);               \
     } while (0)
 
+static inline void mp_log(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "cohort[%d]: %s\n", level, msg);
+}
+
+/* COHORT_LOG=LEVEL (0-3): the library's messages on stderr. */
 static inline coh_ctx_t *mp_init(coh_comm_t **world, int *rank, int *size)
 {
     coh_ctx_t *ctx;
+    if (getenv("COHORT_LOG")) coh_set_log_handler(mp_log, NULL, atoi(getenv("COHORT_LOG")));
     MP_OK(coh_init(NULL, &ctx));
     MP_OK(coh_ctx_world(ctx, world));
     MP_OK(coh_comm_rank(*world, rank));
