@@ -100,6 +100,7 @@ typedef struct ff_op {
     _Atomic int refs;
     _Atomic(coh_request_t *) req; /* NULL until submitted */
     ff_type type;
+    bool sched_group; /* a sync or a relay allreduce: coh_request_group describes it */
     bool has_id;
     int64_t id;
     int rank, size;
@@ -433,10 +434,11 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
     coh_request_time_us(req, &us);
     uint32_t extra = 4;
     for (int t = 0; t < FF_NTENSORS; t++) extra += op->owned[t] && t != FF_T_SEND;
-    /* A sync's group is the scheduler's: who took part, how long this rank
-     * waited for the group and how long the exchange took. */
+    /* A sync's (and a relay allreduce's) group is the scheduler's: who took
+     * part, how long this rank waited for the group and how long the
+     * exchange took; for relay groups, who relayed and what phase 2 did. */
     coh_group_info_t gi;
-    bool sync_group = op->type == FF_SYNC && st == 0 && coh_request_group(req, &gi) == 0;
+    bool sync_group = op->sched_group && st == 0 && coh_request_group(req, &gi) == 0;
     ff_out_t o;
     msgpack_packer pk;
     ff_out_init(&o, &pk);
@@ -446,7 +448,7 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
     ff_pack_kv_double(&pk, "abi_us", op->abi_us);
     ff_pack_str(&pk, "group");
     if (sync_group) {
-        msgpack_pack_map(&pk, 8);
+        msgpack_pack_map(&pk, 13);
         ff_pack_kv_int(&pk, "rank", op->rank);
         ff_pack_kv_int(&pk, "size", gi.size);
         ff_pack_str(&pk, "members");
@@ -457,6 +459,14 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
         ff_pack_kv_double(&pk, "wait_us", gi.wait_us);
         ff_pack_kv_double(&pk, "comm_us", gi.comm_us);
         ff_pack_kv_uint(&pk, "group_id", gi.group_id);
+        int nrelays = gi.relays && gi.nrelays > 0 ? gi.nrelays : 0;
+        ff_pack_str(&pk, "relays");
+        msgpack_pack_array(&pk, (size_t)nrelays);
+        for (int i = 0; i < nrelays; i++) msgpack_pack_int(&pk, gi.relays[i]);
+        ff_pack_kv_bool(&pk, "relayed", gi.relayed != 0);
+        ff_pack_kv_int(&pk, "phase2", gi.phase2);
+        ff_pack_kv_int(&pk, "phase2_method", gi.phase2_method);
+        ff_pack_kv_int(&pk, "nexcluded", gi.nexcluded);
     } else {
         msgpack_pack_map(&pk, 2);
         ff_pack_kv_int(&pk, "rank", op->rank);
@@ -521,12 +531,17 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
     coh_comm_t *w = fc->world;
     int st;
     switch (r->type) {
-    case FF_ALLREDUCE:
+    case FF_ALLREDUCE: {
+        coh_allreduce_opts_t o = {.algo = r->algo == FF_ALGO_RELAY ? COH_ALLREDUCE_RELAY
+                                                                   : COH_ALLREDUCE_DEFAULT,
+                                  .iteration = (uint64_t)r->iteration};
         if (r->t[FF_T_BUF].kind != FF_TENSOR_NONE)
-            st = coh_allreduce(w, NULL, ptr[FF_T_BUF], s->count, r->dtype, r->op, req);
+            st = coh_allreduce_ex(w, NULL, ptr[FF_T_BUF], s->count, r->dtype, r->op, &o, req);
         else
-            st = coh_allreduce(w, ptr[FF_T_SEND], ptr[FF_T_RECV], s->count, r->dtype, r->op, req);
+            st = coh_allreduce_ex(w, ptr[FF_T_SEND], ptr[FF_T_RECV], s->count, r->dtype, r->op, &o,
+                                  req);
         break;
+    }
     case FF_BROADCAST:
         st = coh_broadcast(w, ptr[FF_T_BUF], s->count, r->dtype, r->root, req);
         break;
@@ -539,10 +554,9 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
     case FF_BARRIER: st = coh_barrier(w, req); break;
     case FF_SYNC: {
         static const coh_sync_mode modes[FF_SYNC_MODE_COUNT] = {
-            [FF_SYNC_DEFAULT] = COH_SYNC_DEFAULT,
-            [FF_SYNC_ALLREDUCE] = COH_SYNC_ALLREDUCE,
-            [FF_SYNC_PARTIAL] = COH_SYNC_PARTIAL,
-            [FF_SYNC_SELECTIVE] = COH_SYNC_SELECTIVE,
+            [FF_SYNC_DEFAULT] = COH_SYNC_DEFAULT, [FF_SYNC_ALLREDUCE] = COH_SYNC_ALLREDUCE,
+            [FF_SYNC_PARTIAL] = COH_SYNC_PARTIAL, [FF_SYNC_SELECTIVE] = COH_SYNC_SELECTIVE,
+            [FF_SYNC_RELAY] = COH_SYNC_RELAY,
         };
         st = coh_sync_ex(w, ptr[FF_T_BUF], s->count, r->dtype, (uint64_t)r->iteration, r->weight,
                          modes[r->mode], req);
@@ -677,6 +691,7 @@ COH_API int coh_ffi_call(uint64_t h, const void *buf, size_t len, void **resp, s
     }
     atomic_init(&op->refs, 1); /* ours */
     op->type = r.type;
+    op->sched_group = r.type == FF_SYNC || (r.type == FF_ALLREDUCE && r.algo == FF_ALGO_RELAY);
     op->has_id = has_id;
     op->id = r.id;
     op->rank = fc->rank;

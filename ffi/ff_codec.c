@@ -29,11 +29,18 @@ const char *ff_type_name(ff_type t)
 }
 
 static const char *const mode_names[FF_SYNC_MODE_COUNT] = {"default", "allreduce", "partial",
-                                                           "selective"};
+                                                           "selective", "relay"};
 
 const char *ff_sync_mode_name(ff_sync_mode m)
 {
     return (unsigned)m < FF_SYNC_MODE_COUNT ? mode_names[m] : "?";
+}
+
+static const char *const algo_names[FF_ALGO_COUNT] = {"default", "relay"};
+
+const char *ff_algo_name(ff_algo a)
+{
+    return (unsigned)a < FF_ALGO_COUNT ? algo_names[a] : "?";
 }
 
 /* ---- reading values ---- */
@@ -246,13 +253,14 @@ static const field_t req_fields[] = {
     {"iteration", FF_F_ITERATION},
     {"weight", FF_F_WEIGHT},
     {"mode", FF_F_MODE},
+    {"algo", FF_F_ALGO},
 };
 #define NFIELDS ((int)(sizeof(req_fields) / sizeof(req_fields[0])))
 
 #define F_COMMON (FF_F_V | FF_F_TYPE | FF_F_ID | FF_F_ASYNC | FF_F_TIMEOUT)
 static const uint32_t allowed[FF_TYPE_COUNT] = {
-    [FF_ALLREDUCE] =
-        F_COMMON | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_BUF | FF_F_SEND | FF_F_RECV,
+    [FF_ALLREDUCE] = F_COMMON | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_BUF | FF_F_SEND |
+                     FF_F_RECV | FF_F_ALGO | FF_F_ITERATION,
     [FF_BROADCAST] = F_COMMON | FF_F_DTYPE | FF_F_ROOT | FF_F_COUNT | FF_F_BUF,
     [FF_ALLGATHER] = F_COMMON | FF_F_DTYPE | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
     [FF_REDUCE_SCATTER] = F_COMMON | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
@@ -326,6 +334,10 @@ static int decode_field(const field_t *fd, const msgpack_object *v, const void *
     case FF_F_MODE:
         if (get_enum(v, f, mode_names, FF_SYNC_MODE_COUNT, &k, e) < 0) return e->status;
         r->mode = (ff_sync_mode)k;
+        return 0;
+    case FF_F_ALGO:
+        if (get_enum(v, f, algo_names, FF_ALGO_COUNT, &k, e) < 0) return e->status;
+        r->algo = (ff_algo)k;
         return 0;
     default: return ff_fail(e, COH_EINTERNAL, f, "field '%s': no decoder", f);
     }
@@ -404,6 +416,12 @@ int ff_decode_request(const void *buf, size_t len, ff_req_t *r, ff_err_t *e)
     }
     if (r->type == FF_SYNC && !(r->seen & FF_F_ITERATION)) {
         st = ff_fail(e, COH_EINVAL, "iteration", "missing field 'iteration'");
+        goto out;
+    }
+    /* An allreduce's iteration is the relay group's step number. */
+    if (r->type == FF_ALLREDUCE && (r->seen & FF_F_ITERATION) && r->algo != FF_ALGO_RELAY) {
+        st = ff_fail(e, COH_EINVAL, "iteration",
+                     "field 'iteration': used by an allreduce request only with algo 'relay'");
         goto out;
     }
 out:

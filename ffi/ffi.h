@@ -95,9 +95,18 @@ typedef enum ff_sync_mode {
     FF_SYNC_ALLREDUCE,   /* every live rank (a weighted average of all) */
     FF_SYNC_PARTIAL,     /* the first p ready ranks (FIFO) */
     FF_SYNC_SELECTIVE,   /* groups by bandwidth (BAG) and predicted progress (BPAWR) */
+    FF_SYNC_RELAY,       /* every live rank, late ones relaying (AdapCC) */
     FF_SYNC_MODE_COUNT
 } ff_sync_mode;
 const char *ff_sync_mode_name(ff_sync_mode m);
+
+/* Algorithms of an allreduce request (coh_allreduce_ex's coh_allreduce_algo). */
+typedef enum ff_algo {
+    FF_ALGO_DEFAULT = 0, /* coh_allreduce */
+    FF_ALGO_RELAY,       /* a relay group: coordinator-driven, late ranks relay */
+    FF_ALGO_COUNT
+} ff_algo;
+const char *ff_algo_name(ff_algo a);
 
 /* The three tensor fields. buf: in place; send/recv: out of place. */
 enum { FF_T_BUF = 0, FF_T_SEND, FF_T_RECV, FF_NTENSORS };
@@ -132,6 +141,7 @@ typedef struct ff_req {
     int64_t iteration;
     double weight;
     ff_sync_mode mode;
+    ff_algo algo;
 } ff_req_t;
 
 /* Field bits of ff_req_t.seen. */
@@ -151,6 +161,7 @@ enum {
     FF_F_ITERATION = 1u << 12,
     FF_F_WEIGHT = 1u << 13,
     FF_F_MODE = 1u << 14,
+    FF_F_ALGO = 1u << 15,
 };
 
 /* Decode a request map. Returns 0, or a negative status with err filled

@@ -244,6 +244,42 @@ static void test_decode_every_type(void **state)
               &r);
     assert_true(r.weight == 3.0);
     assert_int_equal(r.mode, FF_SYNC_DEFAULT);
+    decode_ok(mp(&b, "m5 s s s s s b s u s s", 5, "type", "sync", "dtype", "f64", "buf", x,
+                 (size_t)16, "iteration", U(4), "mode", "relay"),
+              &r);
+    assert_int_equal(r.mode, FF_SYNC_RELAY);
+    assert_string_equal(ff_sync_mode_name(r.mode), "relay");
+
+    /* allreduce's algo: default (absent, nil or named) or relay (which may
+     * carry the step number). */
+    decode_ok(mp(&b, "m3 s s s s s b", 3, "type", "allreduce", "dtype", "i32", "buf", x, (size_t)8),
+              &r);
+    assert_int_equal(r.algo, FF_ALGO_DEFAULT);
+    assert_false(r.seen & FF_F_ALGO);
+    decode_ok(mp(&b, "m4 s s s s s b s n", 4, "type", "allreduce", "dtype", "i32", "buf", x,
+                 (size_t)8, "algo"),
+              &r);
+    assert_int_equal(r.algo, FF_ALGO_DEFAULT);
+    decode_ok(mp(&b, "m4 s s s s s b s s", 4, "type", "allreduce", "dtype", "i32", "buf", x,
+                 (size_t)8, "algo", "default"),
+              &r);
+    assert_int_equal(r.algo, FF_ALGO_DEFAULT);
+    decode_ok(mp(&b, "m6 s s s s s s s b s s s u", 6, "type", "allreduce", "dtype", "i32", "op",
+                 "max", "buf", x, (size_t)8, "algo", "relay", "iteration", U(9)),
+              &r);
+    assert_int_equal(r.type, FF_ALLREDUCE);
+    assert_int_equal(r.algo, FF_ALGO_RELAY);
+    assert_string_equal(ff_algo_name(r.algo), "relay");
+    assert_int_equal(r.op, COH_MAX);
+    assert_int_equal(r.iteration, 9);
+    assert_int_equal(ff_resolve(&r, 3, &s, &e), 0);
+    assert_int_equal(s.count, 2);
+    decode_ok(mp(&b, "m5 s s s s s b s b s s", 5, "type", "allreduce", "dtype", "f32", "send", x,
+                 (size_t)8, "recv", x + 8, (size_t)8, "algo", "relay"),
+              &r);
+    assert_int_equal(r.algo, FF_ALGO_RELAY);
+    assert_int_equal(ff_resolve(&r, 2, &s, &e), 0);
+    assert_false(s.alloc_recv);
 
     const char *simple[] = {"info", "stats", "event_clear", "logs"};
     for (int i = 0; i < 4; i++) {
@@ -411,6 +447,26 @@ static void test_field_errors(void **state)
     expect_req_error(mp(&b, "m5 s s s s s b s u s s", 5, "type", "sync", "dtype", "f32", "buf", x,
                         sizeof(x), "iteration", U(1), "op", "sum"),
                      COH_EINVAL, "op", "not used by a sync request");
+    /* allreduce's algo */
+    expect_req_error(mp(&b, "m4 s s s s s b s s", 4, "type", "allreduce", "dtype", "f32", "buf", x,
+                        sizeof(x), "algo", "ring"),
+                     COH_EINVAL, "algo",
+                     "field 'algo': unknown value 'ring' (one of default, relay)");
+    expect_req_error(mp(&b, "m4 s s s s s b s u", 4, "type", "allreduce", "dtype", "f32", "buf", x,
+                        sizeof(x), "algo", U(1)),
+                     COH_EINVAL, "algo", "field 'algo': expected a string, got an integer");
+    expect_req_error(mp(&b, "m5 s s s s s b s s s s", 5, "type", "allreduce", "dtype", "f32", "buf",
+                        x, sizeof(x), "algo", "relay", "algo", "relay"),
+                     COH_EINVAL, "algo", "given twice");
+    expect_req_error(mp(&b, "m5 s s s s s b s u s s", 5, "type", "sync", "dtype", "f32", "buf", x,
+                        sizeof(x), "iteration", U(1), "algo", "relay"),
+                     COH_EINVAL, "algo", "not used by a sync request");
+    expect_req_error(mp(&b, "m4 s s s s s b s u", 4, "type", "allreduce", "dtype", "f32", "buf", x,
+                        sizeof(x), "iteration", U(1)),
+                     COH_EINVAL, "iteration", "only with algo 'relay'");
+    expect_req_error(mp(&b, "m5 s s s s s b s s s i", 5, "type", "allreduce", "dtype", "f32", "buf",
+                        x, sizeof(x), "algo", "relay", "iteration", I(-1)),
+                     COH_EINVAL, "iteration", "-1 is outside");
     /* Unprintable bytes in an echoed key are replaced. */
     expect_req_error(mp(&b, "m1 s s", 1, "t\xffpe\n", "x"), COH_EINVAL, "t?pe?",
                      "unknown field 't?pe?'");
@@ -505,6 +561,15 @@ static void test_config(void **state)
     assert_int_equal(c.cfg.tick_ms, 5);
     assert_string_equal(c.cfg.sched, "eta=0.5,c=4");
     ff_config_fini(&c);
+    /* The relay mode, by name and by number. */
+    mp(&b, "m1 s s", 1, "sync_mode", "relay");
+    assert_int_equal(ff_decode_config(b.data, b.len, &c, &e), 0);
+    assert_int_equal(c.cfg.sync_mode, COH_SYNC_RELAY);
+    ff_config_fini(&c);
+    mp(&b, "m1 s u", 1, "sync_mode", U(COH_SYNC_RELAY));
+    assert_int_equal(ff_decode_config(b.data, b.len, &c, &e), 0);
+    assert_int_equal(c.cfg.sync_mode, COH_SYNC_RELAY);
+    ff_config_fini(&c);
 
     /* Every knob of the table (reactor/rx_config.h) is a config field. */
     int nk;
@@ -545,7 +610,7 @@ static void test_config(void **state)
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "nics", ""), "nics", "empty"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "sync_mode", "fast"), "sync_mode",
          "unknown value 'fast' (one of allreduce, partial, selective)"},
-        {mp(&(mpbuf_t){.len = 0}, "m1 s u", 1, "sync_mode", U(3)), "sync_mode", "3 is outside"},
+        {mp(&(mpbuf_t){.len = 0}, "m1 s u", 1, "sync_mode", U(4)), "sync_mode", "4 is outside"},
         {mp(&(mpbuf_t){.len = 0}, "m2 s u s u", 2, "world_size", U(2), "coordinator", U(2)),
          "coordinator", "2 is not below world_size 2"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s u", 1, "tick_ms", U(0)), "tick_ms", "0 is outside"},
@@ -593,6 +658,9 @@ typedef struct answer {
     int group_size;
     int nmembers, members[8];
     bool has_wait_us;
+    bool full, relayed;
+    int nrelays; /* -1: no "relays" in the group */
+    int phase2, phase2_method, nexcluded;
 } answer_t;
 
 static void read_answer(const void *resp, size_t len, answer_t *a)
@@ -600,6 +668,8 @@ static void read_answer(const void *resp, size_t len, answer_t *a)
     memset(a, 0, sizeof(*a));
     a->status = 1;
     a->group_size = -1;
+    a->nrelays = -1;
+    a->phase2 = a->phase2_method = a->nexcluded = -1;
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
     size_t off = 0;
@@ -650,6 +720,22 @@ static void read_answer(const void *resp, size_t len, answer_t *a)
                     for (uint32_t m = 0; m < gv->via.array.size && m < 8; m++)
                         a->members[a->nmembers++] = (int)gv->via.array.ptr[m].via.u64;
                 }
+                if (gk->via.str.size == 4 && !memcmp(gk->via.str.ptr, "full", 4))
+                    a->full = gv->via.boolean;
+                if (gk->via.str.size == 6 && !memcmp(gk->via.str.ptr, "relays", 6)) {
+                    assert_int_equal(gv->type, MSGPACK_OBJECT_ARRAY);
+                    a->nrelays = (int)gv->via.array.size;
+                }
+                if (gk->via.str.size == 7 && !memcmp(gk->via.str.ptr, "relayed", 7)) {
+                    assert_int_equal(gv->type, MSGPACK_OBJECT_BOOLEAN);
+                    a->relayed = gv->via.boolean;
+                }
+                if (gk->via.str.size == 6 && !memcmp(gk->via.str.ptr, "phase2", 6))
+                    a->phase2 = (int)gv->via.u64;
+                if (gk->via.str.size == 13 && !memcmp(gk->via.str.ptr, "phase2_method", 13))
+                    a->phase2_method = (int)gv->via.u64;
+                if (gk->via.str.size == 9 && !memcmp(gk->via.str.ptr, "nexcluded", 9))
+                    a->nexcluded = (int)gv->via.u64;
             }
         } else if (v->type == MSGPACK_OBJECT_BIN) {
             a->bin_name = !strcmp(key, "buf") ? "buf" : !strcmp(key, "recv") ? "recv" : "?";
@@ -780,7 +866,52 @@ static void test_abi_collectives(void **state)
     assert_int_equal(a.nmembers, 1);
     assert_int_equal(a.members[0], 0);
     assert_true(a.has_wait_us);
-    assert_true(y[2] == 3); /* the weighted average of one */
+    assert_true(y[2] == 3);         /* the weighted average of one */
+    assert_int_equal(a.nrelays, 0); /* the relay fields are there, empty */
+    assert_false(a.relayed);
+    assert_int_equal(a.phase2, 0);
+    assert_int_equal(a.phase2_method, 0);
+    assert_int_equal(a.nexcluded, 0);
+    a = call(h, mp(&b, "m5 s s s s s m2 s u s u s u s s", 5, "type", "sync", "dtype", "f32", "buf",
+                   2, "addr", ADDR(y), "nbytes", U(sizeof(y)), "iteration", U(4), "mode", "relay"));
+    assert_int_equal(a.status, 0);
+    assert_int_equal(a.group_size, 1);
+    assert_true(a.full);
+    assert_true(y[2] == 3);
+
+    /* A relay allreduce: the same result as a plain one, and its group. */
+    int32_t rv[3] = {-4, 0, 7};
+    a = call(h, mp(&b, "m6 s s s s s s s b s s s u", 6, "type", "allreduce", "dtype", "i32", "op",
+                   "sum", "buf", rv, sizeof(rv), "algo", "relay", "iteration", U(5)));
+    assert_int_equal(a.status, 0);
+    assert_string_equal(a.type, "allreduce");
+    assert_string_equal(a.bin_name, "buf");
+    assert_memory_equal(a.bin, rv, sizeof(rv));
+    assert_int_equal(a.group_size, 1);
+    assert_int_equal(a.nmembers, 1);
+    assert_true(a.full);
+    assert_true(a.has_wait_us);
+    assert_int_equal(a.nrelays, 0);
+    assert_int_equal(a.nexcluded, 0);
+    /* out of place, recv allocated */
+    a = call(h, mp(&b, "m4 s s s s s b s s", 4, "type", "allreduce", "dtype", "i32", "send", rv,
+                   sizeof(rv), "algo", "relay"));
+    assert_int_equal(a.status, 0);
+    assert_string_equal(a.bin_name, "recv");
+    assert_memory_equal(a.bin, rv, sizeof(rv));
+    /* A plain allreduce's group has no scheduler fields. */
+    a = call(h, mp(&b, "m4 s s s s s b s s", 4, "type", "allreduce", "dtype", "i32", "buf", rv,
+                   sizeof(rv), "algo", "default"));
+    assert_int_equal(a.status, 0);
+    assert_int_equal(a.group_size, 1);
+    assert_false(a.has_wait_us);
+    assert_int_equal(a.nrelays, -1);
+    a = call(h, mp(&b, "m4 s s s s s b s s", 4, "type", "allreduce", "dtype", "i32", "buf", rv,
+                   sizeof(rv), "algo", "tree"));
+    assert_int_equal(a.status, COH_EINVAL);
+    assert_string_equal(a.field, "algo");
+    assert_true(strstr(a.error, "unknown value 'tree' (one of default, relay)") != NULL);
+
     a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "sync", "dtype", "f32", "buf", 2,
                    "addr", ADDR(x), "nbytes", U(sizeof(x)), "iteration", "three"));
     assert_int_equal(a.status, COH_EINVAL);

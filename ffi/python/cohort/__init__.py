@@ -21,7 +21,7 @@ import threading
 
 from . import errors
 from ._abi import SCHEMA, library_path
-from ._core import OPS, SUPPORTED_DTYPES, SYNC_MODES, Context, Result, Work
+from ._core import ALLREDUCE_ALGOS, OPS, SUPPORTED_DTYPES, SYNC_MODES, Context, Result, Work
 from .errors import (CanceledError, CohortError, DtypeError, InvalidArgumentError,
                      MismatchError, PeerError, StateError, TimeoutError, UnsupportedError)
 
@@ -33,7 +33,8 @@ __all__ = [
     "sync_leave",
     "stats", "lb_table", "Context", "Work", "Result", "CohortError", "InvalidArgumentError", "DtypeError",
     "UnsupportedError", "TimeoutError", "PeerError", "MismatchError", "CanceledError",
-    "StateError", "OPS", "SYNC_MODES", "SUPPORTED_DTYPES", "SCHEMA", "library_path", "errors",
+    "StateError", "OPS", "SYNC_MODES", "ALLREDUCE_ALGOS", "SUPPORTED_DTYPES", "SCHEMA",
+    "library_path", "errors",
 ]
 
 _default = None
@@ -96,8 +97,9 @@ get_rank = rank
 get_world_size = world_size
 
 
-def allreduce(arr, op="sum", async_op=False, dtype=None):
-    return get_context().allreduce(arr, op=op, async_op=async_op, dtype=dtype)
+def allreduce(arr, op="sum", async_op=False, dtype=None, algo="default", iteration=None):
+    return get_context().allreduce(arr, op=op, async_op=async_op, dtype=dtype, algo=algo,
+                                   iteration=iteration)
 
 
 all_reduce = allreduce

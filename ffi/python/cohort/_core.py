@@ -27,7 +27,8 @@ _NAMES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "u8": 1}
 _ALIASES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
             "int32": "i32", "int64": "i64", "uint8": "u8"}
 OPS = ("sum", "avg", "min", "max", "prod")
-SYNC_MODES = ("default", "allreduce", "partial", "selective")
+SYNC_MODES = ("default", "allreduce", "partial", "selective", "relay")
+ALLREDUCE_ALGOS = ("default", "relay")
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16 (dtype='bf16')", "int32", "int64",
                     "uint8")
 
@@ -50,7 +51,8 @@ class Result:
     """The outcome of a completed collective."""
 
     __slots__ = ("type", "time_us", "abi_us", "rank", "size", "members", "wait_us", "comm_us",
-                 "full", "total_weight", "group_id", "response")
+                 "full", "total_weight", "group_id", "relays", "nrelays", "relayed", "phase2",
+                 "phase2_method", "nexcluded", "response")
 
     def __init__(self, resp):
         self.response = resp
@@ -63,12 +65,23 @@ class Result:
         self.members = g.get("members")
         if self.members is None and self.size is not None:
             self.members = list(range(self.size))
-        # sync only: the scheduler's group
+        # sync and relay allreduce only: the scheduler's group
         self.wait_us = g.get("wait_us")
         self.comm_us = g.get("comm_us")
         self.full = g.get("full")
         self.total_weight = g.get("total_weight")
         self.group_id = g.get("group_id")
+        # relay groups (mode "relay", algo "relay"): the ranks late at the
+        # launch (relays of phase 1), whether this rank was one of them, how
+        # many late ranks phase 2 folded in and how (0 none, 1 broadcast
+        # around the ring, 2 prefix allreduce), how many were left out.
+        # Zeros / empty for the other sync modes, None for other collectives.
+        self.relays = g.get("relays")
+        self.nrelays = None if self.relays is None else len(self.relays)
+        self.relayed = g.get("relayed")
+        self.phase2 = g.get("phase2")
+        self.phase2_method = g.get("phase2_method")
+        self.nexcluded = g.get("nexcluded")
 
     def __repr__(self):
         return "Result(type=%r, time_us=%.1f, abi_us=%.1f, group=%r)" % (
@@ -603,12 +616,31 @@ class Context:
         finally:
             self._prune_lock.release()
 
-    def allreduce(self, arr, op="sum", async_op=False, dtype=None):
-        """Reduce arr over every rank, in place. op: sum, avg, min, max, prod."""
+    def allreduce(self, arr, op="sum", async_op=False, dtype=None, algo="default",
+                  iteration=None):
+        """Reduce arr over every rank, in place. op: sum, avg, min, max, prod.
+        algo: "default" (ring or recursive doubling by size) or "relay" (a
+        relay group: the ranks that submitted start, guided by the
+        coordinator, while the late ranks relay; their data is folded in when
+        they submit; the same result, integer data bit for bit; the Result
+        describes the group as a sync's does). Every rank must use the same
+        algo; at most one relay allreduce or sync outstanding per rank.
+        iteration: relay only, the caller's step number (for traces)."""
         what = "allreduce"
         async_op = _flag(async_op, what, "async", "async_op")
+        if not isinstance(algo, str) or algo not in ALLREDUCE_ALGOS:
+            shown = repr(algo) if isinstance(algo, str) else "of type %s" % type(algo).__name__
+            raise errors.InvalidArgumentError("%s: unknown algo %s (one of %s)" % (
+                what, shown, ", ".join(ALLREDUCE_ALGOS)), field="algo")
         t = _tensor(arr, what, "array")
         req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "op": _op(op, what), "buf": t}
+        if iteration is not None:
+            if algo != "relay":
+                raise errors.InvalidArgumentError(
+                    "%s: iteration is used only with algo='relay'" % what, field="iteration")
+            req["iteration"] = _integer(iteration, what, "iteration", 0, _INT64_MAX)
+        if algo != "default":  # absent: what every library version does
+            req["algo"] = algo
         return self._submit(req, (arr,), what, async_op)
 
     all_reduce = allreduce
@@ -694,10 +726,11 @@ class Context:
         step `iteration`: this rank joins the group the scheduler forms, which
         averages its members' arrays with their weights (weight > 0, e.g. the
         local steps since the last sync). mode: default (the context's
-        sync_mode), allreduce, partial or selective; every rank must use the
-        same. The Result says who was in the group (members, full), how long
-        this rank waited for it (wait_us) and how long the exchange took
-        (comm_us)."""
+        sync_mode), allreduce, partial, selective or relay; every rank must use
+        the same. The Result says who was in the group (members, full), how
+        long this rank waited for it (wait_us) and how long the exchange took
+        (comm_us); in relay mode also who relayed (relays, relayed) and what
+        phase 2 did (phase2, phase2_method, nexcluded)."""
         what = "sync"
         async_op = _flag(async_op, what, "async", "async_op")
         iteration = _integer(iteration, what, "iteration", 0, _INT64_MAX)

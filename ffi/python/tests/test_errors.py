@@ -93,6 +93,16 @@ def test_bad_arguments(ctx, size):
     with pytest.raises(cohort.InvalidArgumentError, match="'weight': 0 is not > 0") as e:
         cohort.sync(np.zeros(2, np.float32), iteration=1, weight=0.0)
     assert e.value.field == "weight"
+    with pytest.raises(cohort.InvalidArgumentError, match="unknown algo 'ring'") as e:
+        cohort.allreduce(np.zeros(2, np.float32), algo="ring")
+    assert e.value.field == "algo"
+    with pytest.raises(cohort.InvalidArgumentError, match="unknown algo of type int"):
+        cohort.allreduce(np.zeros(2, np.float32), algo=1)
+    with pytest.raises(cohort.InvalidArgumentError, match="only with algo='relay'") as e:
+        cohort.allreduce(np.zeros(2, np.float32), iteration=3)
+    assert e.value.field == "iteration"
+    with pytest.raises(cohort.InvalidArgumentError, match="iteration"):
+        cohort.allreduce(np.zeros(2, np.float32), algo="relay", iteration=-1)
 
 
 def raw(ctx, data):
@@ -141,6 +151,16 @@ def test_raw_wrong_types_name_the_field(ctx):
         ({"type": "info", "bogus": 1}, "bogus", "unknown field 'bogus'"),
         ({"type": "stats", "dtype": "f32"}, "dtype", "not used by a stats request"),
         ({"type": "sync", "dtype": "f32", "buf": b""}, "iteration", "missing field"),
+        ({"type": "sync", "dtype": "f32", "buf": b"", "iteration": 1, "mode": "eager"}, "mode",
+         "unknown value 'eager'"),
+        ({"type": "allreduce", "dtype": "f32", "buf": b"", "algo": "ring"}, "algo",
+         "unknown value 'ring' (one of default, relay)"),
+        ({"type": "allreduce", "dtype": "f32", "buf": b"", "algo": 1}, "algo",
+         "expected a string"),
+        ({"type": "allreduce", "dtype": "f32", "buf": b"", "iteration": 1}, "iteration",
+         "only with algo 'relay'"),
+        ({"type": "broadcast", "dtype": "f32", "buf": b"", "algo": "relay"}, "algo",
+         "not used by a broadcast request"),
         ({"type": "sync", "dtype": "f32", "buf": b"", "iteration": 1, "weight": "x"},
          "weight", "expected a number"),
         ({"v": 7, "type": "info"}, "v", "schema version 7"),

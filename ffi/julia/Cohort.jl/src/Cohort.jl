@@ -120,9 +120,29 @@ function Base.wait(q::Request; timeout_ms::Integer = -1)
     return q.response
 end
 
-function allreduce!(ctx::Context, a::Array{T}; op::AbstractString = "sum", async::Bool = false) where {T}
-    submit(ctx, Dict("type" => "allreduce", "dtype" => dtype_name(T), "op" => op,
-                     "buf" => tensor(a)), a, async)
+"Sync modes of `sync!` and allreduce algorithms of `allreduce!` (docs/ffi.md)."
+const SYNC_MODES = ("default", "allreduce", "partial", "selective", "relay")
+const ALLREDUCE_ALGOS = ("default", "relay")
+
+"""
+    allreduce!(ctx, a; op="sum", async=false, algo="default", iteration=nothing)
+
+Reduce `a` over every rank, in place. `algo="relay"` runs it as a relay group
+(late ranks relay, their data is folded in when they submit; the same result,
+integer data bit for bit); its response's "group" describes the group as a
+sync's does (members, full, relays, relayed, phase2, phase2_method, nexcluded).
+`iteration` (relay only) is the step number, for traces.
+"""
+function allreduce!(ctx::Context, a::Array{T}; op::AbstractString = "sum", async::Bool = false,
+                    algo::AbstractString = "default",
+                    iteration::Union{Nothing,Integer} = nothing) where {T}
+    algo in ALLREDUCE_ALGOS ||
+        throw(ArgumentError("cohort: unknown algo \"$algo\" (one of $(join(ALLREDUCE_ALGOS, ", ")))"))
+    req = Dict{String,Any}("type" => "allreduce", "dtype" => dtype_name(T), "op" => op,
+                           "buf" => tensor(a))
+    algo == "default" || (req["algo"] = algo)
+    iteration === nothing || (req["iteration"] = iteration)
+    submit(ctx, req, a, async)
 end
 
 function broadcast!(ctx::Context, a::Array{T}; root::Integer = 0, async::Bool = false) where {T}
@@ -148,7 +168,7 @@ end
 
 barrier(ctx::Context; async::Bool = false) = submit(ctx, Dict("type" => "barrier"), nothing, async)
 
-"Partial / selective synchronisation of `a` (in place) for step `iteration`."
+"Partial / selective / relay synchronisation of `a` (in place) for step `iteration`; mode: one of SYNC_MODES."
 function sync!(ctx::Context, a::Array{T}; iteration::Integer, weight::Real = 1.0,
                mode::Union{Nothing,AbstractString} = nothing, async::Bool = false) where {T}
     req = Dict{String,Any}("type" => "sync", "dtype" => dtype_name(T), "buf" => tensor(a),

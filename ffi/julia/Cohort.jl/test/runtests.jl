@@ -53,6 +53,21 @@ end
         r = Cohort.sync!(ctx, a; iteration = 1, weight = 3)
         @test r["group"]["size"] == 1
         @test a == [2.0, 4.0]
+        r = Cohort.sync!(ctx, a; iteration = 2, mode = "relay")
+        @test r["group"]["full"] == true
+        @test r["group"]["relays"] == []
+        @test a == [2.0, 4.0]
+    end
+
+    @testset "relay allreduce, world of one" begin
+        a = Int64[3, -1, 7]
+        r = Cohort.allreduce!(ctx, a; op = "max", algo = "relay", iteration = 5)
+        @test a == Int64[3, -1, 7]
+        @test r["group"]["size"] == 1
+        @test r["group"]["full"] == true
+        @test r["group"]["nexcluded"] == 0
+        @test_throws ArgumentError Cohort.allreduce!(ctx, a; algo = "ring")
+        @test_throws CohortError Cohort.allreduce!(ctx, a; iteration = 1)  # relay only
     end
 
     close(ctx)                            # Base.close, extended
