@@ -214,6 +214,20 @@ COH_API int coh_comm_on_failure(coh_comm_t *comm, coh_failure_fn fn, void *arg);
 COH_API int coh_comm_failed_ranks(const coh_comm_t *comm, int *ranks, int cap);
 
 /*
+ * Shrink (cf. MPI_Comm_shrink, ncclCommShrink): after failures, a new
+ * communicator of comm's ranks that are not failed, renumbered in comm's
+ * order (rank i of the new one is the i-th survivor). Every surviving rank
+ * of comm calls it; it blocks until they all have (a survivor that never
+ * calls holds the others up to twice COHORT_TIMEOUT_MS, then ETIMEDOUT) and
+ * every caller gets the same communicator. A rank that fails meanwhile is
+ * left out. Collectives on the new communicator run over the surviving
+ * connections; syncs stay on the world. Free it with coh_comm_free (the
+ * context frees what is left at finalize).
+ */
+COH_API int coh_comm_shrink(coh_comm_t *comm, coh_comm_t **newcomm);
+COH_API int coh_comm_free(coh_comm_t *comm); /* COH_EINVAL for the world */
+
+/*
  * Collectives. sendbuf == recvbuf (or sendbuf == NULL) means in place.
  * A count of 0 is valid and completes after matching the other ranks.
  */

@@ -148,7 +148,8 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                               .small_elems = small_elems,
                               .avg = a->op == COH_AVG &&
                                      (a->kind == SC_ALLREDUCE || a->kind == SC_REDUCE_SCATTER),
-                              .rs_in_place = a->rs_in_place},
+                              .rs_in_place = a->rs_in_place,
+                              .pos_blocks = true},
                      .comm = comm->id,
                      .seq = seq,
                      .sig = sig,

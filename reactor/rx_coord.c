@@ -70,8 +70,19 @@ enum {
     RL_OUT = 4,   /* gone, failed or left: not in phase 2 */
 };
 
+/* A coh_comm_shrink in progress: comm's members, and who asked so far. */
+typedef struct co_shrink {
+    struct co_shrink *next;
+    uint32_t comm;
+    int n;
+    int *ranks;
+    uint8_t *asked;
+} co_shrink_t;
+
 struct rx_coord {
     struct coh_ctx *ctx;
+    co_shrink_t *shrinks;
+    uint32_t next_comm; /* communicator ids given out (0 is the world) */
     rx_reactor_t *rx;
     rx_listener_t *listener;
     uv_timer_t tick;
@@ -148,6 +159,7 @@ static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *firs
 /* ---- sending ---- */
 
 static void declare_lost(rx_coord_t *c, int r, const char *why);
+static void shrink_try_all(rx_coord_t *c);
 static void broadcast_lost(rx_coord_t *c, int r, uint32_t silent_ms, int why);
 
 static void send_plan(rx_coord_t *c, int r, uint64_t gid, uint64_t attempt, int status, int full,
@@ -295,6 +307,7 @@ static void declare_lost_as(rx_coord_t *c, int r, int code, uint32_t silent_ms, 
     if (cr->conn) rx_conn_close(cr->conn, COH_EPEER, why);
     co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
     if (g) member_done(c, g, r, COH_EPEER, 0);
+    shrink_try_all(c); /* a shrink no longer waits for r */
 }
 
 static void declare_lost(rx_coord_t *c, int r, const char *why)
@@ -728,6 +741,116 @@ static bool relay_ready(rx_coord_t *c, int r, const rx_ctl_ready_t *rd)
     return true;
 }
 
+/* ---- communicator shrink ---- */
+
+static void shrink_free(co_shrink_t *k)
+{
+    coh_free(k->ranks);
+    coh_free(k->asked);
+    coh_free(k);
+}
+
+/* Every member of k's communicator asked, or is failed: the new one is the
+ * ones that asked and live, in the old order. */
+static void shrink_try(rx_coord_t *c, co_shrink_t *k)
+{
+    for (int i = 0; i < k->n; i++)
+        if (!k->asked[i] && !c->ranks[k->ranks[i]].lost) return;
+    co_shrink_t **pp = &c->shrinks;
+    while (*pp != k) pp = &(*pp)->next;
+    *pp = k->next;
+    uint32_t *surv = coh_malloc(sizeof(uint32_t) * (size_t)k->n);
+    int ns = 0;
+    for (int i = 0; surv && i < k->n; i++)
+        if (k->asked[i] && !c->ranks[k->ranks[i]].lost) surv[ns++] = (uint32_t)k->ranks[i];
+    rx_ctl_msg_t msg = {.type = RX_CTL_SHRUNK};
+    msg.u.shrink = (rx_ctl_shrink_t){.comm = k->comm,
+                                     .newcomm = ++c->next_comm,
+                                     .status = surv ? 0 : COH_ENOMEM,
+                                     .n = surv ? (uint32_t)ns : 0,
+                                     .ranks_in = surv};
+    bs_log(COH_LOG_INFO, "coordinator: communicator %u shrunk to %u (%d of %d ranks)", k->comm,
+           msg.u.shrink.newcomm, ns, k->n);
+    for (int i = 0; i < k->n; i++) {
+        co_rank_t *cr = &c->ranks[k->ranks[i]];
+        if (k->asked[i] && !cr->lost && cr->conn) rx_ctl_send(cr->conn, &msg);
+    }
+    coh_free(surv);
+    shrink_free(k);
+}
+
+static void shrink_try_all(rx_coord_t *c)
+{
+    for (co_shrink_t *k = c->shrinks, *nx; k; k = nx) {
+        nx = k->next;
+        shrink_try(c, k);
+    }
+}
+
+static void shrink_refuse(rx_coord_t *c, int r, uint32_t comm, int status)
+{
+    rx_ctl_msg_t msg = {.type = RX_CTL_SHRUNK};
+    msg.u.shrink = (rx_ctl_shrink_t){.comm = comm, .status = status};
+    if (c->ranks[r].conn) rx_ctl_send(c->ranks[r].conn, &msg);
+}
+
+static void on_shrink(rx_coord_t *c, int r, const rx_ctl_shrink_t *m)
+{
+    int n = (int)m->n, me = -1;
+    if (m->rank != (uint32_t)r || n < 1 || n > c->world) {
+        declare_lost(c, r, "malformed SHRINK");
+        return;
+    }
+    int *ranks = coh_malloc(sizeof(int) * (size_t)n);
+    if (!ranks) {
+        shrink_refuse(c, r, m->comm, COH_ENOMEM);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        ranks[i] = (int)en_get32(m->ranks + 4 * i);
+        bool bad = ranks[i] < 0 || ranks[i] >= c->world;
+        for (int j = 0; j < i && !bad; j++) bad = ranks[j] == ranks[i];
+        if (bad) {
+            coh_free(ranks);
+            declare_lost(c, r, "malformed SHRINK");
+            return;
+        }
+        if (ranks[i] == r) me = i;
+    }
+    if (me < 0) {
+        coh_free(ranks);
+        declare_lost(c, r, "SHRINK of a communicator without the sender");
+        return;
+    }
+    /* Ids stay unique across elections: above every id a member knows. */
+    if (m->top >= c->next_comm) c->next_comm = m->top;
+    co_shrink_t *k = c->shrinks;
+    while (k && k->comm != m->comm) k = k->next;
+    if (k && (k->n != n || memcmp(k->ranks, ranks, sizeof(int) * (size_t)n) != 0)) {
+        coh_free(ranks);
+        shrink_refuse(c, r, m->comm, COH_EMISMATCH);
+        return;
+    }
+    if (!k) {
+        k = coh_zalloc(sizeof(*k));
+        uint8_t *asked = coh_calloc((size_t)n, 1);
+        if (!k || !asked) {
+            coh_free(k);
+            coh_free(asked);
+            coh_free(ranks);
+            shrink_refuse(c, r, m->comm, COH_ENOMEM);
+            return;
+        }
+        *k = (co_shrink_t){
+            .next = c->shrinks, .comm = m->comm, .n = n, .ranks = ranks, .asked = asked};
+        c->shrinks = k;
+    } else {
+        coh_free(ranks);
+    }
+    k->asked[me] = 1;
+    shrink_try(c, k);
+}
+
 static void tick_all(rx_coord_t *c)
 {
     double t = now_s(c);
@@ -962,6 +1085,7 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
         take_out(c, r);
         break;
     case RX_CTL_PING: break; /* heard (on_bytes) is all it says */
+    case RX_CTL_SHRINK: on_shrink(c, r, &m->u.shrink); return;
     case RX_CTL_BYE:
         if (m->u.bye_rank != (uint32_t)r) {
             declare_lost(c, r, "BYE for another rank");
@@ -1179,6 +1303,11 @@ static void tick_closed(uv_handle_t *h)
         coh_free(g->rst);
         coh_free(g->ring32);
         coh_free(g);
+    }
+    while (c->shrinks) {
+        co_shrink_t *k = c->shrinks;
+        c->shrinks = k->next;
+        shrink_free(k);
     }
     coh_free(c->ranks);
     uv_cond_destroy(&c->idle);

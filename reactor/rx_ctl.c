@@ -32,6 +32,7 @@ static double get_f64(const uint8_t *p)
 #define PING_LEN   4
 #define LOST_LEN   12
 #define BYE_LEN    4
+#define SHRINK_LEN 16 /* + 4 per rank */
 #define LBTAB_LEN  16 /* + the table */
 #define RAIL_LEN   16
 #define RPLAN_LEN  64 /* + 4 per ring member and per late rank */
@@ -47,6 +48,8 @@ size_t rx_ctl_size(const rx_ctl_msg_t *m)
     case RX_CTL_PING: return RX_CTL_HDR + PING_LEN;
     case RX_CTL_LOST: return RX_CTL_HDR + LOST_LEN;
     case RX_CTL_BYE: return RX_CTL_HDR + BYE_LEN;
+    case RX_CTL_SHRINK:
+    case RX_CTL_SHRUNK: return RX_CTL_HDR + SHRINK_LEN + 4 * (size_t)m->u.shrink.n;
     case RX_CTL_LBTAB: return RX_CTL_HDR + LBTAB_LEN + (size_t)m->u.lbtab.len;
     case RX_CTL_RAIL: return RX_CTL_HDR + RAIL_LEN;
     case RX_CTL_RPLAN:
@@ -130,6 +133,17 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         en_put32(p + 8, m->u.lost.why);
         break;
     case RX_CTL_BYE: en_put32(p, m->u.bye_rank); break;
+    case RX_CTL_SHRINK:
+    case RX_CTL_SHRUNK: {
+        const rx_ctl_shrink_t *k = &m->u.shrink;
+        bool req = m->type == RX_CTL_SHRINK;
+        en_put32(p, req ? k->rank : k->comm);
+        en_put32(p + 4, req ? k->comm : k->newcomm);
+        en_put32(p + 8, req ? k->top : (uint32_t)k->status);
+        en_put32(p + 12, k->n);
+        for (uint32_t i = 0; i < k->n; i++) en_put32(p + SHRINK_LEN + 4 * i, k->ranks_in[i]);
+        break;
+    }
     case RX_CTL_LBTAB:
         en_put64(p, m->u.lbtab.epoch);
         en_put32(p + 8, m->u.lbtab.len);
@@ -207,6 +221,10 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         break;
     case RX_CTL_BYE:
         if (plen != BYE_LEN) return COH_EPROTO;
+        break;
+    case RX_CTL_SHRINK:
+    case RX_CTL_SHRUNK:
+        if (plen < SHRINK_LEN || (plen - SHRINK_LEN) % 4) return COH_EPROTO;
         break;
     case RX_CTL_LBTAB:
         if (plen < LBTAB_LEN || plen - LBTAB_LEN > RX_CTL_MAXLB) return COH_EPROTO;
@@ -295,6 +313,25 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         if (m->u.lost.why < 1 || m->u.lost.why >= RX_LOST_WHY_MAX) return COH_EPROTO;
         break;
     case RX_CTL_BYE: m->u.bye_rank = en_get32(p); break;
+    case RX_CTL_SHRINK:
+    case RX_CTL_SHRUNK: {
+        rx_ctl_shrink_t *sk = &m->u.shrink;
+        bool req = type == RX_CTL_SHRINK;
+        uint32_t a = en_get32(p), b = en_get32(p + 4), c = en_get32(p + 8);
+        if (req) {
+            sk->rank = a;
+            sk->comm = b;
+            sk->top = c;
+        } else {
+            sk->comm = a;
+            sk->newcomm = b;
+            sk->status = (int32_t)c;
+        }
+        sk->n = en_get32(p + 12);
+        sk->ranks = p + SHRINK_LEN;
+        if (sk->n != (plen - SHRINK_LEN) / 4 || sk->status > 0) return COH_EPROTO;
+        break;
+    }
     case RX_CTL_LBTAB:
         m->u.lbtab.epoch = en_get64(p);
         m->u.lbtab.len = en_get32(p + 8);

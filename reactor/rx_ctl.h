@@ -22,6 +22,10 @@
  *                                 too, so no op waits on it)
  *   BYE     either way           "I am finalizing": the connection's close
  *                                 that follows is not a failure
+ *   SHRINK  rank -> coordinator  "make a communicator of comm's live ranks"
+ *                                 (coh_comm_shrink; carries comm's members)
+ *   SHRUNK  coordinator -> rank  "here it is": its id and ranks, once every
+ *                                 live member asked
  *   LBTAB   coordinator -> rank  "the rail balancer's table for epoch e" (the
  *                                 packed sc_lb table world ops of that epoch
  *                                 are split with, docs/multirail.md)
@@ -65,7 +69,9 @@ typedef enum rx_ctl_type {
     RX_CTL_LBTAB = 8, /* coordinator -> rank: u64 epoch, u32 len, u32 0, len table bytes */
     RX_CTL_RAIL = 9,  /* rank -> coordinator: u32 rank, u32 rail, u32 peer, u32 kind */
     RX_CTL_RPLAN = 10,
-    RX_CTL_BYE = 11, /* either way: u32 sender rank */
+    RX_CTL_BYE = 11,    /* either way: u32 sender rank */
+    RX_CTL_SHRINK = 12, /* u32 rank, u32 comm, u32 top comm id known, u32 n, n u32 members */
+    RX_CTL_SHRUNK = 13, /* u32 comm, u32 new comm, i32 status, u32 n, n u32 world ranks */
 } rx_ctl_type;
 
 /* Why the coordinator took a rank for failed (LOST). */
@@ -139,6 +145,18 @@ typedef struct rx_ctl_rplan {
     const uint32_t *ring_in, *late_in; /* (encode) */
 } rx_ctl_rplan_t;
 
+/* SHRINK and SHRUNK: a communicator's ranks (world ranks, in its order). */
+typedef struct rx_ctl_shrink {
+    uint32_t rank;    /* SHRINK: the sender */
+    uint32_t comm;    /* the communicator shrunk */
+    uint32_t newcomm; /* SHRUNK: the new one's id */
+    uint32_t top;     /* SHRINK: the highest communicator id the sender knows */
+    int32_t status;   /* SHRUNK: < 0: no new communicator */
+    uint32_t n;
+    const uint8_t *ranks;     /* decode */
+    const uint32_t *ranks_in; /* encode */
+} rx_ctl_shrink_t;
+
 typedef struct rx_ctl_bw {
     uint32_t peer;
     uint64_t bytes;
@@ -191,6 +209,7 @@ typedef struct rx_ctl_msg {
         rx_ctl_lbtab_t lbtab;
         rx_ctl_rail_t rail;
         rx_ctl_rplan_t rplan;
+        rx_ctl_shrink_t shrink; /* SHRINK and SHRUNK */
     } u;
 } rx_ctl_msg_t;
 

@@ -442,6 +442,7 @@ static void ctx_fini(struct coh_ctx *ctx)
     coh_free(ctx->token_s);
     coh_free(ctx->nics_s);
     coh_free(ctx->sched_s);
+    rx_ctx_free_comms(ctx);
     coh_free(ctx->failed);
     coh_free(ctx->ctrl_addrs);
     uv_mutex_destroy(&ctx->fail_mu);

@@ -86,6 +86,8 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
  * failure handler that has r. */
 void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why);
 bool rx_ctx_is_failed(struct coh_ctx *ctx, int r);
+/* Free every communicator but the world (ctx_fini). */
+void rx_ctx_free_comms(struct coh_ctx *ctx);
 
 /* Notify waiters and the event fd that a request of ctx completed. */
 void rx_ctx_notify(struct coh_ctx *ctx, int failed);

@@ -53,11 +53,18 @@ struct rx_member {
     uint64_t last_gid;    /* the newest group this rank ran an op of */
     uv_timer_t redial;
     bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
+    /* coh_comm_shrink: one at a time; state under mu (the caller waits). */
+    int shrink_state; /* 0 none, 1 asked, 2 answered, < 0 failed */
+    rx_ctl_shrink_t shrink_req;
+    uint32_t *shrink_ranks; /* the request's members, then the answer's ranks */
+    uint32_t shrink_newcomm;
+    int shrink_n;
     char excluded_why[160];
 };
 
 static void on_redial(uv_timer_t *t);
 static void resend_pending(rx_member_t *m);
+static void send_shrink(rx_member_t *m);
 
 #define SYNC_RETRIES 3
 
@@ -796,6 +803,22 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
         break;
     }
     case RX_CTL_BYE: m->coord_bye = true; break;
+    case RX_CTL_SHRUNK: {
+        const rx_ctl_shrink_t *k = &msg.u.shrink;
+        uv_mutex_lock(&m->mu);
+        if (m->shrink_state == 1 && k->comm == m->shrink_req.comm) {
+            uint32_t *r = k->status == 0 ? coh_malloc(sizeof(uint32_t) * (k->n ? k->n : 1)) : NULL;
+            for (uint32_t i = 0; r && i < k->n; i++) r[i] = en_get32(k->ranks + 4 * i);
+            coh_free(m->shrink_ranks);
+            m->shrink_ranks = r;
+            m->shrink_n = (int)k->n;
+            m->shrink_newcomm = k->newcomm;
+            m->shrink_state = k->status < 0 ? k->status : r ? 2 : COH_ENOMEM;
+            uv_cond_broadcast(&m->cv);
+        }
+        uv_mutex_unlock(&m->mu);
+        break;
+    }
     default: rx_conn_close(c, COH_EPROTO, "unexpected message from the coordinator");
     }
     return n;
@@ -918,6 +941,7 @@ static void on_ready(rx_conn_t *c)
         atomic_store(&m->lost, 0);
         m->coord_epoch++;
         resend_pending(m);
+        send_shrink(m);
     }
     set_state(m, 1, NULL);
 }
@@ -1047,7 +1071,8 @@ void rx_member_fini(struct coh_ctx *ctx)
     if (!m) return;
     uv_cond_destroy(&m->cv);
     uv_mutex_destroy(&m->mu);
-    coh_free(m->relay_result);
+    relay_forget(m);
+    coh_free(m->shrink_ranks);
     coh_free(m);
     ctx->member = NULL;
 }
@@ -1284,4 +1309,86 @@ COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info)
         .phase2_method = s->phase2_method,
         .nexcluded = s->nexcluded};
     return 0;
+}
+
+/* ---- coh_comm_shrink ---- */
+
+/* Loop thread: (again) ask the coordinator for the shrunk communicator. */
+static void send_shrink(rx_member_t *m)
+{
+    uv_mutex_lock(&m->mu);
+    bool asked = m->shrink_state == 1;
+    rx_ctl_msg_t msg = {.type = RX_CTL_SHRINK};
+    msg.u.shrink = m->shrink_req;
+    msg.u.shrink.ranks_in = m->shrink_ranks;
+    if (asked && m->conn && m->conn->ready && !m->electing) rx_ctl_send(m->conn, &msg);
+    uv_mutex_unlock(&m->mu);
+}
+
+typedef struct shrink_args {
+    rx_member_t *m;
+    bool cancel;
+} shrink_args_t;
+
+static int shrink_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)rx;
+    shrink_args_t *a = arg;
+    if (a->cancel) {
+        uv_mutex_lock(&a->m->mu);
+        a->m->shrink_state = 0;
+        uv_mutex_unlock(&a->m->mu);
+        return 0;
+    }
+    if (!a->m->conn && !a->m->electing) return COH_EPEER;
+    send_shrink(a->m);
+    return 0;
+}
+
+int rx_member_shrink(struct coh_ctx *ctx, uint32_t comm, const int *ranks, int n, uint32_t top,
+                     uint32_t *newcomm, int **out, int *nout)
+{
+    rx_member_t *m = ctx->member;
+    if (m->excluded) return bs_fail(COH_EPEER, "coh_comm_shrink: %s", m->excluded_why);
+    uint32_t *r = coh_malloc(sizeof(uint32_t) * (size_t)n);
+    if (!r) return bs_fail(COH_ENOMEM, "coh_comm_shrink: out of memory");
+    for (int i = 0; i < n; i++) r[i] = (uint32_t)ranks[i];
+    uv_mutex_lock(&m->mu);
+    if (m->shrink_state == 1) {
+        uv_mutex_unlock(&m->mu);
+        coh_free(r);
+        return bs_fail(COH_ESTATE, "coh_comm_shrink: another shrink of this rank is in progress");
+    }
+    coh_free(m->shrink_ranks);
+    m->shrink_ranks = r;
+    m->shrink_req =
+        (rx_ctl_shrink_t){.rank = (uint32_t)ctx->rank, .comm = comm, .top = top, .n = (uint32_t)n};
+    m->shrink_state = 1;
+    uv_mutex_unlock(&m->mu);
+    shrink_args_t a = {.m = m};
+    int st = rx_reactor_call(&ctx->ctrl, shrink_fn, &a);
+    /* Every live member must call it; a rank that never does holds the
+     * others until this bound. */
+    uint64_t deadline = bs_now_ns() + 2ull * (uint64_t)ctx->cfg.timeout_ms * 1000000ull;
+    uv_mutex_lock(&m->mu);
+    while (st == 0 && m->shrink_state == 1 && en_cond_wait_until(&m->cv, &m->mu, deadline)) {
+    }
+    int res = st < 0 ? st : m->shrink_state == 1 ? COH_ETIMEDOUT : m->shrink_state;
+    if (res == 2) {
+        *out = coh_malloc(sizeof(int) * (size_t)(m->shrink_n ? m->shrink_n : 1));
+        if (!*out) res = COH_ENOMEM;
+        for (int i = 0; *out && i < m->shrink_n; i++) (*out)[i] = (int)m->shrink_ranks[i];
+        *nout = m->shrink_n;
+        *newcomm = m->shrink_newcomm;
+    }
+    uv_mutex_unlock(&m->mu);
+    a.cancel = true;
+    rx_reactor_call(&ctx->ctrl, shrink_fn, &a);
+    if (res == 2) return 0;
+    return bs_fail(res, "coh_comm_shrink: %s",
+                   res == COH_ETIMEDOUT
+                       ? "not every live member asked within twice COHORT_TIMEOUT_MS"
+                   : res == COH_EMISMATCH ? "members disagree on the communicator's ranks"
+                   : st < 0               ? "the coordinator is gone"
+                                          : coh_strerror(res));
 }

@@ -386,10 +386,13 @@ static void build_bcast_chain(bld_t *b)
     }
 }
 
-/* ---- allgather: block of ring position p sits at order[p] * count ---- */
+/* ---- allgather: block of ring position p sits at order[p] * count (a
+ * subset of a world-sized buffer), or at p * count (pos_blocks: a
+ * communicator's own layout) ---- */
 
 static uint64_t block(const bld_t *b, int pos)
 {
+    if (b->c->pos_blocks) return (uint64_t)(((pos % b->n) + b->n) % b->n) * b->c->count;
     return (uint64_t)pos_rank(b, pos) * b->c->count;
 }
 
@@ -435,7 +438,7 @@ static void build_allgather_direct(bld_t *b)
     }
 }
 
-/* ---- reduce-scatter: input block of position p at order[p] * count ---- */
+/* ---- reduce-scatter: input block of position p at block(p) ---- */
 
 static void build_rs_ring(bld_t *b)
 {

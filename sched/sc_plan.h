@@ -102,6 +102,10 @@ typedef struct sc_coll {
     /* reduce-scatter: the input sits in the recv buffer (in place); the work
      * area is the input itself and no scratch is needed. */
     bool rs_in_place;
+    /* allgather, reduce-scatter with an order: rank blocks sit by position
+     * in order[] (a communicator's layout), not at order[p] * count (a
+     * subset's blocks in a world-sized buffer). */
+    bool pos_blocks;
 } sc_coll_t;
 
 void sc_plan_init(sc_plan_t *plan);

@@ -22,6 +22,11 @@
  *       the survivors' next completed sync ("recovery_ms"). A stopped victim
  *       is SIGKILLed by the lowest survivor at the end. VICTIM 0 is the
  *       coordinator: the survivors elect another and go on.
+ *   test_relay shrink VICTIM  world allreduces until VICTIM dies (SIGKILL);
+ *       the survivors shrink the world (coh_comm_shrink) and run checked
+ *       collectives on the new communicator: its size and renumbering, an
+ *       allreduce, a broadcast, an allgather of world ranks, a barrier; a
+ *       second shrink with no new failure gives the same ranks.
  */
 #include <math.h>
 #include <pthread.h>
@@ -319,6 +324,89 @@ static void run_fault(int victim)
     free(done_at);
 }
 
+/* ---- shrink ---- */
+
+static void check_comm(coh_comm_t *c, const int *surv, int ns)
+{
+    int r, n;
+    MP_OK(coh_comm_rank(c, &r));
+    MP_OK(coh_comm_size(c, &n));
+    if (n != ns) MP_FAIL("shrunk communicator of %d, expected %d", n, ns);
+    if (surv[r] != R) MP_FAIL("rank %d of the shrunk communicator, world rank %d", r, R);
+    double x[1000], b[1000];
+    int *all = malloc(sizeof(int) * (size_t)n);
+    for (int it = 0; it < 20; it++) {
+        for (int j = 0; j < 1000; j++) x[j] = R + 1 + j + it;
+        double want = 0;
+        for (int i = 0; i < ns; i++) want += surv[i] + 1;
+        coh_request_t *req;
+        MP_OK(coh_allreduce(c, NULL, x, 1000, COH_F64, COH_SUM, &req));
+        mp_wait(req);
+        for (int j = 0; j < 1000; j++)
+            if (x[j] != want + (double)ns * (j + it))
+                MP_FAIL("shrunk allreduce [%d] = %g, expected %g", j, x[j], want + ns * (j + it));
+        for (int j = 0; j < 1000; j++) b[j] = r == it % n ? j * 3.0 + it : -1;
+        MP_OK(coh_broadcast(c, b, 1000, COH_F64, it % n, &req));
+        mp_wait(req);
+        for (int j = 0; j < 1000; j++)
+            if (b[j] != j * 3.0 + it) MP_FAIL("shrunk broadcast [%d] = %g", j, b[j]);
+        int me = R;
+        MP_OK(coh_allgather(c, &me, all, 1, COH_I32, &req));
+        mp_wait(req);
+        for (int i = 0; i < n; i++)
+            if (all[i] != surv[i])
+                MP_FAIL("shrunk allgather [%d] = %d, expected %d", i, all[i], surv[i]);
+        MP_OK(coh_barrier(c, &req));
+        mp_wait(req);
+    }
+    free(all);
+}
+
+static void run_shrink(int victim)
+{
+    MP_OK(coh_comm_on_failure(W, on_failure, NULL));
+    float v[4096];
+    double t_fail = 0;
+    int it = 0;
+    for (;; it++) {
+        if (R == victim && it == 30) raise(SIGKILL);
+        for (int j = 0; j < 4096; j++) v[j] = (float)(R + 1);
+        coh_request_t *req;
+        MP_OK(coh_allreduce(W, NULL, v, 4096, COH_F32, COH_SUM, &req));
+        int st = coh_wait(req, 20000);
+        coh_request_free(req);
+        if (st == COH_EAGAIN) MP_FAIL("world allreduce %d hangs", it);
+        if (st != 0) {
+            t_fail = mp_now_s();
+            break;
+        }
+        if (it > 200) MP_FAIL("the victim never failed an op");
+    }
+    coh_comm_t *nc;
+    double t0 = mp_now_s();
+    MP_OK(coh_comm_shrink(W, &nc));
+    double took = mp_now_s() - t0;
+    int surv[64], ns = 0;
+    for (int r = 0; r < N; r++)
+        if (r != victim) surv[ns++] = r;
+    check_comm(nc, surv, ns);
+    int fr[8];
+    if (coh_comm_failed_ranks(W, fr, 8) != 1 || fr[0] != victim)
+        MP_FAIL("failed ranks do not name just rank %d", victim);
+    if (coh_comm_failed_ranks(nc, fr, 8) != 0) MP_FAIL("the shrunk communicator has failed ranks");
+    /* Nobody failed since: the same ranks again. */
+    coh_comm_t *nc2;
+    MP_OK(coh_comm_shrink(nc, &nc2));
+    check_comm(nc2, surv, ns);
+    MP_OK(coh_comm_free(nc2));
+    MP_OK(coh_comm_free(nc));
+    if (coh_comm_free(W) != COH_EINVAL) MP_FAIL("coh_comm_free freed the world");
+    printf(
+        "rank %d: OK shrink after rank %d died: op %d failed, shrink took %.1f ms (%.1f ms after "
+        "the failed op)\n",
+        R, victim, it, took * 1e3, (mp_now_s() - t_fail) * 1e3);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -338,6 +426,8 @@ int main(int argc, char **argv)
             double pid = read_file("pid");
             if (pid > 0) kill((pid_t)pid, SIGKILL);
         }
+    } else if (!strcmp(argv[1], "shrink")) {
+        run_shrink(atoi(argv[2]));
     } else if (!strcmp(argv[1], "sync"))
         run_sync(iters);
     else if (!strcmp(argv[1], "allreduce"))
