@@ -27,6 +27,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +47,7 @@ typedef struct opts {
     const char *dist_name;
     double compute_scale;
     const char *slow;
+    const char *die; /* "R:S": rank R dies (SIGKILL) at its local step S */
     uint64_t seed;
     double target_loss;
     double max_time_s;
@@ -58,11 +60,11 @@ typedef struct opts {
     bool csv, check, quiet, collective;
 } opts_t;
 
-static const char *const mode_names[] = {"allreduce", "partial", "selective"};
+static const char *const mode_names[] = {"allreduce", "partial", "selective", "relay"};
 
 static int mode_from_name(const char *s)
 {
-    for (int m = 0; m < 3; m++)
+    for (int m = 0; m < 4; m++)
         if (!strcmp(s, mode_names[m])) return m;
     return -1;
 }
@@ -71,12 +73,16 @@ static void usage(FILE *f)
 {
     fprintf(
         f, "usage: cohortrun -n N -- cohort-train [options]\n"
-           "  --mode M           allreduce, partial or selective (default: $COHORT_SYNC_MODE,\n"
+           "  --mode M           allreduce, partial, selective or relay (default:\n"
+           "                     $COHORT_SYNC_MODE,\n"
            "                     else the library's default, selective)\n"
            "  --dist D           injected compute time per step: cnn, transformer (docs/sched.md)\n"
            "                     or none (real compute only) [cnn]\n"
            "  --compute-scale X  multiply every injected compute time by X [0.05]\n"
            "  --slow R:F,...     rank R computes F times slower (persistent straggler)\n"
+           "  --die R:S          rank R dies (SIGKILL) at its local step S. In relay mode the\n"
+           "                     others go on: the dead rank's shard is split among them and\n"
+           "                     their batches grow so the global batch stays the same\n"
            "  --seed S           data, initial batches and compute times [1]\n"
            "  --target-loss X    stop when the ranks' mean validation loss reaches X [0.5]\n"
            "  --max-time S       stop after S seconds of training [30]\n"
@@ -156,6 +162,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
             o->dist_name = v;
         } else if (!strcmp(a, "--slow")) {
             o->slow = v;
+        } else if (!strcmp(a, "--die")) {
+            o->die = v;
         } else if (!num) {
             fprintf(stderr, "cohort-train: %s: '%s' is not a number (or %s is unknown)\n", a, v, a);
             return -1;
@@ -383,13 +391,18 @@ typedef struct vote {
     double sum[VS_N], max[VM_N];
     coh_request_t *rs, *rm;
     bool pending;
+    int n; /* ranks the vote averages over */
 } vote_t;
 
 typedef struct trainer {
     opts_t o;
     coh_ctx_t *ctx;
     coh_comm_t *world;
+    coh_comm_t *comm; /* the survivors (the world until a rank dies, relay mode) */
     int rank, nranks;
+    int *alive, nalive; /* world ranks still training (relay mode) */
+    int batch;          /* this rank's minibatch: --batch, more after a death */
+    long die_step;      /* --die: this rank's last step (-1: none) */
     problem_t pb;
     dataset_t train, val;
     float *w, *grad;
@@ -433,6 +446,21 @@ static int vote_submit(trainer_t *t, double loss, double acc, double t_eval, boo
     v->max[VM_LOSS] = loss;
     v->max[VM_STEPS] = (double)t->st.steps;
     v->max[VM_NEG_STEPS] = -(double)t->st.steps;
+    v->n = t->nalive;
+    if (t->o.mode == COH_SYNC_RELAY) {
+        /* Relay allreduces: a rank that dies is excluded by the coordinator
+         * instead of failing the vote on some ranks and not others. One
+         * relay op at a time per rank: the second after the first. */
+        coh_allreduce_opts_t ro = {.algo = COH_ALLREDUCE_RELAY, .iteration = (uint64_t)t->st.steps};
+        int st = coh_allreduce_ex(t->world, NULL, v->sum, VS_N, COH_F64, COH_SUM, &ro, &v->rs);
+        if (!st) st = coh_wait(v->rs, -1);
+        coh_group_info_t gi;
+        if (!st && coh_request_group(v->rs, &gi) == COH_OK) v->n = gi.size;
+        if (!st) st = coh_allreduce_ex(t->world, NULL, v->max, VM_N, COH_F64, COH_MAX, &ro, &v->rm);
+        if (st) return fail(t, "vote", st, NULL);
+        v->pending = true;
+        return 0;
+    }
     int st = coh_allreduce(t->world, NULL, v->sum, VS_N, COH_F64, COH_SUM, &v->rs);
     if (st) return fail(t, "vote", st, NULL);
     st = coh_allreduce(t->world, NULL, v->max, VM_N, COH_F64, COH_MAX, &v->rm);
@@ -457,7 +485,7 @@ static int vote_poll(trainer_t *t, bool block)
     coh_request_free(v->rs);
     coh_request_free(v->rm);
     v->pending = false;
-    double loss = v->sum[VS_LOSS] / t->nranks;
+    double loss = v->sum[VS_LOSS] / v->n;
     if (loss < t->best_loss) t->best_loss = loss;
     if (!t->reached && loss <= t->o.target_loss) {
         t->reached = true;
@@ -468,12 +496,94 @@ static int vote_poll(trainer_t *t, bool block)
         t->steps_at_target = (long)v->sum[VS_STEPS];
     }
     if (t->reached || v->max[VM_STOP] > 0) t->stop = true;
-    if (t->rank == 0 && !t->o.quiet)
+    if (t->alive[0] == t->rank && !t->o.quiet)
         printf("cohort-train: t=%6.2f s  steps %6ld [%ld..%ld]  val loss %.4f (worst %.4f)  acc "
                "%.3f%s\n",
                v->max[VM_T_EVAL], (long)v->sum[VS_STEPS], (long)-v->max[VM_NEG_STEPS],
-               (long)v->max[VM_STEPS], loss, v->max[VM_LOSS], v->sum[VS_ACC] / t->nranks,
+               (long)v->max[VM_STEPS], loss, v->max[VM_LOSS], v->sum[VS_ACC] / v->n,
                t->reached ? "  target reached" : "");
+    fflush(stdout);
+    return 0;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    return *(const int *)a - *(const int *)b;
+}
+
+/*
+ * Relay mode, after a sync whose group lacks ranks that were training: they
+ * failed (the coordinator excluded them; every survivor sees the same group,
+ * so every survivor does this after the same sync). The survivors shrink the
+ * world for their final collectives, split the dead ranks' shards among
+ * themselves (survivor i of n takes the i-th n-th of each) and grow their
+ * batches so that the global batch (--batch x the original world) stays
+ * the same.
+ */
+static int redistribute(trainer_t *t, const int *members, int n)
+{
+    const opts_t *o = &t->o;
+    int *alive = malloc(sizeof(int) * (size_t)n);
+    if (!alive) return fail(t, "malloc", COH_ENOMEM, NULL);
+    memcpy(alive, members, sizeof(int) * (size_t)n);
+    qsort(alive, (size_t)n, sizeof(int), cmp_int);
+    coh_comm_t *nc;
+    int st = coh_comm_shrink(t->comm, &nc);
+    if (st) {
+        free(alive);
+        return fail(t, "coh_comm_shrink", st, NULL);
+    }
+    int ncs, idx = -1;
+    coh_comm_size(nc, &ncs);
+    coh_comm_rank(nc, &idx);
+    if (ncs != n) {
+        fprintf(stderr, "cohort-train rank %d: the shrunk world has %d ranks, the group %d\n",
+                t->rank, ncs, n);
+        free(alive);
+        return 1;
+    }
+    if (t->comm != t->world) coh_comm_free(t->comm);
+    t->comm = nc;
+    /* This rank's own shard, and its part of every dead rank's. */
+    long total = o->samples;
+    int dead = 0;
+    for (int r = 0; r < t->nranks; r++)
+        if (!bsearch(&r, alive, (size_t)n, sizeof(int), cmp_int)) {
+            total += (long)o->samples * (idx + 1) / n - (long)o->samples * idx / n;
+            dead++;
+        }
+    dataset_t ds = {.n = (int)total};
+    ds.x = malloc(sizeof(float) * (size_t)total * (size_t)t->pb.d);
+    ds.y = malloc(sizeof(int) * (size_t)total);
+    if (!ds.x || !ds.y) return fail(t, "malloc", COH_ENOMEM, NULL);
+    long at = 0;
+    for (int r = 0; r < t->nranks; r++) {
+        bool mine = r == t->rank;
+        if (!mine && bsearch(&r, alive, (size_t)n, sizeof(int), cmp_int)) continue;
+        dataset_t sh;
+        if (dataset_init(&sh, &t->pb, o->seed, RNG_SHARD + (uint64_t)r, o->samples))
+            return fail(t, "data", COH_ENOMEM, NULL);
+        long lo = mine ? 0 : (long)o->samples * idx / n;
+        long hi = mine ? o->samples : (long)o->samples * (idx + 1) / n;
+        memcpy(ds.x + (size_t)at * (size_t)t->pb.d, sh.x + (size_t)lo * (size_t)t->pb.d,
+               sizeof(float) * (size_t)(hi - lo) * (size_t)t->pb.d);
+        memcpy(ds.y + at, sh.y + lo, sizeof(int) * (size_t)(hi - lo));
+        at += hi - lo;
+        free(sh.x);
+        free(sh.y);
+    }
+    free(t->train.x);
+    free(t->train.y);
+    t->train = ds;
+    long global = (long)o->batch * t->nranks;
+    t->batch = (int)(global / n + (idx < global % n));
+    free(t->alive);
+    t->alive = alive;
+    t->nalive = n;
+    if (idx == 0)
+        printf("cohort-train: %d rank(s) failed by step %ld: %d survivors share their shards; "
+               "batch %ld..%ld per rank, global batch %ld\n",
+               dead, t->st.steps, n, global / n, global / n + (global % n != 0), global);
     fflush(stdout);
     return 0;
 }
@@ -501,6 +611,13 @@ static int sync_model(trainer_t *t, double weight)
         if ((st = coh_wait(req, -1))) return fail(t, "coh_sync", st, req);
         have_gi = coh_request_group(req, &gi) == COH_OK && gi.size > 0;
         if (!have_gi) gi.size = 1;
+        if (have_gi && t->o.mode == COH_SYNC_RELAY && gi.size < t->nalive) {
+            int rc = redistribute(t, gi.members, gi.size);
+            if (rc) {
+                coh_request_free(req);
+                return rc;
+            }
+        }
     }
     double dt = now_s() - ts;
     coh_request_free(req);
@@ -526,7 +643,7 @@ static int train(trainer_t *t)
     /* Votes block in allreduce mode: every rank then stops after the same
      * step and the replicas stay identical. Elsewhere they run behind the
      * training so fast ranks never wait for a straggler's evaluation. */
-    bool lockstep = o->mode == COH_SYNC_ALLREDUCE;
+    bool lockstep = o->mode == COH_SYNC_ALLREDUCE || o->mode == COH_SYNC_RELAY;
     while (!t->stop) {
         double ts = now_s();
         if (t->st.steps % o->eval_every == 0 && !t->v.pending) {
@@ -538,7 +655,8 @@ static int train(trainer_t *t)
             if (vote_poll(t, lockstep)) return 1;
             if (t->stop) break;
         }
-        sgd_step(&t->pb, t->w, &t->train, o->batch, o->lr, &t->batch_rng, t->grad, t->p);
+        if (t->st.steps == t->die_step) raise(SIGKILL); /* --die: as a crash would */
+        sgd_step(&t->pb, t->w, &t->train, t->batch, o->lr, &t->batch_rng, t->grad, t->p);
         double real = now_s() - ts;
         /* Draw every step even when not injecting: the compute times of a
          * seed stay the same whatever the flags. */
@@ -585,20 +703,26 @@ static int finish(trainer_t *t, double t_end)
      * (zeros averaged must stay zeros; a sync that wrote them is broken). */
     memcpy(ref, local, sizeof(float) * nm);
     int st =
-        coh_allreduce_sync(t->world, NULL, sum, sizeof(sum) / sizeof(sum[0]), COH_F64, COH_SUM);
+        coh_allreduce_sync(t->comm, NULL, sum, sizeof(sum) / sizeof(sum[0]), COH_F64, COH_SUM);
     if (!st) {
         coh_request_t *req;
-        st = coh_broadcast(t->world, ref, nm, COH_F32, 0, &req);
+        st = coh_broadcast(t->comm, ref, nm, COH_F32, 0, &req);
         if (!st) st = wait_free(req);
     }
     if (st) return fail(t, "final gather", st, NULL);
     for (size_t i = 0; i < nm; i++) mx[5] = fmax(mx[5], fabs((double)local[i] - ref[i]));
     for (size_t i = nm; i < t->n_buf; i++) mx[6] = fmax(mx[6], fabs((double)local[i]));
-    st = coh_allreduce_sync(t->world, NULL, mx, sizeof(mx) / sizeof(mx[0]), COH_F64, COH_MAX);
+    st = coh_allreduce_sync(t->comm, NULL, mx, sizeof(mx) / sizeof(mx[0]), COH_F64, COH_MAX);
     /* The job's model: the average of the replicas (in allreduce mode they
      * are equal already). */
-    if (!st) st = coh_allreduce_sync(t->world, NULL, local, nm, COH_F32, COH_AVG);
+    if (!st) st = coh_allreduce_sync(t->comm, NULL, local, nm, COH_F32, COH_AVG);
+    /* The data the survivors train on: the global batch and every shard,
+     * whoever died. */
+    double data[2] = {t->batch, t->train.n};
+    if (!st) st = coh_allreduce_sync(t->comm, NULL, data, 2, COH_F64, COH_SUM);
     if (st) return fail(t, "final gather", st, NULL);
+    bool data_ok = data[0] == (double)o->batch * t->nranks &&
+                   data[1] == (double)o->samples * t->nranks;
     double loss, acc;
     evaluate(&t->pb, local, &t->val, t->p, &loss, &acc);
     free(ref);
@@ -606,7 +730,7 @@ static int finish(trainer_t *t, double t_end)
     double syncs = sum[1], groups = sum[2];
     bool identical = mx[5] == 0 && mx[6] == 0;
     const char *mode = o->collective ? "collective" : mode_names[o->mode];
-    if (t->rank == 0) {
+    if (t->alive[0] == t->rank) {
         char target[96];
         if (t->reached)
             snprintf(target, sizeof(target), "%.2f s (loss %.4f <= %.4f after %ld steps)",
@@ -636,6 +760,10 @@ static int finish(trainer_t *t, double t_end)
                acc);
         printf("  replicas         %s (max |w - w0| %.3g before the final average)\n",
                identical ? "identical" : "differ", mx[5]);
+        printf("  data             %d of %d ranks; global batch %.0f (of %d x %d), %.0f of %d x "
+               "%d samples%s\n",
+               t->nalive, t->nranks, data[0], o->batch, t->nranks, data[1], o->samples, t->nranks,
+               data_ok ? "" : ": WRONG");
         if (o->csv) {
             printf("csv-header:mode,ranks,reached,time_to_target_s,best_loss,iters_total,"
                    "iters_min,iters_max,groups,rank_syncs,avg_sync_ms,avg_scale,final_loss,"
@@ -648,11 +776,17 @@ static int finish(trainer_t *t, double t_end)
         fflush(stdout);
     }
     if (o->check) {
-        bool ok = t->reached && (o->mode != COH_SYNC_ALLREDUCE || identical);
-        if (!ok && t->rank == 0)
+        bool lock = o->mode == COH_SYNC_ALLREDUCE || o->mode == COH_SYNC_RELAY;
+        bool ok = t->reached && (!lock || identical) && data_ok;
+        if (!ok && t->alive[0] == t->rank)
             fprintf(stderr, "cohort-train: check failed: %s\n",
-                    !t->reached ? "target loss not reached" : "replicas differ");
+                    !t->reached ? "target loss not reached"
+                    : !data_ok  ? "the survivors do not cover the global batch and every shard"
+                                : "replicas differ");
         if (!ok) return EXIT_CHECK;
+        if (t->alive[0] == t->rank)
+            printf("cohort-train: check OK: %d of %d ranks, global batch %.0f, %.0f samples\n",
+                   t->nalive, t->nranks, data[0], data[1]);
     }
     return 0;
 }
@@ -674,6 +808,22 @@ static int setup(trainer_t *t)
     coh_ctx_world(t->ctx, &t->world);
     coh_comm_rank(t->world, &t->rank);
     coh_comm_size(t->world, &t->nranks);
+    t->comm = t->world;
+    t->batch = o->batch;
+    t->nalive = t->nranks;
+    t->alive = malloc(sizeof(int) * (size_t)t->nranks);
+    if (!t->alive) return fail(t, "malloc", COH_ENOMEM, NULL);
+    for (int r = 0; r < t->nranks; r++) t->alive[r] = r;
+    t->die_step = -1;
+    if (o->die) {
+        int dr = -1;
+        long ds = -1;
+        if (sscanf(o->die, "%d:%ld", &dr, &ds) != 2 || dr < 0 || ds < 0) {
+            fprintf(stderr, "cohort-train: --die wants RANK:STEP\n");
+            return 2;
+        }
+        if (dr == t->rank) t->die_step = ds;
+    }
 
     if (!strcmp(o->dist_name, "none")) {
         sc_dist_from_name("cnn", &t->dist); /* drawn, not used: see train() */
@@ -739,6 +889,7 @@ int main(int argc, char **argv)
     free(t.w);
     free(t.grad);
     free(t.p);
+    free(t.alive);
     free(t.pb.centre);
     free(t.pb.scale);
     free(t.train.x);

@@ -34,6 +34,11 @@ static void check_msg(const uint8_t *buf, size_t len, int n, const rx_ctl_msg_t 
         members = ranks_of(m->u.plan.members, m->u.plan.nmembers);
         copy.u.plan.members_in = members;
     }
+    if (m->type == RX_CTL_SHRINK || m->type == RX_CTL_SHRUNK) {
+        FUZZ_CHECK(m->u.shrink.ranks + 4 * (size_t)m->u.shrink.n == buf + n);
+        members = ranks_of(m->u.shrink.ranks, m->u.shrink.n);
+        copy.u.shrink.ranks_in = members;
+    }
     if (m->type == RX_CTL_RPLAN) {
         const rx_ctl_rplan_t *r = &m->u.rplan;
         FUZZ_CHECK(r->ring + 4 * (size_t)r->nring == r->late);

@@ -201,6 +201,10 @@ def ctl():
     write(t, "lost", ctl_msg(7, struct.pack("<III", 2, 0, 3)))
     write(t, "lost_bad_why", ctl_msg(7, struct.pack("<III", 2, 0, 9)))
     write(t, "bye", ctl_msg(11, struct.pack("<I", 1)))
+    write(t, "shrink", ctl_msg(12, struct.pack("<IIII", 1, 0, 0, 3) + struct.pack("<3I", 0, 1, 3)))
+    write(t, "shrunk", ctl_msg(13, struct.pack("<IIiI", 0, 1, 0, 2) + struct.pack("<2I", 1, 3)))
+    write(t, "shrunk_error", ctl_msg(13, struct.pack("<IIiI", 0, 0, -6, 0)))
+    write(t, "shrunk_bad_status", ctl_msg(13, struct.pack("<IIiI", 0, 0, 4, 0)))
 
 
 if __name__ == "__main__":

@@ -1054,6 +1054,10 @@ static void eval_relay(sc_sched_t *s)
          */
         double tf = P->fault_factor * (g->phase1_end - g->t_first_ready);
         if (tf < P->tick_s) tf = P->tick_s;
+        /* Exclusion is for good: with steps of a few ms, 5x phase 1 and 2x
+         * the longest step are a scheduling hiccup away (a healthy rank on a
+         * loaded host was excluded), so never sooner than fault-min. */
+        if (tf < P->fault_min_s) tf = P->fault_min_s;
         double deadline = g->phase1_end + tf;
         for (int i = g->head; i >= 0; i = s->w[i].next) {
             sc_worker_t *x = &s->w[i];

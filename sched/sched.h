@@ -110,6 +110,8 @@ typedef enum sc_param_kind {
       "relay: coordinator cycle (one unit of waiting cost), ms")                                   \
     X("fault-factor", fault_factor, SC_PK_DBL, 1, "5", "[0, inf)",                                 \
       "relay: suspect relays not ready this * (phase-1 end - first ready) after phase 1 (0: off)") \
+    X("fault-min-ms", fault_min_s, SC_PK_DBL, 1e-3, "200", "[0, inf)",                             \
+      "relay: never suspect a relay sooner than this after phase 1 (exclusion is for good)")       \
     X("calib-gain", calib_gain, SC_PK_DBL, 1, "0.1", "[0, 1]",                                     \
       "gain of the measured/expected correction of the cost model (0: off)")
 
@@ -143,6 +145,7 @@ typedef struct sc_params {
     /* relay */
     double tick_s;       /* "tick-ms" */
     double fault_factor; /* "fault-factor" */
+    double fault_min_s;  /* "fault-min-ms" */
 
     /* Gain of the running correction of the cost model from measured group
      * durations (expected_s and the relay's buying cost). */
