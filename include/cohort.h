@@ -157,6 +157,10 @@ typedef struct coh_config {
                                from at init (if it exists) and saves it to at finalize ("") */
     int coord_election;     /* COHORT_COORD_ELECTION: when the coordinator fails, the survivors
                                elect the lowest live rank (1; 0 = syncs fail with EPEER) */
+    int probe_every;        /* COHORT_PROBE_EVERY: in relay and allreduce sync modes, every this
+                               many syncs every rank runs coh_probe first (500; 0 = only on
+                               demand) */
+    size_t probe_bytes;     /* COHORT_PROBE_BYTES: the bandwidth transfer of a probe (1 MiB) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -282,6 +286,7 @@ typedef struct coh_stats {
     uint64_t rail_returns;         /* links that came back to their own interface */
     uint64_t rail_resent_bytes;    /* bytes sent again after a move (what the old socket had
                                       taken but the peer had not read) */
+    uint64_t probes;               /* alpha-beta probes this rank took part in (coh_probe) */
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 
@@ -418,6 +423,31 @@ typedef struct coh_allreduce_opts {
 COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                              coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *opts,
                              coh_request_t **req);
+
+/*
+ * Alpha-beta probe (AdapCC's profiling): every link of the world, on every
+ * rail, measured in rounds of disjoint pairs (a round-robin tournament, so
+ * no two probes share a rank): latency = the median of small exchanges,
+ * rate = a COHORT_PROBE_BYTES transfer each way. The coordinator feeds the
+ * results to the scheduler's cost model (alpha, each rank's bandwidth) and to
+ * the rail balancer. Collective over the world (every rank calls it; failed
+ * ranks are skipped); also run every COHORT_PROBE_EVERY syncs in relay and
+ * allreduce modes. Fills up to cap of this rank's links; info (may be NULL)
+ * says what it cost.
+ */
+typedef struct coh_link_probe {
+    int peer; /* world rank */
+    int rail;
+    double latency_us; /* one way */
+    double gbps;       /* payload rate */
+} coh_link_probe_t;
+typedef struct coh_probe_info {
+    double duration_us;  /* the whole probe, on this rank */
+    uint64_t bytes_sent; /* by this rank */
+    int nlinks;          /* links this rank measured (may exceed cap) */
+    int nfailed;         /* links that could not be measured (a failed peer) */
+} coh_probe_info_t;
+COH_API int coh_probe(coh_comm_t *world, coh_link_probe_t *links, int cap, coh_probe_info_t *info);
 
 /* Convenience: submit, wait, free. Returns the collective's status. */
 COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,

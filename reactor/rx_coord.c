@@ -96,6 +96,7 @@ struct rx_coord {
     co_group_t *groups;
     uint64_t next_gid;
     uint64_t max_seen_gid; /* the newest group any READY named (elections) */
+    double probe_alpha_s;  /* the median latency of the last probe (0: none) */
     uint64_t t0_ns;
     uint64_t t_ping_ns; /* last heartbeat sent */
     /* The disagreement on the mode that owe_mode ranks are told about. */
@@ -146,6 +147,7 @@ static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *firs
     p.policy = policy[mode];
     /* The cost model's v is the size being synchronised. */
     if (first->count) p.model_mb = (double)first->count * coh_dtype_size(first->dtype) / 1e6;
+    if (c->probe_alpha_s > 0) p.alpha_s = c->probe_alpha_s;
     if (sc_sched_create(&p, c->world, &c->sched[mode]) < 0) return NULL;
     sc_sched_t *s = c->sched[mode];
     apply_trace(c, s);
@@ -851,6 +853,61 @@ static void on_shrink(rx_coord_t *c, int r, const rx_ctl_shrink_t *m)
     shrink_try(c, k);
 }
 
+/* ---- alpha-beta probe results (coh_probe) ---- */
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* What rank r measured of its links: each peer's rate (a link shows the
+ * slower of its two ends, so a rank's own rate is the best of its links,
+ * summed over the rails) and the cost model's alpha (the median latency);
+ * the rail balancer gets each rail's slowest link. */
+static void on_probe(rx_coord_t *c, int r, const rx_ctl_probe_t *p)
+{
+    if (p->rank != (uint32_t)r || p->n > (uint32_t)c->world * RX_MAX_RAILS) {
+        declare_lost(c, r, "malformed PROBE");
+        return;
+    }
+    if (!p->n) return;
+    double *lat = coh_malloc(sizeof(double) * p->n);
+    double best[RX_MAX_RAILS] = {0}, worst[RX_MAX_RAILS], alpha_r[RX_MAX_RAILS] = {0};
+    int nr[RX_MAX_RAILS] = {0};
+    for (int i = 0; i < RX_MAX_RAILS; i++) worst[i] = INFINITY;
+    for (uint32_t i = 0; i < p->n; i++) {
+        rx_ctl_link_t l;
+        rx_ctl_probe_link(p, i, &l);
+        if (l.peer >= (uint32_t)c->world || l.rail >= RX_MAX_RAILS) continue;
+        if (lat) lat[i] = l.latency_s;
+        if (l.gbps > best[l.rail]) best[l.rail] = l.gbps;
+        if (l.gbps > 0 && l.gbps < worst[l.rail]) worst[l.rail] = l.gbps;
+        alpha_r[l.rail] += l.latency_s;
+        nr[l.rail]++;
+    }
+    double bw = 0;
+    for (int k = 0; k < RX_MAX_RAILS; k++) {
+        bw += best[k];
+        if (nr[k] && worst[k] < INFINITY)
+            rx_lb_probe(c->ctx, k, alpha_r[k] / nr[k], worst[k], c->world);
+    }
+    if (lat) {
+        qsort(lat, p->n, sizeof(double), cmp_d);
+        c->probe_alpha_s = lat[p->n / 2];
+        coh_free(lat);
+    }
+    co_rank_t *cr = &c->ranks[r];
+    if (bw > 0) cr->bw_gbps = bw;
+    for (int md = 0; md < COH_SYNC_MODE_COUNT; md++) {
+        if (!c->sched[md]) continue;
+        if (bw > 0) sc_sched_on_bandwidth(c->sched[md], r, bw);
+        if (c->probe_alpha_s > 0) sc_sched_set_alpha(c->sched[md], c->probe_alpha_s);
+    }
+    bs_log(COH_LOG_INFO, "coordinator: probe from rank %d: %.3f Gbps, alpha %.1f us (%u links)", r,
+           bw, c->probe_alpha_s * 1e6, p->n);
+}
+
 static void tick_all(rx_coord_t *c)
 {
     double t = now_s(c);
@@ -1086,6 +1143,7 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
         break;
     case RX_CTL_PING: break; /* heard (on_bytes) is all it says */
     case RX_CTL_SHRINK: on_shrink(c, r, &m->u.shrink); return;
+    case RX_CTL_PROBE: on_probe(c, r, &m->u.probe); return;
     case RX_CTL_BYE:
         if (m->u.bye_rank != (uint32_t)r) {
             declare_lost(c, r, "BYE for another rank");

@@ -33,6 +33,7 @@ static double get_f64(const uint8_t *p)
 #define LOST_LEN   12
 #define BYE_LEN    4
 #define SHRINK_LEN 16 /* + 4 per rank */
+#define PROBE_LEN  8  /* + 24 per link */
 #define LBTAB_LEN  16 /* + the table */
 #define RAIL_LEN   16
 #define RPLAN_LEN  64 /* + 4 per ring member and per late rank */
@@ -50,6 +51,7 @@ size_t rx_ctl_size(const rx_ctl_msg_t *m)
     case RX_CTL_BYE: return RX_CTL_HDR + BYE_LEN;
     case RX_CTL_SHRINK:
     case RX_CTL_SHRUNK: return RX_CTL_HDR + SHRINK_LEN + 4 * (size_t)m->u.shrink.n;
+    case RX_CTL_PROBE: return RX_CTL_HDR + PROBE_LEN + 24 * (size_t)m->u.probe.n;
     case RX_CTL_LBTAB: return RX_CTL_HDR + LBTAB_LEN + (size_t)m->u.lbtab.len;
     case RX_CTL_RAIL: return RX_CTL_HDR + RAIL_LEN;
     case RX_CTL_RPLAN:
@@ -144,6 +146,19 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         for (uint32_t i = 0; i < k->n; i++) en_put32(p + SHRINK_LEN + 4 * i, k->ranks_in[i]);
         break;
     }
+    case RX_CTL_PROBE: {
+        const rx_ctl_probe_t *pr = &m->u.probe;
+        en_put32(p, pr->rank);
+        en_put32(p + 4, pr->n);
+        for (uint32_t i = 0; i < pr->n; i++) {
+            uint8_t *e = p + PROBE_LEN + 24 * i;
+            en_put32(e, pr->links_in[i].peer);
+            en_put32(e + 4, pr->links_in[i].rail);
+            put_f64(e + 8, pr->links_in[i].latency_s);
+            put_f64(e + 16, pr->links_in[i].gbps);
+        }
+        break;
+    }
     case RX_CTL_LBTAB:
         en_put64(p, m->u.lbtab.epoch);
         en_put32(p + 8, m->u.lbtab.len);
@@ -225,6 +240,9 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
     case RX_CTL_SHRINK:
     case RX_CTL_SHRUNK:
         if (plen < SHRINK_LEN || (plen - SHRINK_LEN) % 4) return COH_EPROTO;
+        break;
+    case RX_CTL_PROBE:
+        if (plen < PROBE_LEN || (plen - PROBE_LEN) % 24) return COH_EPROTO;
         break;
     case RX_CTL_LBTAB:
         if (plen < LBTAB_LEN || plen - LBTAB_LEN > RX_CTL_MAXLB) return COH_EPROTO;
@@ -332,6 +350,20 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         if (sk->n != (plen - SHRINK_LEN) / 4 || sk->status > 0) return COH_EPROTO;
         break;
     }
+    case RX_CTL_PROBE: {
+        rx_ctl_probe_t *pr = &m->u.probe;
+        pr->rank = en_get32(p);
+        pr->n = en_get32(p + 4);
+        pr->links = p + PROBE_LEN;
+        if (pr->n != (plen - PROBE_LEN) / 24) return COH_EPROTO;
+        for (uint32_t i = 0; i < pr->n; i++) {
+            rx_ctl_link_t l;
+            rx_ctl_probe_link(pr, i, &l);
+            if (l.rail >= RX_MAX_RAILS || !finite_nonneg(l.latency_s) || !finite_nonneg(l.gbps))
+                return COH_EPROTO;
+        }
+        break;
+    }
     case RX_CTL_LBTAB:
         m->u.lbtab.epoch = en_get64(p);
         m->u.lbtab.len = en_get32(p + 8);
@@ -373,6 +405,15 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
     }
     }
     return (int)(RX_CTL_HDR + plen);
+}
+
+void rx_ctl_probe_link(const rx_ctl_probe_t *p, uint32_t i, rx_ctl_link_t *out)
+{
+    const uint8_t *e = p->links + 24 * (size_t)i;
+    out->peer = en_get32(e);
+    out->rail = en_get32(e + 4);
+    out->latency_s = get_f64(e + 8);
+    out->gbps = get_f64(e + 16);
 }
 
 const char *rx_lost_why_text(int why)

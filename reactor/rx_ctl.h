@@ -26,6 +26,8 @@
  *                                 (coh_comm_shrink; carries comm's members)
  *   SHRUNK  coordinator -> rank  "here it is": its id and ranks, once every
  *                                 live member asked
+ *   PROBE   rank -> coordinator  "what I measured of my links" (coh_probe:
+ *                                 latency and rate per peer and rail)
  *   LBTAB   coordinator -> rank  "the rail balancer's table for epoch e" (the
  *                                 packed sc_lb table world ops of that epoch
  *                                 are split with, docs/multirail.md)
@@ -72,6 +74,7 @@ typedef enum rx_ctl_type {
     RX_CTL_BYE = 11,    /* either way: u32 sender rank */
     RX_CTL_SHRINK = 12, /* u32 rank, u32 comm, u32 top comm id known, u32 n, n u32 members */
     RX_CTL_SHRUNK = 13, /* u32 comm, u32 new comm, i32 status, u32 n, n u32 world ranks */
+    RX_CTL_PROBE = 14,  /* u32 rank, u32 n, n x (u32 peer, u32 rail, f64 latency s, f64 Gbps) */
 } rx_ctl_type;
 
 /* Why the coordinator took a rank for failed (LOST). */
@@ -157,6 +160,19 @@ typedef struct rx_ctl_shrink {
     const uint32_t *ranks_in; /* encode */
 } rx_ctl_shrink_t;
 
+typedef struct rx_ctl_link {
+    uint32_t peer, rail;
+    double latency_s, gbps;
+} rx_ctl_link_t;
+
+typedef struct rx_ctl_probe {
+    uint32_t rank, n;
+    const uint8_t *links;          /* decode: n x 24 bytes (rx_ctl_probe_link) */
+    const rx_ctl_link_t *links_in; /* encode */
+} rx_ctl_probe_t;
+/* Link i of a decoded PROBE. */
+void rx_ctl_probe_link(const rx_ctl_probe_t *p, uint32_t i, rx_ctl_link_t *out);
+
 typedef struct rx_ctl_bw {
     uint32_t peer;
     uint64_t bytes;
@@ -210,6 +226,7 @@ typedef struct rx_ctl_msg {
         rx_ctl_rail_t rail;
         rx_ctl_rplan_t rplan;
         rx_ctl_shrink_t shrink; /* SHRINK and SHRUNK */
+        rx_ctl_probe_t probe;
     } u;
 } rx_ctl_msg_t;
 

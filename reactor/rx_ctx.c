@@ -678,6 +678,7 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
     s->connections_rejected += rx_coord_rejected(ctx->coord);
     s->requests_completed = atomic_load(&ctx->n_completed);
     s->requests_failed = atomic_load(&ctx->n_failed);
+    s->probes = atomic_load(&ctx->n_probes);
     return 0;
 }
 

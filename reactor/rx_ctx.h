@@ -55,6 +55,8 @@ struct coh_ctx {
     uint8_t *failed; /* world entries */
     int nfailed;
     coh_comm_t *comms; /* world_comm, then communicators made from it */
+    uint32_t probe_no; /* coh_probe calls (every rank the same) */
+    _Atomic uint64_t n_probes;
     char describe[1024];
 };
 
@@ -86,6 +88,10 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
  * failure handler that has r. */
 void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why);
 bool rx_ctx_is_failed(struct coh_ctx *ctx, int r);
+/* The probe of every link (rx_probe.c); caller's thread. */
+int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_info_t *info);
+/* Send this rank's probe results to the coordinator (any thread). */
+void rx_member_report_probe(struct coh_ctx *ctx, const rx_ctl_link_t *links, int n);
 /* Free every communicator but the world (ctx_fini). */
 void rx_ctx_free_comms(struct coh_ctx *ctx);
 

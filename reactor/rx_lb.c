@@ -562,3 +562,17 @@ COH_API int coh_lb_table(coh_ctx_t *ctx, char *buf, size_t cap)
     if (n < 0) return bs_fail(n, "coh_lb_table: %zu bytes are too few", cap);
     return n;
 }
+
+void rx_lb_probe(struct coh_ctx *ctx, int rail, double alpha_s, double gbps, int world)
+{
+    rx_lb_t *lb = ctx->lb;
+    if (!lb || !lb->authority || rail < 0 || rail >= lb->nrails || !(gbps > 0) || world < 2) return;
+    static const uint64_t sizes[] = {64u << 10, 1u << 20, 16u << 20};
+    uv_mutex_lock(&lb->live_mu);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        double t = 2.0 * (world - 1) * alpha_s +
+                   2.0 * (world - 1) / world * (double)sizes[i] * 8 / (gbps * 1e9);
+        sc_lb_observe(lb->live, rail, sizes[i], t);
+    }
+    uv_mutex_unlock(&lb->live_mu);
+}

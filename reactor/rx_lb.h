@@ -58,4 +58,9 @@ void rx_lb_on_rail(struct coh_ctx *ctx, int rank, const rx_ctl_rail_t *ev);
 /* Control loop (coordinator): a rank connected: send it the recent tables. */
 void rx_lb_greet(struct coh_ctx *ctx, rx_conn_t *conn);
 
+/* A probe measured `rail` (coh_probe): its slowest link's rate and its
+ * latency, turned into what a ring allreduce of a few sizes would take over
+ * `world` ranks and fed to the coordinator's table (authority only). */
+void rx_lb_probe(struct coh_ctx *ctx, int rail, double alpha_s, double gbps, int world);
+
 #endif

@@ -44,13 +44,14 @@ struct rx_member {
     int relay_nring;
     bool coord_bye; /* the coordinator said BYE: its close is not a failure */
     /* Coordinator election (COHORT_COORD_ELECTION). */
-    int coord_rank;       /* the coordinator, or the candidate being dialled */
-    bool was_ready;       /* had a coordinator once (init is over) */
-    bool electing;        /* between losing one and reaching the next */
-    uint64_t t_lost_ns;   /* the coordinator was lost */
-    uint64_t t_cand_ns;   /* the current candidate was picked */
-    uint32_t coord_epoch; /* coordinators reached so far */
-    uint64_t last_gid;    /* the newest group this rank ran an op of */
+    int coord_rank;          /* the coordinator, or the candidate being dialled */
+    bool was_ready;          /* had a coordinator once (init is over) */
+    bool electing;           /* between losing one and reaching the next */
+    uint64_t t_lost_ns;      /* the coordinator was lost */
+    uint64_t t_cand_ns;      /* the current candidate was picked */
+    uint32_t coord_epoch;    /* coordinators reached so far */
+    uint64_t last_gid;       /* the newest group this rank ran an op of */
+    uint64_t lockstep_syncs; /* relay and allreduce mode syncs (COHORT_PROBE_EVERY) */
     uv_timer_t redial;
     bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
     /* coh_comm_shrink: one at a time; state under mu (the caller waits). */
@@ -1167,6 +1168,17 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
     if (comm != &ctx->world_comm)
         return bs_fail(COH_EUNSUPPORTED, "%s: only the world communicator is scheduled", fn);
     rx_member_t *m = ctx->member;
+    /* Every COHORT_PROBE_EVERY syncs, an alpha-beta probe first. Only where
+     * every rank syncs as often as every other (relay and allreduce modes:
+     * every live rank is in every group), so they all reach it together. */
+    if (m && ctx->cfg.probe_every > 0 && (mode == COH_SYNC_RELAY || mode == COH_SYNC_ALLREDUCE) &&
+        !atomic_load(&m->busy) && ++m->lockstep_syncs % (uint64_t)ctx->cfg.probe_every == 0) {
+        coh_probe_info_t pi;
+        int pst = rx_probe(ctx, NULL, 0, &pi);
+        bs_log(COH_LOG_INFO, "rank %d: probe before sync %llu: %s, %.1f ms, %d links", ctx->rank,
+               (unsigned long long)m->lockstep_syncs, coh_status_name(pst), pi.duration_us / 1e3,
+               pi.nlinks);
+    }
     if (m && atomic_load(&m->lost))
         return m->excluded
                    ? bs_fail(COH_EPEER, "%s: %s", fn, m->excluded_why)
@@ -1391,4 +1403,36 @@ int rx_member_shrink(struct coh_ctx *ctx, uint32_t comm, const int *ranks, int n
                    : res == COH_EMISMATCH ? "members disagree on the communicator's ranks"
                    : st < 0               ? "the coordinator is gone"
                                           : coh_strerror(res));
+}
+
+/* ---- coh_probe's results to the coordinator ---- */
+
+typedef struct probe_task {
+    rx_task_t task;
+    int n;
+    rx_ctl_link_t links[];
+} probe_task_t;
+
+static void probe_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    probe_task_t *pt = (probe_task_t *)t;
+    rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
+    if (m && m->conn && m->conn->ready) {
+        rx_ctl_msg_t msg = {.type = RX_CTL_PROBE};
+        msg.u.probe = (rx_ctl_probe_t){
+            .rank = (uint32_t)m->ctx->rank, .n = (uint32_t)pt->n, .links_in = pt->links};
+        rx_ctl_send(m->conn, &msg);
+    }
+    coh_free(pt);
+}
+
+void rx_member_report_probe(struct coh_ctx *ctx, const rx_ctl_link_t *links, int n)
+{
+    if (!ctx->member) return;
+    probe_task_t *pt = coh_zalloc(sizeof(*pt) + sizeof(rx_ctl_link_t) * (size_t)(n ? n : 1));
+    if (!pt) return;
+    pt->task.run = probe_run;
+    pt->n = n;
+    if (n) memcpy(pt->links, links, sizeof(rx_ctl_link_t) * (size_t)n);
+    if (!rx_reactor_post(&ctx->ctrl, &pt->task)) coh_free(pt);
 }

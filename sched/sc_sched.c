@@ -810,6 +810,15 @@ static double ring_raw(const sc_sched_t *s, const int *ids, int m)
     return sc_cost_ring(&s->cost, m, min_bw(s, ids, m));
 }
 
+int sc_sched_set_alpha(sc_sched_t *s, double alpha_s)
+{
+    if (!s || !(alpha_s >= 0) || !isfinite(alpha_s)) return COH_EINVAL;
+    s->cost.alpha_s = alpha_s;
+    s->prm.alpha_s = alpha_s;
+    s->dirty = true;
+    return 0;
+}
+
 int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k)
 {
     if (!s || !ring || n < 1 || k <= 0) return 0;

@@ -300,6 +300,8 @@ int sc_sched_on_phase1_done(sc_sched_t *s, uint64_t group_id, double t);
  * is cheaper (the same comparison as the ski rental's phase-2 cost);
  * broadcasting is only chosen for k = 1. 0 when k = 0. */
 int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k);
+/* A measured per-hop latency (alpha-beta probe): the cost model's alpha. */
+int sc_sched_set_alpha(sc_sched_t *s, double alpha_s);
 /* New bandwidth estimate for w in Gbps (> 0). */
 int sc_sched_on_bandwidth(sc_sched_t *s, int w, double gbps);
 /* w is gone: never planned, waited for or counted again. A lost member of a

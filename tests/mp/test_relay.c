@@ -27,6 +27,10 @@
  *       collectives on the new communicator: its size and renumbering, an
  *       allreduce, a broadcast, an allgather of world ranks, a barrier; a
  *       second shrink with no new failure gives the same ranks.
+ *   test_relay probe             coh_probe twice: every link of this rank on
+ *       every rail measured once (latency and rate in sane ranges), and relay
+ *       syncs then probe on their own every COHORT_PROBE_EVERY (the test sets
+ *       10) syncs: coh_ctx_stats counts the probes.
  */
 #include <math.h>
 #include <pthread.h>
@@ -407,6 +411,52 @@ static void run_shrink(int victim)
         R, victim, it, took * 1e3, (mp_now_s() - t_fail) * 1e3);
 }
 
+/* ---- alpha-beta probe ---- */
+
+static void run_probe(coh_ctx_t *ctx)
+{
+    int nr = 0;
+    MP_OK(coh_ctx_nrails(ctx, &nr));
+    coh_link_probe_t links[256];
+    for (int round = 0; round < 2; round++) {
+        coh_probe_info_t pi;
+        MP_OK(coh_probe(W, links, 256, &pi));
+        if (pi.nlinks != (N - 1) * nr || pi.nfailed)
+            MP_FAIL("probe: %d links (%d failed), expected %d", pi.nlinks, pi.nfailed,
+                    (N - 1) * nr);
+        int seen[64][8] = {{0}};
+        for (int i = 0; i < pi.nlinks; i++) {
+            const coh_link_probe_t *l = &links[i];
+            if (l->peer < 0 || l->peer >= N || l->peer == R || l->rail < 0 || l->rail >= nr)
+                MP_FAIL("probe: a link to rank %d on rail %d", l->peer, l->rail);
+            if (seen[l->peer][l->rail]++) MP_FAIL("probe: rank %d rail %d twice", l->peer, l->rail);
+            if (!(l->latency_us > 0 && l->latency_us < 100000) ||
+                !(l->gbps > 0.01 && l->gbps < 1000))
+                MP_FAIL("probe: rank %d rail %d: %.1f us, %.3f Gbps", l->peer, l->rail,
+                        l->latency_us, l->gbps);
+        }
+        if (round == 1) {
+            printf("rank %d: probe of %d links: %.1f ms, %llu bytes sent\n", R, pi.nlinks,
+                   pi.duration_us / 1e3, (unsigned long long)pi.bytes_sent);
+            for (int i = 0; i < pi.nlinks; i++)
+                printf("rank %d link %d rail %d: %.1f us %.4f Gbps\n", R, links[i].peer,
+                       links[i].rail, links[i].latency_us, links[i].gbps);
+        }
+    }
+    /* COHORT_PROBE_EVERY=10: 25 relay syncs probe twice more. */
+    double x[64];
+    for (int it = 0; it < 25; it++) {
+        for (int j = 0; j < 64; j++) x[j] = R + j;
+        coh_request_t *req;
+        MP_OK(coh_sync_ex(W, x, 64, COH_F64, (uint64_t)it, 1.0, COH_SYNC_RELAY, &req));
+        mp_wait(req);
+    }
+    coh_stats_t st;
+    MP_OK(coh_ctx_stats(ctx, &st));
+    if (st.probes != 4) MP_FAIL("%llu probes, expected 2 + 2", (unsigned long long)st.probes);
+    printf("rank %d: OK probe\n", R);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -426,6 +476,8 @@ int main(int argc, char **argv)
             double pid = read_file("pid");
             if (pid > 0) kill((pid_t)pid, SIGKILL);
         }
+    } else if (!strcmp(argv[1], "probe")) {
+        run_probe(ctx);
     } else if (!strcmp(argv[1], "shrink")) {
         run_shrink(atoi(argv[2]));
     } else if (!strcmp(argv[1], "sync"))

@@ -609,7 +609,7 @@ static void test_config(void **state)
          "token", "longer than the limit of 64"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "nics", ""), "nics", "empty"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s s", 1, "sync_mode", "fast"), "sync_mode",
-         "unknown value 'fast' (one of allreduce, partial, selective)"},
+         "unknown value 'fast' (one of allreduce, partial, selective, relay)"},
         {mp(&(mpbuf_t){.len = 0}, "m1 s u", 1, "sync_mode", U(4)), "sync_mode", "4 is outside"},
         {mp(&(mpbuf_t){.len = 0}, "m2 s u s u", 2, "world_size", U(2), "coordinator", U(2)),
          "coordinator", "2 is not below world_size 2"},
