@@ -35,7 +35,7 @@ for b in cohortrun cohort-syncbench; do
   [ -x "$BUILD/bin/$b" ] || { echo "relay.sh: $BUILD/bin/$b missing: run tools/build.sh" >&2; exit 2; }
 done
 OUT=$(mktemp -d /tmp/cohort-relay.XXXXXX)
-echo "relay.sh: $N ranks, ${DURATION} s per mode, model ${MODEL_MB} MB, transformer x $SCALE," \
+echo "relay.sh: $N ranks, ${DURATION} s per mode, model ${MODEL_MB} MB, $DIST x $SCALE," \
      "rank $((N - 1)) x Pareto($TAIL); output in $OUT"
 for mode in allreduce relay selective; do
   "$BUILD/bin/cohortrun" -n "$N" --timeout $((DURATION * 3 + 120)) -- "$BUILD/bin/cohort-syncbench" \

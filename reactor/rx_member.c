@@ -44,7 +44,7 @@ struct rx_member {
     int relay_nring;
     bool coord_bye; /* the coordinator said BYE: its close is not a failure */
     /* Coordinator election (COHORT_COORD_ELECTION). */
-    int coord_rank;          /* the coordinator, or the candidate being dialled */
+    _Atomic int coord_rank;  /* the coordinator, or the candidate being dialled */
     bool was_ready;          /* had a coordinator once (init is over) */
     bool electing;           /* between losing one and reaching the next */
     uint64_t t_lost_ns;      /* the coordinator was lost */
@@ -53,7 +53,7 @@ struct rx_member {
     uint64_t last_gid;       /* the newest group this rank ran an op of */
     uint64_t lockstep_syncs; /* relay and allreduce mode syncs (COHORT_PROBE_EVERY) */
     uv_timer_t redial;
-    bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
+    _Atomic bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
     /* coh_comm_shrink: one at a time; state under mu (the caller waits). */
     int shrink_state; /* 0 none, 1 asked, 2 answered, < 0 failed */
     rx_ctl_shrink_t shrink_req;
