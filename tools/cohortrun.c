@@ -359,8 +359,35 @@ int main(int argc, char **argv)
     int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     socklen_t sl =
         sa.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sl) != 0 || listen(lfd, 1024) != 0 ||
-        getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
+    /* A port below the kernel's ephemeral range: a later init in the job
+     * binds COHORT_STORE again, and an ephemeral port can meanwhile be any
+     * connection's source port (mp.lb.n4.rails2 once failed with "address
+     * already in use"). Port 0 (ephemeral) only if none is free. */
+    int lo_eph = 32768;
+    FILE *pr = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (pr) {
+        if (fscanf(pr, "%d", &lo_eph) != 1) lo_eph = 32768;
+        fclose(pr);
+    }
+    bool bound = false;
+    for (int k = 0; lfd >= 0 && k < 64 && lo_eph > 11024 && !bound; k++) {
+        unsigned r = 0;
+        if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r)) break;
+        uint16_t port = (uint16_t)(10000 + r % (unsigned)(lo_eph - 10000));
+        if (sa.ss_family == AF_INET)
+            ((struct sockaddr_in *)&sa)->sin_port = htons(port);
+        else
+            ((struct sockaddr_in6 *)&sa)->sin6_port = htons(port);
+        bound = bind(lfd, (struct sockaddr *)&sa, sl) == 0;
+    }
+    if (!bound) {
+        if (sa.ss_family == AF_INET)
+            ((struct sockaddr_in *)&sa)->sin_port = 0;
+        else
+            ((struct sockaddr_in6 *)&sa)->sin6_port = 0;
+    }
+    if (lfd < 0 || (!bound && bind(lfd, (struct sockaddr *)&sa, sl) != 0) ||
+        listen(lfd, 1024) != 0 || getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
         fprintf(stderr, "cohortrun: cannot listen on %s: %s\n", g.store_host, strerror(errno));
         return 1;
     }
