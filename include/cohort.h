@@ -158,8 +158,8 @@ typedef struct coh_config {
     int coord_election;     /* COHORT_COORD_ELECTION: when the coordinator fails, the survivors
                                elect the lowest live rank (1; 0 = syncs fail with EPEER) */
     int probe_every;        /* COHORT_PROBE_EVERY: in relay and allreduce sync modes, every this
-                               many syncs every rank runs coh_probe first (500; 0 = only on
-                               demand) */
+                               many syncs every rank runs coh_probe first (AdapCC: 500; default
+                               0 = only on demand: see docs/relay.md) */
     size_t probe_bytes;     /* COHORT_PROBE_BYTES: the bandwidth transfer of a probe (1 MiB) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;

@@ -99,9 +99,9 @@ typedef enum rx_knob_kind {
     X(coord_election, RX_K_INT, "1", "COHORT_COORD_ELECTION", 0, 1,                                \
       "when the coordinator fails, the survivors elect the lowest live rank and go on (its "       \
       "scheduler starts cold); 0: every later sync fails with EPEER")                              \
-    X(probe_every, RX_K_INT, "500", "COHORT_PROBE_EVERY", 0, INT_MAX,                              \
+    X(probe_every, RX_K_INT, "0", "COHORT_PROBE_EVERY", 0, INT_MAX,                                \
       "in relay and allreduce sync modes, every this many syncs all ranks run an alpha-beta "      \
-      "probe of every link first (coh_probe); 0: only on demand")                                  \
+      "probe of every link first (coh_probe; AdapCC: 500); 0: only on demand")                     \
     X(probe_bytes, RX_K_SIZE, "1M", "COHORT_PROBE_BYTES", 4096, 1ull << 30,                        \
       "bytes of a probe's bandwidth transfer, each way")
 
