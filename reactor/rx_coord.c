@@ -266,10 +266,24 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
         }
     }
     if (g->ndone < g->n) return;
-    if (g->relay && g->phase == 1 && g->status == 0)
+    if (g->relay && g->phase == 1 && g->status == 0) {
         relay_phase1_end(c, g);
-    else
-        group_end(c, g);
+        return;
+    }
+    if (g->relay && g->phase == 1) {
+        /* Phase 1 failed for some members (a rank died mid-ring) and may
+         * have succeeded for others, who now wait for a phase 2 that will
+         * not come: tell the ready ones to try again (those that failed
+         * already did, under a new attempt, and ignore this). */
+        for (int i = 0; i < g->n; i++) {
+            co_rank_t *cr = &c->ranks[g->members[i]];
+            if ((g->rst[i] & RL_LATE) || cr->lost || !cr->conn) continue;
+            int one[1] = {g->members[i]};
+            send_plan(c, g->members[i], g->gid, g->readys[i].attempt, COH_EPEER, RX_CTL_WHY_NONE, 0,
+                      one, 1);
+        }
+    }
+    group_end(c, g);
 }
 
 /* Every other rank drops r's data connections: ops that wait on it end

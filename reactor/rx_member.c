@@ -204,6 +204,15 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
 {
     struct coh_ctx *ctx = m->ctx;
     coh_request_t *req = m->pending;
+    if (req && p->status < 0 && req->sync->attempt == p->attempt && req->sync->phase == 2 &&
+        !req->sync->running) {
+        /* Our relay group's phase 1 ended here but failed elsewhere: no
+         * phase 2 will come. The caller's buffer is untouched: again. */
+        bs_log(COH_LOG_INFO, "rank %d: relay group %llu failed after our phase 1; trying again",
+               ctx->rank, (unsigned long long)p->group_id);
+        resend_pending(m);
+        return;
+    }
     if (!req || req->sync->attempt != p->attempt || req->sync->members) {
         bs_log(COH_LOG_WARN, "rank %d: ignoring a stale plan for group %llu", ctx->rank,
                (unsigned long long)p->group_id);
