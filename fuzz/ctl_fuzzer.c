@@ -39,6 +39,14 @@ static void check_msg(const uint8_t *buf, size_t len, int n, const rx_ctl_msg_t 
         members = ranks_of(m->u.shrink.ranks, m->u.shrink.n);
         copy.u.shrink.ranks_in = members;
     }
+    rx_ctl_link_t *probe = NULL;
+    if (m->type == RX_CTL_PROBE) {
+        FUZZ_CHECK(m->u.probe.links + 24 * (size_t)m->u.probe.n == buf + n);
+        probe = malloc(sizeof(rx_ctl_link_t) * (m->u.probe.n ? m->u.probe.n : 1));
+        FUZZ_CHECK(probe != NULL);
+        for (uint32_t i = 0; i < m->u.probe.n; i++) rx_ctl_probe_link(&m->u.probe, i, &probe[i]);
+        copy.u.probe.links_in = probe;
+    }
     if (m->type == RX_CTL_RPLAN) {
         const rx_ctl_rplan_t *r = &m->u.rplan;
         FUZZ_CHECK(r->ring + 4 * (size_t)r->nring == r->late);
@@ -55,6 +63,7 @@ static void check_msg(const uint8_t *buf, size_t len, int n, const rx_ctl_msg_t 
     free(re);
     free(members);
     free(late);
+    free(probe);
 }
 
 static int parse(const uint8_t *buf, size_t len, void *m)

@@ -205,6 +205,10 @@ def ctl():
     write(t, "shrunk", ctl_msg(13, struct.pack("<IIiI", 0, 1, 0, 2) + struct.pack("<2I", 1, 3)))
     write(t, "shrunk_error", ctl_msg(13, struct.pack("<IIiI", 0, 0, -6, 0)))
     write(t, "shrunk_bad_status", ctl_msg(13, struct.pack("<IIiI", 0, 0, 4, 0)))
+    write(t, "probe", ctl_msg(14, struct.pack("<II", 1, 2) + struct.pack("<IIdd", 0, 0, 20e-6, 9.5) +
+                              struct.pack("<IIdd", 2, 1, 31e-6, 0.39)))
+    write(t, "probe_bad_rail", ctl_msg(14, struct.pack("<II", 1, 1) +
+                                       struct.pack("<IIdd", 0, 99, 20e-6, 9.5)))
 
 
 if __name__ == "__main__":
