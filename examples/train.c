@@ -702,8 +702,7 @@ static int finish(trainer_t *t, double t_end)
     /* Replicas: max |w - w(rank 0)| over the model, and any non-zero padding
      * (zeros averaged must stay zeros; a sync that wrote them is broken). */
     memcpy(ref, local, sizeof(float) * nm);
-    int st =
-        coh_allreduce_sync(t->comm, NULL, sum, sizeof(sum) / sizeof(sum[0]), COH_F64, COH_SUM);
+    int st = coh_allreduce_sync(t->comm, NULL, sum, sizeof(sum) / sizeof(sum[0]), COH_F64, COH_SUM);
     if (!st) {
         coh_request_t *req;
         st = coh_broadcast(t->comm, ref, nm, COH_F32, 0, &req);
@@ -721,8 +720,8 @@ static int finish(trainer_t *t, double t_end)
     double data[2] = {t->batch, t->train.n};
     if (!st) st = coh_allreduce_sync(t->comm, NULL, data, 2, COH_F64, COH_SUM);
     if (st) return fail(t, "final gather", st, NULL);
-    bool data_ok = data[0] == (double)o->batch * t->nranks &&
-                   data[1] == (double)o->samples * t->nranks;
+    bool data_ok =
+        data[0] == (double)o->batch * t->nranks && data[1] == (double)o->samples * t->nranks;
     double loss, acc;
     evaluate(&t->pb, local, &t->val, t->p, &loss, &acc);
     free(ref);
