@@ -101,6 +101,28 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
     return 0;
 }
 
+/* Op seq of comm (launched) has a member known failed: it cannot complete.
+ * Dropping that rank's connections ends only the ops that exchange with it
+ * directly (recursive doubling over 4 ranks pairs rank 0 with 1 and 2
+ * only), and the peers this one waits for may be busy elsewhere: it would
+ * run into its timeout. End it now on every rail and tell the peers. */
+static void abort_known_failed(struct coh_ctx *ctx, const coh_comm_t *comm, uint64_t seq, int gone)
+{
+    char why[BS_ERR_LEN];
+    snprintf(why, sizeof(why), "rank %d: rank %d failed (the coordinator excluded it)", ctx->rank,
+             gone);
+    int peers[64];
+    for (int i = 0; i < comm->size;) {
+        int n = 0;
+        for (; i < comm->size && n < 64; i++) {
+            int w = comm->ranks ? comm->ranks[i] : i;
+            if (w != ctx->rank && w != gone) peers[n++] = w;
+        }
+        for (int r = 0; r < ctx->nrails; r++)
+            rx_rail_abort(&ctx->rails[r], comm->id, seq, COH_EPEER, why, peers, n);
+    }
+}
+
 static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const char *fn)
 {
     struct coh_ctx *ctx = comm->ctx;
@@ -162,6 +184,7 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                      .recvbuf = a->recvbuf};
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
+    int gone = rx_comm_failed_member(ctx, comm);
     /* The world's ops are split by the balancer's table of their epoch
      * (rx_lb.h); sub-communicators have no sequence shared with the
      * coordinator and split evenly. */
@@ -173,6 +196,7 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
         return bs_fail(st, "%s: %s", fn, coh_last_error());
     }
     *out = req;
+    if (gone >= 0) abort_known_failed(ctx, comm, seq, gone);
     return 0;
 }
 

@@ -88,6 +88,8 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
  * failure handler that has r. */
 void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why);
 bool rx_ctx_is_failed(struct coh_ctx *ctx, int r);
+/* Any thread: the world rank of c's first failed member, or -1. */
+int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c);
 /* The probe of every link (rx_probe.c); caller's thread. */
 int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_info_t *info);
 /* Send this rank's probe results to the coordinator (any thread). */

@@ -27,6 +27,19 @@ bool rx_ctx_is_failed(struct coh_ctx *ctx, int r)
     return f;
 }
 
+int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c)
+{
+    int r = -1;
+    if (!ctx->failed) return -1;
+    uv_mutex_lock(&ctx->fail_mu);
+    for (int i = 0; ctx->nfailed && i < c->size && r < 0; i++) {
+        int w = c->ranks ? c->ranks[i] : i;
+        if (ctx->failed[w]) r = w;
+    }
+    uv_mutex_unlock(&ctx->fail_mu);
+    return r;
+}
+
 void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
 {
     if (!ctx->failed || r < 0 || r >= ctx->world || r == ctx->rank) return;

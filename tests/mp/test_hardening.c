@@ -23,6 +23,11 @@
  *                    allreduce: every rank fails with EMISMATCH naming 'mode'.
  *   coord-mismatch   rank 1 alone sets COHORT_COORDINATOR=1: every rank's
  *                    coh_init fails with EMISMATCH naming the coordinator.
+ *   known-failed     the last rank dies; once a survivor knows it failed, a
+ *                    world allreduce of its own fails at once (rank 0 first,
+ *                    the others 2 s later), though recursive doubling over 4
+ *                    ranks never pairs rank 0 with the dead one: it used to
+ *                    wait for the others' ABORTs (in CI, for its timeout).
  *   weights          extreme weights give finite, exact-enough weighted means
  *                    (they gave NaN or killed syncing for the whole job);
  *                    weights out of range are refused by the API.
@@ -201,6 +206,39 @@ static void mode_sync_hang(void)
     printf("rank %d: OK\n", R);
 }
 
+static void mode_known_failed(void)
+{
+    if (R == N - 1) {
+        usleep(100000);
+        raise(SIGKILL);
+    }
+    /* Until this rank has heard of the death (LOST, or its own links). */
+    float v[256];
+    double t0 = mp_now_s();
+    int fr[8];
+    while (coh_comm_failed_ranks(W, fr, 8) < 1) {
+        if (mp_now_s() - t0 > 10) MP_FAIL("rank %d's death was never reported", N - 1);
+        usleep(1000);
+    }
+    if (R != 0) usleep(2000000); /* rank 0 alone: nobody else aborts its op for it */
+    for (int i = 0; i < 256; i++) v[i] = (float)R;
+    coh_request_t *req;
+    t0 = mp_now_s();
+    MP_OK(coh_allreduce(W, NULL, v, 256, COH_F32, COH_SUM, &req));
+    int st = coh_wait(req, 20000);
+    double dt = mp_now_s() - t0;
+    if (st == 0) MP_FAIL("a world allreduce with a dead member succeeded");
+    char name[32];
+    snprintf(name, sizeof(name), "rank %d", N - 1);
+    if (!strstr(coh_request_error(req), name))
+        MP_FAIL("the error does not name the dead rank: %s", coh_request_error(req));
+    if (R == 0 && dt > 1.0)
+        MP_FAIL("the allreduce took %.2f s: the known failure was not used", dt);
+    printf("rank %d: allreduce after the death: %s in %.3f s\nrank %d: OK\n", R,
+           coh_status_name(st), dt, R);
+    coh_request_free(req);
+}
+
 static void mode_mode_mismatch(void)
 {
     double x[64] = {0};
@@ -305,6 +343,8 @@ int main(int argc, char **argv)
         mode_mode_mismatch();
     else if (!strcmp(m, "weights"))
         mode_weights();
+    else if (!strcmp(m, "known-failed"))
+        mode_known_failed();
     else
         MP_FAIL("unknown mode %s", m);
     fflush(stdout);
