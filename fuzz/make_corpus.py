@@ -209,6 +209,11 @@ def ctl():
                               struct.pack("<IIdd", 2, 1, 31e-6, 0.39)))
     write(t, "probe_bad_rail", ctl_msg(14, struct.pack("<II", 1, 1) +
                                        struct.pack("<IIdd", 0, 99, 20e-6, 9.5)))
+    write(t, "commit", ctl_msg(15, struct.pack("<QiI", 41, 0, 0)))
+    write(t, "commit_again", ctl_msg(15, struct.pack("<QiI", 41, -6, 0)))
+    write(t, "commit_bad_status", ctl_msg(15, struct.pack("<QiI", 41, 2, 0)))
+    write(t, "state", ctl_msg(16, struct.pack("<IIQQ", 2, 0, 40, 41)))
+    write(t, "state_short", ctl_msg(16, struct.pack("<IIQ", 2, 0, 40)))
 
 
 if __name__ == "__main__":

@@ -24,12 +24,15 @@
 typedef struct co_rank {
     rx_conn_t *conn;
     bool lost;
-    bool left;         /* said LEAVE: out of the schedule, connection kept */
-    bool has_ready;    /* a READY waits for a group */
-    bool deferred;     /* a READY arrived while its group still ran */
-    bool owe_mode;     /* ranks disagreed on the mode: its next READY is refused */
-    bool bye;          /* said BYE (finalizing): its close is not a failure */
-    uint64_t owed_gid; /* a relay plan waits for it to connect (after an election) */
+    bool left;          /* said LEAVE: out of the schedule, connection kept */
+    bool has_ready;     /* a READY waits for a group */
+    bool deferred;      /* a READY arrived while its group still ran */
+    bool owe_mode;      /* ranks disagreed on the mode: its next READY is refused */
+    bool bye;           /* said BYE (finalizing): its close is not a failure */
+    uint64_t owed_gid;  /* a relay plan waits for it to connect (after an election) */
+    bool stated;        /* sent its STATE (to this elected coordinator) */
+    uint64_t committed; /* STATE: the newest relay group it kept */
+    uint64_t awaiting;  /* STATE: the relay group whose COMMIT it waits for */
     rx_ctl_ready_t ready;
     uint64_t t_heard_ns; /* last message from it (liveness) */
     uint64_t t_ready_ns; /* when has_ready was set */
@@ -95,8 +98,9 @@ struct rx_coord {
     sc_sched_t *sched[COH_SYNC_MODE_COUNT];
     co_group_t *groups;
     uint64_t next_gid;
-    uint64_t max_seen_gid; /* the newest group any READY named (elections) */
-    double probe_alpha_s;  /* the median latency of the last probe (0: none) */
+    uint64_t max_seen_gid;  /* the newest group any READY named (elections) */
+    uint64_t max_committed; /* the newest relay group a rank kept */
+    double probe_alpha_s;   /* the median latency of the last probe (0: none) */
     uint64_t t0_ns;
     uint64_t t_ping_ns; /* last heartbeat sent */
     /* The disagreement on the mode that owe_mode ranks are told about. */
@@ -238,6 +242,56 @@ static void group_end(rx_coord_t *c, co_group_t *g)
 static void relay_phase1_end(rx_coord_t *c, co_group_t *g);
 static void relay_try_phase2(rx_coord_t *c, co_group_t *g);
 
+static void send_commit(rx_coord_t *c, int r, uint64_t gid, int status)
+{
+    co_rank_t *cr = &c->ranks[r];
+    rx_ctl_msg_t msg = {.type = RX_CTL_COMMIT};
+    msg.u.commit.group_id = gid;
+    msg.u.commit.status = status;
+    if (cr->conn && !cr->lost) rx_ctl_send(cr->conn, &msg);
+}
+
+/* The relay group's last op ended on every member: keep the result on all
+ * of them (each has it), or, if the op failed anywhere, on none: the ranks
+ * it ended well on start over beside those it failed on (who already did). */
+static void relay_commit(rx_coord_t *c, co_group_t *g)
+{
+    int st = g->status < 0 ? COH_EPEER : 0;
+    if (st)
+        bs_log(COH_LOG_INFO, "coordinator: relay group %llu failed on a member: nobody keeps it",
+               (unsigned long long)g->gid);
+    else if (g->gid > c->max_committed)
+        c->max_committed = g->gid;
+    for (int i = 0; i < g->n; i++)
+        if (g->done[i] == 1 && !(g->rst[i] & RL_OUT)) send_commit(c, g->members[i], g->gid, st);
+}
+
+/*
+ * After an election: ranks whose relay group ended well wait for a COMMIT
+ * the old coordinator may have sent to some members before it died. It
+ * sent one only once every member had the result, and relay groups do not
+ * overlap, so if any live rank kept group g or a later one, g is kept
+ * everywhere; once every live rank has said where it stands and none kept
+ * it, nobody did, and the waiting ones start over.
+ */
+static void resolve_awaiting(rx_coord_t *c)
+{
+    bool all = true;
+    for (int r = 0; r < c->world && all; r++)
+        all = c->ranks[r].lost || c->ranks[r].bye || c->ranks[r].stated;
+    for (int r = 0; r < c->world; r++) {
+        co_rank_t *cr = &c->ranks[r];
+        if (!cr->awaiting || cr->lost || (c->max_committed < cr->awaiting && !all)) continue;
+        uint64_t g = cr->awaiting;
+        bool kept = c->max_committed >= g;
+        cr->awaiting = 0;
+        if (kept) cr->committed = g;
+        bs_log(COH_LOG_INFO, "coordinator: rank %d's relay group %llu: %s", r,
+               (unsigned long long)g, kept ? "kept by a member: kept" : "kept by nobody: again");
+        send_commit(c, r, g, kept ? 0 : COH_EPEER);
+    }
+}
+
 static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double duration)
 {
     if (g->relay && g->phase == 2) {
@@ -257,7 +311,7 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
     }
     for (int i = 0; i < g->n; i++) {
         if (g->members[i] != r || g->done[i]) continue;
-        g->done[i] = 1;
+        g->done[i] = status < 0 ? 2 : 1; /* 1: ended well (relay_commit) */
         g->ndone++;
         if (duration > g->max_duration) g->max_duration = duration;
         if (status < 0 && g->status == 0) {
@@ -283,6 +337,7 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
                       one, 1);
         }
     }
+    if (g->relay && g->phase == 3) relay_commit(c, g);
     group_end(c, g);
 }
 
@@ -323,7 +378,8 @@ static void declare_lost_as(rx_coord_t *c, int r, int code, uint32_t silent_ms, 
     if (cr->conn) rx_conn_close(cr->conn, COH_EPEER, why);
     co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
     if (g) member_done(c, g, r, COH_EPEER, 0);
-    shrink_try_all(c); /* a shrink no longer waits for r */
+    shrink_try_all(c);   /* a shrink no longer waits for r */
+    resolve_awaiting(c); /* nor does the fate of a relay group */
 }
 
 static void declare_lost(rx_coord_t *c, int r, const char *why)
@@ -1165,6 +1221,21 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
     case RX_CTL_PING: break; /* heard (on_bytes) is all it says */
     case RX_CTL_SHRINK: on_shrink(c, r, &m->u.shrink); return;
     case RX_CTL_PROBE: on_probe(c, r, &m->u.probe); return;
+    case RX_CTL_STATE: {
+        const rx_ctl_state_t *st = &m->u.state;
+        if ((int)st->rank != r) {
+            declare_lost(c, r, "STATE for another rank");
+            return;
+        }
+        cr->stated = true;
+        cr->committed = st->committed;
+        cr->awaiting = st->awaiting;
+        if (st->committed > c->max_committed) c->max_committed = st->committed;
+        if (st->committed > c->max_seen_gid) c->max_seen_gid = st->committed;
+        if (st->awaiting > c->max_seen_gid) c->max_seen_gid = st->awaiting;
+        resolve_awaiting(c);
+        return;
+    }
     case RX_CTL_BYE:
         if (m->u.bye_rank != (uint32_t)r) {
             declare_lost(c, r, "BYE for another rank");
@@ -1172,6 +1243,7 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
         }
         cr->bye = true;
         take_out(c, r);
+        resolve_awaiting(c);
         break;
     case RX_CTL_RAIL:
         if (m->u.rail.rank != (uint32_t)r) {

@@ -37,6 +37,8 @@ static double get_f64(const uint8_t *p)
 #define LBTAB_LEN  16 /* + the table */
 #define RAIL_LEN   16
 #define RPLAN_LEN  64 /* + 4 per ring member and per late rank */
+#define COMMIT_LEN 16
+#define STATE_LEN  24
 
 size_t rx_ctl_size(const rx_ctl_msg_t *m)
 {
@@ -54,6 +56,8 @@ size_t rx_ctl_size(const rx_ctl_msg_t *m)
     case RX_CTL_PROBE: return RX_CTL_HDR + PROBE_LEN + 24 * (size_t)m->u.probe.n;
     case RX_CTL_LBTAB: return RX_CTL_HDR + LBTAB_LEN + (size_t)m->u.lbtab.len;
     case RX_CTL_RAIL: return RX_CTL_HDR + RAIL_LEN;
+    case RX_CTL_COMMIT: return RX_CTL_HDR + COMMIT_LEN;
+    case RX_CTL_STATE: return RX_CTL_HDR + STATE_LEN;
     case RX_CTL_RPLAN:
         return RX_CTL_HDR + RPLAN_LEN + 4 * ((size_t)m->u.rplan.nring + m->u.rplan.nlate);
     default: return 0;
@@ -171,6 +175,17 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         en_put32(p + 8, m->u.rail.peer);
         en_put32(p + 12, m->u.rail.kind);
         break;
+    case RX_CTL_COMMIT:
+        en_put64(p, m->u.commit.group_id);
+        en_put32(p + 8, (uint32_t)m->u.commit.status);
+        en_put32(p + 12, 0);
+        break;
+    case RX_CTL_STATE:
+        en_put32(p, m->u.state.rank);
+        en_put32(p + 4, 0);
+        en_put64(p + 8, m->u.state.committed);
+        en_put64(p + 16, m->u.state.awaiting);
+        break;
     case RX_CTL_RPLAN: {
         const rx_ctl_rplan_t *r = &m->u.rplan;
         en_put64(p, r->group_id);
@@ -252,6 +267,12 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         break;
     case RX_CTL_RPLAN:
         if (plen < RPLAN_LEN || (plen - RPLAN_LEN) % 4) return COH_EPROTO;
+        break;
+    case RX_CTL_COMMIT:
+        if (plen != COMMIT_LEN) return COH_EPROTO;
+        break;
+    case RX_CTL_STATE:
+        if (plen != STATE_LEN) return COH_EPROTO;
         break;
     default: return COH_EPROTO;
     }
@@ -403,6 +424,18 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
             return COH_EPROTO;
         break;
     }
+    case RX_CTL_COMMIT:
+        m->u.commit.group_id = en_get64(p);
+        m->u.commit.status = (int32_t)en_get32(p + 8);
+        if (en_get32(p + 12) != 0 || m->u.commit.status > 0 || m->u.commit.group_id == 0)
+            return COH_EPROTO;
+        break;
+    case RX_CTL_STATE:
+        m->u.state.rank = en_get32(p);
+        m->u.state.committed = en_get64(p + 8);
+        m->u.state.awaiting = en_get64(p + 16);
+        if (en_get32(p + 4) != 0) return COH_EPROTO;
+        break;
     }
     return (int)(RX_CTL_HDR + plen);
 }

@@ -38,6 +38,15 @@
  *                                 phase 1, the ring over every live rank in
  *                                 which the late ones relay; phase 2, how
  *                                 the late ranks' data is folded in
+ *   COMMIT  coordinator -> rank  "every member of relay group g has its
+ *                                 result: keep it" (status 0), or "a member
+ *                                 failed before all had it: start over"
+ *                                 (< 0). A relay op ends on every survivor
+ *                                 with the same result or on none of them
+ *   STATE   rank -> coordinator  sent to an elected coordinator on reaching
+ *                                 it: the last relay group this rank
+ *                                 committed, and the one whose COMMIT it
+ *                                 still waits for (0: none)
  *
  * Framing: a 16-byte header, then `len` payload bytes, little-endian:
  *   0 u32 magic "COHC"  4 u8 type  5 u8 flags (0)  6 u16 reserved (0)
@@ -75,6 +84,8 @@ typedef enum rx_ctl_type {
     RX_CTL_SHRINK = 12, /* u32 rank, u32 comm, u32 top comm id known, u32 n, n u32 members */
     RX_CTL_SHRUNK = 13, /* u32 comm, u32 new comm, i32 status, u32 n, n u32 world ranks */
     RX_CTL_PROBE = 14,  /* u32 rank, u32 n, n x (u32 peer, u32 rail, f64 latency s, f64 Gbps) */
+    RX_CTL_COMMIT = 15, /* coordinator -> rank: u64 group, i32 status, u32 0 */
+    RX_CTL_STATE = 16,  /* rank -> coordinator: u32 rank, u32 0, u64 committed, u64 awaiting */
 } rx_ctl_type;
 
 /* Why the coordinator took a rank for failed (LOST). */
@@ -206,6 +217,19 @@ typedef struct rx_ctl_rail {
     uint32_t kind; /* en_rail_event_kind: 1 failover, 2 return, 3 gone */
 } rx_ctl_rail_t;
 
+/* COMMIT: a relay group's last word. */
+typedef struct rx_ctl_commit {
+    uint64_t group_id;
+    int32_t status; /* 0: keep the result; < 0: start over */
+} rx_ctl_commit_t;
+
+/* STATE: where a rank stands, for an elected coordinator. */
+typedef struct rx_ctl_state {
+    uint32_t rank;
+    uint64_t committed; /* the newest relay group it kept the result of */
+    uint64_t awaiting;  /* the relay group whose COMMIT it waits for, 0: none */
+} rx_ctl_state_t;
+
 typedef struct rx_ctl_msg {
     uint8_t type;
     uint32_t comm;
@@ -227,6 +251,8 @@ typedef struct rx_ctl_msg {
         rx_ctl_rplan_t rplan;
         rx_ctl_shrink_t shrink; /* SHRINK and SHRUNK */
         rx_ctl_probe_t probe;
+        rx_ctl_commit_t commit;
+        rx_ctl_state_t state;
     } u;
 } rx_ctl_msg_t;
 

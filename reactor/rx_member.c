@@ -51,6 +51,7 @@ struct rx_member {
     uint64_t t_cand_ns;      /* the current candidate was picked */
     uint32_t coord_epoch;    /* coordinators reached so far */
     uint64_t last_gid;       /* the newest group this rank ran an op of */
+    uint64_t committed;      /* the newest relay group whose result it kept */
     uint64_t lockstep_syncs; /* relay and allreduce mode syncs (COHORT_PROBE_EVERY) */
     uv_timer_t redial;
     _Atomic bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
@@ -65,6 +66,7 @@ struct rx_member {
 
 static void on_redial(uv_timer_t *t);
 static void resend_pending(rx_member_t *m);
+static void send_state(rx_member_t *m);
 static void send_shrink(rx_member_t *m);
 
 #define SYNC_RETRIES 3
@@ -109,6 +111,21 @@ static int send_ready(rx_member_t *m, coh_request_t *req)
                                    .last_gid = m->last_gid};
     if (!m->conn || atomic_load(&m->lost)) return COH_EPEER;
     return rx_ctl_send(m->conn, &msg);
+}
+
+/* Forget the current attempt's group. The caller's buffer is untouched
+ * until a sync succeeds, so a new READY can start the op over. */
+static void reset_attempt(rx_syncreq_t *s)
+{
+    coh_free(s->members);
+    s->members = NULL;
+    s->nmembers = 0;
+    coh_free(s->relays);
+    s->relays = NULL;
+    s->nrelays = s->relayed = s->phase = s->phase2 = s->phase2_method = s->nexcluded = 0;
+    coh_free(s->tmp);
+    s->tmp = NULL;
+    s->awaiting = false;
 }
 
 /* ---- coh_sync's task on the control reactor ---- */
@@ -493,6 +510,58 @@ static void relay_complete(rx_member_t *m, coh_request_t *req, int status)
     finish(m, req, status, req->err);
 }
 
+/*
+ * The relay group's op ended well here, but the result is kept only once
+ * every member has it (COMMIT). Otherwise a rank that died in phase 2 could
+ * leave some members with its data and others retrying without it: they
+ * would compute different results, or the ones that moved on would meet
+ * the retry in one group as their next op.
+ */
+static void await_commit(rx_member_t *m, coh_request_t *req)
+{
+    rx_syncreq_t *s = req->sync;
+    s->awaiting = true;
+    if (m->electing) return; /* STATE asks the new coordinator once reached */
+    if (s->coord_epoch != m->coord_epoch) {
+        send_state(m); /* an elected coordinator: it learns of the group now */
+        return;
+    }
+    if (!m->conn) finish(m, req, COH_EPEER, "lost the coordinator before the relay group's commit");
+}
+
+static void handle_commit(rx_member_t *m, const rx_ctl_commit_t *c)
+{
+    coh_request_t *req = m->pending;
+    rx_syncreq_t *s = req ? req->sync : NULL;
+    if (!s || !s->awaiting || s->group_id != c->group_id) {
+        bs_log(COH_LOG_WARN, "rank %d: ignoring a stale commit of group %llu", m->ctx->rank,
+               (unsigned long long)c->group_id);
+        return;
+    }
+    s->awaiting = false;
+    if (c->status == 0) {
+        m->committed = c->group_id;
+        if (s->phase == 2)
+            relay_complete(m, req, 0);
+        else
+            finish(m, req, 0, NULL);
+        return;
+    }
+    bs_log(COH_LOG_INFO,
+           "rank %d: relay group %llu failed before every member had its result; "
+           "trying again",
+           m->ctx->rank, (unsigned long long)c->group_id);
+    reset_attempt(s);
+    if (s->retries_left-- <= 0) {
+        finish(m, req, c->status,
+               "a relay group failed before every member had its result, "
+               "too many times");
+        return;
+    }
+    int st = send_ready(m, req);
+    if (st < 0) finish(m, req, st, "lost the connection to the coordinator");
+}
+
 static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
 {
     struct coh_ctx *ctx = m->ctx;
@@ -524,7 +593,7 @@ static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
     }
     coh_request_t *req = m->pending;
     rx_syncreq_t *s = req ? req->sync : NULL;
-    bool want = s && s->attempt == p->attempt && !s->running &&
+    bool want = s && s->attempt == p->attempt && !s->running && !s->awaiting &&
                 (p->phase == 1 ? !s->members : s->phase == 2 || (!s->members && am_late));
     if (!want || s->count != p->count || (uint32_t)s->dtype != p->dtype ||
         (uint32_t)s->redop != p->redop || (uint32_t)s->plain != p->plain) {
@@ -606,7 +675,7 @@ static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
         coh_free(ring);
         coh_free(late);
         send_done(m, req, 0);
-        relay_complete(m, req, 0);
+        await_commit(m, req);
         return;
     }
     s->tmp = coh_aligned(s->count * es, 64);
@@ -705,8 +774,8 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
         if (!m->conn) finish(m, req, COH_EPEER, "lost the coordinator between the relay phases");
         return;
     }
-    if (status == 0 && s->phase == 2) {
-        relay_complete(m, req, 0);
+    if (status == 0 && s->mode == COH_SYNC_RELAY) {
+        await_commit(m, req); /* the last phase (2, or a final phase 1) */
         return;
     }
     if (status == COH_EPEER && s->retries_left > 0 && sent) {
@@ -715,14 +784,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
         bs_log(COH_LOG_INFO, "rank %d: group %llu lost a member (%s); trying again", m->ctx->rank,
                (unsigned long long)s->group_id, req->err);
         s->retries_left--;
-        coh_free(s->members);
-        s->members = NULL;
-        s->nmembers = 0;
-        coh_free(s->relays);
-        s->relays = NULL;
-        s->nrelays = s->relayed = s->phase = s->phase2 = s->phase2_method = s->nexcluded = 0;
-        coh_free(s->tmp);
-        s->tmp = NULL;
+        reset_attempt(s);
         req->err[0] = 0;
         atomic_store(&req->status, 0);
         atomic_store(&req->err_set, 0);
@@ -782,6 +844,7 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
     switch (msg.type) {
     case RX_CTL_PLAN: handle_plan(m, &msg.u.plan); break;
     case RX_CTL_RPLAN: handle_rplan(m, &msg.u.rplan); break;
+    case RX_CTL_COMMIT: handle_commit(m, &msg.u.commit); break;
     case RX_CTL_PING: break;
     case RX_CTL_LBTAB:
         if (rx_lb_on_table(m->ctx, &msg.u.lbtab) < 0)
@@ -909,6 +972,19 @@ bool rx_member_has_coordinator(struct coh_ctx *ctx)
     return m && m->conn && m->conn->ready && !m->electing;
 }
 
+/* To an elected coordinator: the last relay group this rank kept, and the
+ * one whose COMMIT it waits for. */
+static void send_state(rx_member_t *m)
+{
+    coh_request_t *req = m->pending;
+    rx_ctl_msg_t msg = {.type = RX_CTL_STATE};
+    msg.u.state =
+        (rx_ctl_state_t){.rank = (uint32_t)m->ctx->rank,
+                         .committed = m->committed,
+                         .awaiting = req && req->sync->awaiting ? req->sync->group_id : 0};
+    if (m->conn) rx_ctl_send(m->conn, &msg);
+}
+
 /* A sync waiting for the coordinator (its READY or phase 2 went to a
  * coordinator that failed): ask the new one. The caller's buffer is
  * untouched until a sync succeeds, so starting over is safe. */
@@ -917,15 +993,9 @@ static void resend_pending(rx_member_t *m)
     coh_request_t *req = m->pending;
     if (!req || req->sync->running) return;
     rx_syncreq_t *s = req->sync;
+    if (s->awaiting) return; /* STATE asks for its COMMIT */
     if (s->members && s->phase != 2) return;
-    coh_free(s->members);
-    s->members = NULL;
-    s->nmembers = 0;
-    coh_free(s->relays);
-    s->relays = NULL;
-    s->nrelays = s->relayed = s->phase = s->phase2 = s->phase2_method = s->nexcluded = 0;
-    coh_free(s->tmp);
-    s->tmp = NULL;
+    reset_attempt(s);
     int st = send_ready(m, req);
     if (st < 0) finish(m, req, st, "cannot reach the new coordinator");
 }
@@ -950,6 +1020,7 @@ static void on_ready(rx_conn_t *c)
                m->ctx->rank, m->coord_rank, (double)(bs_now_ns() - m->t_lost_ns) / 1e6);
         atomic_store(&m->lost, 0);
         m->coord_epoch++;
+        send_state(m);
         resend_pending(m);
         send_shrink(m);
     }
@@ -1006,7 +1077,8 @@ static void on_close(rx_conn_t *c, int status, const char *why)
     /* A sync still waiting for its plan will never get one. One whose ops
      * run ends when they do. */
     coh_request_t *req = m->pending;
-    if (req && (!req->sync->members || (req->sync->phase == 2 && !req->sync->running)))
+    if (req && (!req->sync->members || req->sync->awaiting ||
+                (req->sync->phase == 2 && !req->sync->running)))
         finish(m, req, COH_EPEER, msg);
 }
 

@@ -50,6 +50,7 @@ typedef struct rx_syncreq {
     int internal;    /* 1: a relay's own phase-1 op (no caller: relay_done ends it) */
     int phase;       /* 1: phase 1 runs; 2: phase 1 done, phase 2 awaited or running */
     bool running;    /* an op of this attempt is on the rails */
+    bool awaiting;   /* its last op ended here: kept once the COMMIT comes */
     int *relays;     /* the late ranks at the launch */
     int nrelays;
     int relayed, phase2, phase2_method, nexcluded;

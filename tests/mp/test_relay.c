@@ -22,6 +22,15 @@
  *       the survivors' next completed sync ("recovery_ms"). A stopped victim
  *       is SIGKILLed by the lowest survivor at the end. VICTIM 0 is the
  *       coordinator: the survivors elect another and go on.
+ *   test_relay agree ITERS DIR VICTIM   ITERS relay syncs of larger data (so a
+ *       phase 2 takes a few ms) whose values depend on the iteration, while
+ *       VICTIM SIGKILLs itself at a random moment, so in some runs during a
+ *       phase 2 or before its commit. Every survivor's every sync must
+ *       succeed with a result exact for the members its group names at that
+ *       same iteration; afterwards the survivors shrink the world and compare
+ *       a digest of every sync (members and result bytes): a relay op ends
+ *       with the same result on every survivor, never kept by some and
+ *       retried by others.
  *   test_relay shrink VICTIM  world allreduces until VICTIM dies (SIGKILL);
  *       the survivors shrink the world (coh_comm_shrink) and run checked
  *       collectives on the new communicator: its size and renumbering, an
@@ -195,6 +204,27 @@ static void run_allreduce(int iters)
     free(fout);
 }
 
+/* A weighted relay sync's result (weights rank + 1, data val(r, vit, j)):
+ * exact for the members its group names. */
+static void check_group(coh_request_t *req, int it, int vit, const double *x, size_t count,
+                        coh_group_info_t *g)
+{
+    MP_OK(coh_request_group(req, g));
+    double total = 0;
+    for (int i = 0; i < g->size; i++) total += g->members[i] + 1;
+    if (total != g->total_weight)
+        MP_FAIL("sync %d: total weight %g, its %d members make %g", it, g->total_weight, g->size,
+                total);
+    for (size_t j = 0; j < count; j++) {
+        double num = 0;
+        for (int i = 0; i < g->size; i++) num += (g->members[i] + 1) * val(g->members[i], vit, j);
+        if (x[j] != num / total)
+            MP_FAIL("sync %d (group of %d, relays %d, excluded %d): x[%zu] = %.17g, expected "
+                    "%.17g",
+                    it, g->size, g->nrelays, g->nexcluded, j, x[j], num / total);
+    }
+}
+
 /* ---- faults ---- */
 
 static _Atomic int fail_calls, fail_rank = -1;
@@ -288,22 +318,9 @@ static void run_fault(int victim)
             continue;
         }
         coh_group_info_t g;
-        MP_OK(coh_request_group(req, &g));
-        double total = 0;
-        for (int i = 0; i < g.size; i++) total += g.members[i] + 1;
-        if (total != g.total_weight)
-            MP_FAIL("sync %d: total weight %g, its %d members make %g", it, g.total_weight, g.size,
-                    total);
+        check_group(req, it, 0, x, COUNT, &g);
         for (int i = 0; i < g.size && known > 0 && ts > known + 0.05; i++)
             if (g.members[i] == victim) MP_FAIL("sync %d: the failed rank is still a member", it);
-        for (size_t j = 0; j < COUNT; j++) {
-            double num = 0;
-            for (int i = 0; i < g.size; i++) num += (g.members[i] + 1) * val(g.members[i], 0, j);
-            if (x[j] != num / total)
-                MP_FAIL("sync %d (group of %d, relays %d, excluded %d): x[%zu] = %.17g, "
-                        "expected %.17g",
-                        it, g.size, g.nrelays, g.nexcluded, j, x[j], num / total);
-        }
         done_at[nd++] = mono_s();
         coh_request_free(req);
     }
@@ -329,6 +346,75 @@ static void run_fault(int victim)
            R, fault_kill ? "kill" : "stop", victim, nd, failed_ops, worst * 1e3, rec);
     free(x);
     free(done_at);
+}
+
+/* ---- agreement after a death ---- */
+
+#define AGREE_COUNT 262147
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static void run_agree(int iters, int victim)
+{
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    if (victim < 0 || victim >= N) MP_FAIL("victim %d: not a rank", victim);
+    /* The victim dies around the straggler's phase 2 (it broadcasts the
+     * straggler's data) and the commit that follows: the straggler itself
+     * within 4 ms of its READY, another rank 20-30 ms after its own (the
+     * straggler is 25 ms late), at a random iteration. */
+    int die_at = R == victim ? 10 + rand() % (iters / 2) : -1;
+    useconds_t die_us = (useconds_t)(R == N - 1 ? rand() % 4000 : 20000 + rand() % 10000);
+    double *x = malloc(AGREE_COUNT * sizeof(double));
+    uint64_t *dig = calloc((size_t)iters, sizeof(uint64_t));
+    int excl = 0;
+    for (int it = 0; it < iters; it++) {
+        step(it);
+        for (size_t j = 0; j < AGREE_COUNT; j++) x[j] = val(R, it, j);
+        coh_request_t *req;
+        MP_OK(coh_sync_ex(W, x, AGREE_COUNT, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req));
+        if (it == die_at) {
+            usleep(die_us);
+            raise(SIGKILL);
+        }
+        int st = coh_wait(req, 30000);
+        if (st == COH_EAGAIN) MP_FAIL("sync %d hangs (30 s)", it);
+        if (st != 0)
+            MP_FAIL("sync %d: %s: %s (a survivor's sync must succeed)", it, coh_status_name(st),
+                    coh_request_error(req));
+        coh_group_info_t g;
+        check_group(req, it, it, x, AGREE_COUNT, &g); /* data of another iteration fail */
+        uint64_t h = fnv(1469598103934665603ull, &g.size, sizeof(g.size));
+        h = fnv(h, g.members, sizeof(int) * (size_t)g.size);
+        dig[it] = fnv(h, x, AGREE_COUNT * sizeof(double));
+        excl += g.size < N;
+        coh_request_free(req);
+    }
+    coh_comm_t *nc;
+    MP_OK(coh_comm_shrink(W, &nc));
+    int n;
+    MP_OK(coh_comm_size(nc, &n));
+    if (n != N - 1) MP_FAIL("%d survivors, expected %d", n, N - 1);
+    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)iters * (size_t)n);
+    coh_request_t *req;
+    MP_OK(coh_allgather(nc, dig, all, (size_t)iters, COH_I64, &req));
+    mp_wait(req);
+    for (int k = 0; k < n; k++)
+        for (int it = 0; it < iters; it++)
+            if (all[(size_t)k * (size_t)iters + (size_t)it] != dig[it])
+                MP_FAIL("sync %d: survivor %d of the shrunk world has another result or group", it,
+                        k);
+    MP_OK(coh_comm_free(nc));
+    printf("rank %d: OK agree: %d syncs after rank %d's death identical on %d survivors (%d "
+           "without it)\n",
+           R, iters, victim, n, excl);
+    free(all);
+    free(x);
+    free(dig);
 }
 
 /* ---- shrink ---- */
@@ -479,6 +565,11 @@ int main(int argc, char **argv)
             double pid = read_file("pid");
             if (pid > 0) kill((pid_t)pid, SIGKILL);
         }
+    } else if (!strcmp(argv[1], "agree")) {
+        if (argc < 5) MP_FAIL("usage: test_relay agree ITERS DIR VICTIM");
+        fault_kill = 1;
+        snprintf(fault_dir, sizeof(fault_dir), "%s", argv[3]);
+        run_agree(iters, atoi(argv[4]));
     } else if (!strcmp(argv[1], "probe")) {
         run_probe(ctx);
     } else if (!strcmp(argv[1], "shrink")) {
