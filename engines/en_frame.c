@@ -86,7 +86,7 @@ int en_hello_decode(const uint8_t *buf, size_t len, en_hello_t *out)
     h.via = en_get32(buf + 92);
     h.resume_off = en_get64(buf + 96);
     h.epoch = en_get64(buf + 104);
-    if ((h.flags & ~EN_HELLO_RESUME) || h.via >= 1024) return COH_EPROTO;
+    if ((h.flags & ~(EN_HELLO_RESUME | EN_HELLO_REJOIN)) || h.via >= 1024) return COH_EPROTO;
     if (h.version != EN_PROTO_VERSION) return COH_EPROTO;
     if (h.kind < EN_HELLO_DATA || h.kind > EN_HELLO_CTRL) return COH_EPROTO;
     if (h.world == 0 || h.rank >= h.world) return COH_EPROTO;

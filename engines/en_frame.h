@@ -68,7 +68,7 @@ typedef struct en_hello {
     uint32_t rail;
     uint32_t nrails;
     uint8_t token[EN_TOKEN_MAX]; /* zero padded */
-    uint32_t flags;              /* EN_HELLO_RESUME */
+    uint32_t flags;              /* EN_HELLO_RESUME, EN_HELLO_REJOIN */
     uint32_t via;                /* RESUME: the interface (rail index) the dialler left by */
     uint64_t resume_off;         /* RESUME: bytes of the peer's frames this side consumed */
     uint64_t epoch; /* RESUME: moves of the link this side has seen (stale dials lose) */
@@ -77,6 +77,9 @@ typedef struct en_hello {
 /* The connection continues an existing link on a new socket (failover, or
  * its return): each side sends again from the other's resume_off. */
 #define EN_HELLO_RESUME 1u
+/* The sender restarts a rank that failed (COHORT_REJOIN): a new incarnation
+ * takes the failed one's place, whichever side dials (docs/relay.md). */
+#define EN_HELLO_REJOIN 2u
 
 void en_hdr_encode(const en_hdr_t *h, uint8_t out[EN_HDR_SIZE]);
 /* Returns EN_HDR_SIZE when buf holds a valid header, 0 when it needs more

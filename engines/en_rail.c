@@ -48,6 +48,7 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     memcpy(&rail->local, cfg->local, sa_len(cfg->local));
     rail->failover = cfg->failover && cfg->nrails > 1 && cfg->locals;
     rail->stall_ms = cfg->stall_ms > 0 ? cfg->stall_ms : 100;
+    rail->rejoin = cfg->rejoin;
     rail->probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 500;
     rail->progress_ns = cfg->progress_ns;
     rail->observer = cfg->observer;
@@ -122,6 +123,16 @@ void en_rail_dial(en_rail_t *rail, int peer, const struct sockaddr *addr)
 {
     int e = rail->ops->tr_connect(rail, peer, addr);
     if (e < 0) set_conn_status(rail, e, "%s", coh_last_error());
+}
+
+int en_rail_wait_peer(en_rail_t *rail, int peer, uint64_t deadline_ns)
+{
+    uv_mutex_lock(&rail->mu);
+    while (!rail->peers[peer] && en_cond_wait_until(&rail->cv, &rail->mu, deadline_ns)) {
+    }
+    bool up = rail->peers[peer] != NULL;
+    uv_mutex_unlock(&rail->mu);
+    return up ? 0 : COH_ETIMEDOUT;
 }
 
 int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns)
@@ -205,7 +216,7 @@ void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h)
     h->rail = (uint32_t)rail->index;
     h->nrails = (uint32_t)rail->nrails;
     en_hello_set_token(h, rail->token);
-    h->flags = 0;
+    h->flags = rail->rejoin ? EN_HELLO_REJOIN : 0;
 }
 
 int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, char *why,
@@ -237,6 +248,15 @@ int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, cha
         }
         return 0;
     }
+    if ((h->flags & EN_HELLO_REJOIN) && incoming && r != rail->rank) {
+        /* A restarted rank dials every member of the communicator it was
+         * grown into: it takes its failed incarnation's place. */
+        if (rail->peers[r]) {
+            snprintf(why, whylen, "rank %d rejoins, but its old connection is still up", r);
+            return COH_EPROTO;
+        }
+        return 0;
+    }
     if (r == rail->rank || (incoming && r < rail->rank)) {
         snprintf(why, whylen, "rank %d may not dial rank %d", r, rail->rank);
         return COH_EPROTO;
@@ -252,6 +272,7 @@ void en_rail_conn_ready(en_rail_t *rail, en_conn_t *c)
 {
     uv_mutex_lock(&rail->mu);
     rail->peers[c->peer] = c;
+    rail->lost[c->peer] = 0; /* a rank that rejoined */
     rail->nready++;
     uv_cond_broadcast(&rail->cv);
     uv_mutex_unlock(&rail->mu);

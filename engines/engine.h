@@ -308,6 +308,7 @@ typedef struct en_rail_cfg {
      * every probe_ms it tries its own interface again. */
     bool failover;
     int stall_ms, probe_ms;
+    bool rejoin;                          /* this rank restarts a failed one: its hellos say so */
     _Atomic uint64_t *progress_ns;        /* [nrails], shared by the rank's rails: last ack seen */
     const struct sockaddr *const *locals; /* [nrails]: every interface's address, port 0 */
     en_rail_observer_t *observer;         /* NULL: events are only logged */
@@ -368,6 +369,7 @@ struct en_rail {
      * of this rail through interface j (under mu). */
     bool failover;
     int stall_ms, probe_ms;
+    bool rejoin;
     _Atomic uint64_t *progress_ns;
     struct sockaddr_storage locals[EN_MAX_RAILS];
     struct sockaddr_storage *routes;
@@ -393,6 +395,9 @@ int en_rail_open(en_rail_t *rail, uv_loop_t *loop);
 void en_rail_dial(en_rail_t *rail, int peer, const struct sockaddr *addr);
 /* Any thread. Wait until every peer is connected or the deadline passes. */
 int en_rail_wait_connected(en_rail_t *rail, uint64_t deadline_ns);
+/* Any thread but the loop's: wait until peer is connected (a rank that
+ * rejoined, coh_comm_grow); COH_ETIMEDOUT at the deadline. */
+int en_rail_wait_peer(en_rail_t *rail, int peer, uint64_t deadline_ns);
 /* Loop thread. Start an op (from en_op_new); the rail owns it until its
  * completion runs. A rail that is closing fails it with COH_ECANCELED.
  * With max_running ops running, it waits its turn (in order). */

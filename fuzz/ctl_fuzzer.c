@@ -34,7 +34,7 @@ static void check_msg(const uint8_t *buf, size_t len, int n, const rx_ctl_msg_t 
         members = ranks_of(m->u.plan.members, m->u.plan.nmembers);
         copy.u.plan.members_in = members;
     }
-    if (m->type == RX_CTL_SHRINK || m->type == RX_CTL_SHRUNK) {
+    if (m->type == RX_CTL_SHRINK || m->type == RX_CTL_GROW || m->type == RX_CTL_SHRUNK) {
         FUZZ_CHECK(m->u.shrink.ranks + 4 * (size_t)m->u.shrink.n == buf + n);
         members = ranks_of(m->u.shrink.ranks, m->u.shrink.n);
         copy.u.shrink.ranks_in = members;

@@ -213,6 +213,8 @@ def ctl():
     write(t, "commit_again", ctl_msg(15, struct.pack("<QiI", 41, -6, 0)))
     write(t, "commit_bad_status", ctl_msg(15, struct.pack("<QiI", 41, 2, 0)))
     write(t, "state", ctl_msg(16, struct.pack("<IIQQ", 2, 0, 40, 41)))
+    write(t, "grow", ctl_msg(17, struct.pack("<IIII", 1, 3, 3, 2) + struct.pack("<2I", 0, 1)))
+    write(t, "grow_rejoin", ctl_msg(17, struct.pack("<IIII", 2, 0, 0, 0)))
     write(t, "state_short", ctl_msg(16, struct.pack("<IIQ", 2, 0, 40)))
 
 

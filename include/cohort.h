@@ -161,6 +161,8 @@ typedef struct coh_config {
                                many syncs every rank runs coh_probe first (AdapCC: 500; default
                                0 = only on demand: see docs/relay.md) */
     size_t probe_bytes;     /* COHORT_PROBE_BYTES: the bandwidth transfer of a probe (1 MiB) */
+    int rejoin;             /* COHORT_REJOIN: this process restarts a rank that failed; it
+                               rejoins the running job through coh_comm_grow (0) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -229,6 +231,23 @@ COH_API int coh_comm_failed_ranks(const coh_comm_t *comm, int *ranks, int cap);
  * context frees what is left at finalize).
  */
 COH_API int coh_comm_shrink(coh_comm_t *comm, coh_comm_t **newcomm);
+/*
+ * Grow: a new communicator of comm's live ranks and the ranks that failed
+ * and came back, in world-rank order. A failed rank comes back by starting
+ * a new process with the same rank, world size, job token and store and
+ * COHORT_REJOIN=1 (the store, on rank 0, must still be up); its coh_init
+ * finds the coordinator, and it then calls coh_comm_grow on its world. The
+ * live ranks of comm all call it (a grow point); every restarted rank that
+ * has asked by the time the last of them does is taken in, and the others
+ * wait for the next grow. With none, it returns comm's live ranks again.
+ * Everyone gets the same communicator, connected on every rail. The
+ * communicators made before, the world included, hold the failed
+ * incarnation: collectives on them fail naming the rank. Bounded by twice
+ * COHORT_TIMEOUT_MS, like shrink. Not taken back: the rank cannot be
+ * elected coordinator (the others have its old control address), and rail
+ * failover to it is off (its old routes).
+ */
+COH_API int coh_comm_grow(coh_comm_t *comm, coh_comm_t **newcomm);
 COH_API int coh_comm_free(coh_comm_t *comm); /* COH_EINVAL for the world */
 
 /*

@@ -184,7 +184,27 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                      .recvbuf = a->recvbuf};
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
-    int gone = rx_comm_failed_member(ctx, comm);
+    bool stale;
+    int gone = rx_comm_failed_member(ctx, comm, &stale);
+    if (gone >= 0 && stale) {
+        /* comm holds a failed incarnation of a rank that rejoined (or this
+         * rank is the new one): nothing to run, on any member. */
+        char why[BS_ERR_LEN];
+        if (gone == ctx->rank)
+            snprintf(why, sizeof(why),
+                     "this rank rejoined the job after communicator %u was made: use the one "
+                     "coh_comm_grow made",
+                     comm->id);
+        else
+            snprintf(why, sizeof(why),
+                     "rank %d failed and rejoined after communicator %u was made: use the one "
+                     "coh_comm_grow made",
+                     gone, comm->id);
+        rx_request_set_error(req, COH_EPEER, why);
+        rx_request_complete(req);
+        *out = req;
+        return 0;
+    }
     /* The world's ops are split by the balancer's table of their epoch
      * (rx_lb.h); sub-communicators have no sequence shared with the
      * coordinator and split evenly. */

@@ -103,7 +103,10 @@ typedef enum rx_knob_kind {
       "in relay and allreduce sync modes, every this many syncs all ranks run an alpha-beta "      \
       "probe of every link first (coh_probe; AdapCC: 500); 0: only on demand")                     \
     X(probe_bytes, RX_K_SIZE, "1M", "COHORT_PROBE_BYTES", 4096, 1ull << 30,                        \
-      "bytes of a probe's bandwidth transfer, each way")
+      "bytes of a probe's bandwidth transfer, each way")                                           \
+    X(rejoin, RX_K_INT, "0", "COHORT_REJOIN", 0, 1,                                                \
+      "1: this process restarts a rank that failed (same rank, world, token and store); "          \
+      "coh_init rejoins the running job and coh_comm_grow adds it back (docs/relay.md)")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

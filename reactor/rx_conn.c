@@ -113,7 +113,8 @@ static int send_hello(rx_conn_t *c)
                     .kind = c->proto->hello_kind,
                     .rank = (uint32_t)c->rank,
                     .world = (uint32_t)c->world,
-                    .rail = c->listener ? c->listener->hello_rail : 0};
+                    .rail = c->listener ? c->listener->hello_rail : 0,
+                    .flags = c->hello_flags};
     en_hello_set_token(&h, c->token);
     uint8_t b[EN_HELLO_SIZE];
     en_hello_encode(&h, b);
@@ -179,6 +180,7 @@ static void on_hello(rx_conn_t *c)
     }
     uv_timer_stop(&c->hs_timer);
     c->peer = (int)h.rank;
+    c->peer_flags = h.flags;
     c->ready = true;
     if (c->listener) c->listener->pending--;
     if (c->proto->on_ready) c->proto->on_ready(c);

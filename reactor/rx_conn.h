@@ -65,6 +65,8 @@ struct rx_conn {
                        with connected false means nobody listens there) */
     const char *token;
     int rank, world;
+    uint32_t hello_flags; /* sent in this side's hello (set before it goes) */
+    uint32_t peer_flags;  /* the peer's hello's flags */
     uint8_t hello[EN_HELLO_SIZE];
     size_t hello_got;
     uint8_t *buf;

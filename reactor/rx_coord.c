@@ -33,6 +33,8 @@ typedef struct co_rank {
     bool stated;        /* sent its STATE (to this elected coordinator) */
     uint64_t committed; /* STATE: the newest relay group it kept */
     uint64_t awaiting;  /* STATE: the relay group whose COMMIT it waits for */
+    bool joining;       /* restarted after it failed (COHORT_REJOIN): out until a grow takes it */
+    bool join_asked;    /* joining, and it asked to grow */
     rx_ctl_ready_t ready;
     uint64_t t_heard_ns; /* last message from it (liveness) */
     uint64_t t_ready_ns; /* when has_ready was set */
@@ -76,6 +78,7 @@ enum {
 /* A coh_comm_shrink in progress: comm's members, and who asked so far. */
 typedef struct co_shrink {
     struct co_shrink *next;
+    bool grow; /* coh_comm_grow: the ranks that rejoined and asked come in too */
     uint32_t comm;
     int n;
     int *ranks;
@@ -831,21 +834,47 @@ static void shrink_try(rx_coord_t *c, co_shrink_t *k)
     co_shrink_t **pp = &c->shrinks;
     while (*pp != k) pp = &(*pp)->next;
     *pp = k->next;
-    uint32_t *surv = coh_malloc(sizeof(uint32_t) * (size_t)k->n);
+    uint32_t *surv = coh_malloc(sizeof(uint32_t) * (size_t)c->world);
     int ns = 0;
     for (int i = 0; surv && i < k->n; i++)
         if (k->asked[i] && !c->ranks[k->ranks[i]].lost) surv[ns++] = (uint32_t)k->ranks[i];
+    int nold = ns;
+    for (int r = 0; surv && k->grow && r < c->world; r++) {
+        /* Restarted ranks that asked come in, in world-rank order. */
+        co_rank_t *cr = &c->ranks[r];
+        bool in = false;
+        for (int i = 0; i < nold; i++) in |= surv[i] == (uint32_t)r;
+        if (!cr->joining || !cr->join_asked || cr->lost || !cr->conn || in) continue;
+        int at = ns++;
+        while (at > 0 && surv[at - 1] > (uint32_t)r) {
+            surv[at] = surv[at - 1];
+            at--;
+        }
+        surv[at] = (uint32_t)r;
+    }
     rx_ctl_msg_t msg = {.type = RX_CTL_SHRUNK};
     msg.u.shrink = (rx_ctl_shrink_t){.comm = k->comm,
                                      .newcomm = ++c->next_comm,
                                      .status = surv ? 0 : COH_ENOMEM,
                                      .n = surv ? (uint32_t)ns : 0,
                                      .ranks_in = surv};
-    bs_log(COH_LOG_INFO, "coordinator: communicator %u shrunk to %u (%d of %d ranks)", k->comm,
-           msg.u.shrink.newcomm, ns, k->n);
+    bs_log(COH_LOG_INFO, "coordinator: communicator %u %s to %u (%d ranks, %d before)", k->comm,
+           k->grow ? "grown" : "shrunk", msg.u.shrink.newcomm, ns, k->n);
     for (int i = 0; i < k->n; i++) {
         co_rank_t *cr = &c->ranks[k->ranks[i]];
         if (k->asked[i] && !cr->lost && cr->conn) rx_ctl_send(cr->conn, &msg);
+    }
+    for (int i = 0; surv && i < ns; i++) {
+        int r = (int)surv[i];
+        co_rank_t *cr = &c->ranks[r];
+        if (!cr->joining) continue;
+        /* Back in the schedule: it syncs with the others from now on. */
+        rx_ctl_send(cr->conn, &msg);
+        cr->joining = cr->join_asked = false;
+        cr->left = false;
+        active_add(c, 1);
+        for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
+            if (c->sched[md]) sc_sched_on_worker_back(c->sched[md], r, now_s(c));
     }
     coh_free(surv);
     shrink_free(k);
@@ -866,9 +895,19 @@ static void shrink_refuse(rx_coord_t *c, int r, uint32_t comm, int status)
     if (c->ranks[r].conn) rx_ctl_send(c->ranks[r].conn, &msg);
 }
 
-static void on_shrink(rx_coord_t *c, int r, const rx_ctl_shrink_t *m)
+static void on_shrink(rx_coord_t *c, int r, const rx_ctl_shrink_t *m, bool grow)
 {
     int n = (int)m->n, me = -1;
+    if (grow && n == 0 && m->rank == (uint32_t)r) {
+        /* A restarted rank: it joins the next grow to complete. */
+        if (!c->ranks[r].joining) {
+            shrink_refuse(c, r, m->comm, COH_EINVAL);
+            return;
+        }
+        c->ranks[r].join_asked = true;
+        if (m->top >= c->next_comm) c->next_comm = m->top;
+        return;
+    }
     if (m->rank != (uint32_t)r || n < 1 || n > c->world) {
         declare_lost(c, r, "malformed SHRINK");
         return;
@@ -898,7 +937,8 @@ static void on_shrink(rx_coord_t *c, int r, const rx_ctl_shrink_t *m)
     if (m->top >= c->next_comm) c->next_comm = m->top;
     co_shrink_t *k = c->shrinks;
     while (k && k->comm != m->comm) k = k->next;
-    if (k && (k->n != n || memcmp(k->ranks, ranks, sizeof(int) * (size_t)n) != 0)) {
+    if (k &&
+        (k->grow != grow || k->n != n || memcmp(k->ranks, ranks, sizeof(int) * (size_t)n) != 0)) {
         coh_free(ranks);
         shrink_refuse(c, r, m->comm, COH_EMISMATCH);
         return;
@@ -913,8 +953,12 @@ static void on_shrink(rx_coord_t *c, int r, const rx_ctl_shrink_t *m)
             shrink_refuse(c, r, m->comm, COH_ENOMEM);
             return;
         }
-        *k = (co_shrink_t){
-            .next = c->shrinks, .comm = m->comm, .n = n, .ranks = ranks, .asked = asked};
+        *k = (co_shrink_t){.next = c->shrinks,
+                           .grow = grow,
+                           .comm = m->comm,
+                           .n = n,
+                           .ranks = ranks,
+                           .asked = asked};
         c->shrinks = k;
     } else {
         coh_free(ranks);
@@ -1136,6 +1180,11 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
             return;
         }
         cr->ready = *rd;
+        if (cr->joining) {
+            /* Restarted, not grown into a communicator yet: no syncs. */
+            refuse_rank(c, r, COH_EPEER, RX_CTL_WHY_OUT, NULL, 0);
+            return;
+        }
         if (rd->last_gid > c->max_seen_gid) c->max_seen_gid = rd->last_gid;
         check_mode(c, r, rd->mode);
         if (rd->plain) {
@@ -1143,7 +1192,7 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
              * failed takes part, whether or not it left the sync schedule. */
             for (int k = 0; k < c->world; k++) {
                 co_rank_t *o = &c->ranks[k];
-                if (k == r || !o->left || o->lost || o->bye || !o->conn) continue;
+                if (k == r || !o->left || o->lost || o->bye || !o->conn || o->joining) continue;
                 o->left = false;
                 active_add(c, 1);
                 for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
@@ -1219,7 +1268,8 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
         take_out(c, r);
         break;
     case RX_CTL_PING: break; /* heard (on_bytes) is all it says */
-    case RX_CTL_SHRINK: on_shrink(c, r, &m->u.shrink); return;
+    case RX_CTL_SHRINK: on_shrink(c, r, &m->u.shrink, false); return;
+    case RX_CTL_GROW: on_shrink(c, r, &m->u.shrink, true); return;
     case RX_CTL_PROBE: on_probe(c, r, &m->u.probe); return;
     case RX_CTL_STATE: {
         const rx_ctl_state_t *st = &m->u.state;
@@ -1272,10 +1322,12 @@ static void on_ready(rx_conn_t *conn)
 {
     rx_coord_t *c = conn->owner;
     int peer = conn->peer;
+    bool rejoin = (conn->peer_flags & EN_HELLO_REJOIN) != 0;
     if (c->dormant) {
         /* A member elected this rank. Only if this rank has lost the
-         * coordinator too: otherwise that member is the one cut off. */
-        if (rx_member_has_coordinator(c->ctx)) {
+         * coordinator too: otherwise that member is the one cut off. A
+         * restarted rank looking for the coordinator is told no either. */
+        if (rejoin || rx_member_has_coordinator(c->ctx)) {
             /* BYE first: the member asks again shortly, rather than taking
              * this rank for failed. */
             rx_ctl_msg_t bye = {.type = RX_CTL_BYE};
@@ -1286,8 +1338,20 @@ static void on_ready(rx_conn_t *conn)
         }
         rx_coord_activate(c, -1);
     }
-    if (peer < 0 || peer >= c->world || c->ranks[peer].conn || c->ranks[peer].lost) {
-        rx_conn_close(conn, COH_EPROTO, "duplicate or unknown rank");
+    if (rejoin && peer >= 0 && peer < c->world && c->ranks[peer].lost && !c->ranks[peer].conn) {
+        /* A failed rank restarted: a new incarnation, out of the schedule
+         * until a coh_comm_grow takes it in (the old one's state goes). */
+        co_rank_t *cr = &c->ranks[peer];
+        *cr = (co_rank_t){.joining = true, .left = true};
+        bs_log(COH_LOG_WARN, "coordinator: rank %d restarted and rejoins", peer);
+        cr->conn = conn;
+        cr->t_heard_ns = bs_now_ns();
+        return;
+    }
+    if (peer < 0 || peer >= c->world || c->ranks[peer].conn || c->ranks[peer].lost || rejoin) {
+        rx_conn_close(conn, COH_EPROTO,
+                      rejoin ? "a rank that has not failed cannot rejoin"
+                             : "duplicate or unknown rank");
         return;
     }
     c->ranks[peer].conn = conn;

@@ -52,6 +52,7 @@ size_t rx_ctl_size(const rx_ctl_msg_t *m)
     case RX_CTL_LOST: return RX_CTL_HDR + LOST_LEN;
     case RX_CTL_BYE: return RX_CTL_HDR + BYE_LEN;
     case RX_CTL_SHRINK:
+    case RX_CTL_GROW:
     case RX_CTL_SHRUNK: return RX_CTL_HDR + SHRINK_LEN + 4 * (size_t)m->u.shrink.n;
     case RX_CTL_PROBE: return RX_CTL_HDR + PROBE_LEN + 24 * (size_t)m->u.probe.n;
     case RX_CTL_LBTAB: return RX_CTL_HDR + LBTAB_LEN + (size_t)m->u.lbtab.len;
@@ -140,9 +141,10 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         break;
     case RX_CTL_BYE: en_put32(p, m->u.bye_rank); break;
     case RX_CTL_SHRINK:
+    case RX_CTL_GROW:
     case RX_CTL_SHRUNK: {
         const rx_ctl_shrink_t *k = &m->u.shrink;
-        bool req = m->type == RX_CTL_SHRINK;
+        bool req = m->type != RX_CTL_SHRUNK;
         en_put32(p, req ? k->rank : k->comm);
         en_put32(p + 4, req ? k->comm : k->newcomm);
         en_put32(p + 8, req ? k->top : (uint32_t)k->status);
@@ -253,6 +255,7 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         if (plen != BYE_LEN) return COH_EPROTO;
         break;
     case RX_CTL_SHRINK:
+    case RX_CTL_GROW:
     case RX_CTL_SHRUNK:
         if (plen < SHRINK_LEN || (plen - SHRINK_LEN) % 4) return COH_EPROTO;
         break;
@@ -353,9 +356,10 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         break;
     case RX_CTL_BYE: m->u.bye_rank = en_get32(p); break;
     case RX_CTL_SHRINK:
+    case RX_CTL_GROW:
     case RX_CTL_SHRUNK: {
         rx_ctl_shrink_t *sk = &m->u.shrink;
-        bool req = type == RX_CTL_SHRINK;
+        bool req = type != RX_CTL_SHRUNK;
         uint32_t a = en_get32(p), b = en_get32(p + 4), c = en_get32(p + 8);
         if (req) {
             sk->rank = a;

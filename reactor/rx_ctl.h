@@ -26,6 +26,10 @@
  *                                 (coh_comm_shrink; carries comm's members)
  *   SHRUNK  coordinator -> rank  "here it is": its id and ranks, once every
  *                                 live member asked
+ *   GROW    rank -> coordinator  "make a communicator of comm's live ranks and
+ *                                 the ranks that rejoined" (coh_comm_grow; a
+ *                                 rank that rejoined sends it with no members;
+ *                                 the answer is a SHRUNK)
  *   PROBE   rank -> coordinator  "what I measured of my links" (coh_probe:
  *                                 latency and rate per peer and rail)
  *   LBTAB   coordinator -> rank  "the rail balancer's table for epoch e" (the
@@ -86,6 +90,7 @@ typedef enum rx_ctl_type {
     RX_CTL_PROBE = 14,  /* u32 rank, u32 n, n x (u32 peer, u32 rail, f64 latency s, f64 Gbps) */
     RX_CTL_COMMIT = 15, /* coordinator -> rank: u64 group, i32 status, u32 0 */
     RX_CTL_STATE = 16,  /* rank -> coordinator: u32 rank, u32 0, u64 committed, u64 awaiting */
+    RX_CTL_GROW = 17,   /* as SHRINK; n 0: from a rank that rejoined (it knows no members) */
 } rx_ctl_type;
 
 /* Why the coordinator took a rank for failed (LOST). */
@@ -159,7 +164,7 @@ typedef struct rx_ctl_rplan {
     const uint32_t *ring_in, *late_in; /* (encode) */
 } rx_ctl_rplan_t;
 
-/* SHRINK and SHRUNK: a communicator's ranks (world ranks, in its order). */
+/* SHRINK, GROW and SHRUNK: a communicator's ranks (world ranks, in its order). */
 typedef struct rx_ctl_shrink {
     uint32_t rank;    /* SHRINK: the sender */
     uint32_t comm;    /* the communicator shrunk */
@@ -249,7 +254,7 @@ typedef struct rx_ctl_msg {
         rx_ctl_lbtab_t lbtab;
         rx_ctl_rail_t rail;
         rx_ctl_rplan_t rplan;
-        rx_ctl_shrink_t shrink; /* SHRINK and SHRUNK */
+        rx_ctl_shrink_t shrink; /* SHRINK, GROW and SHRUNK */
         rx_ctl_probe_t probe;
         rx_ctl_commit_t commit;
         rx_ctl_state_t state;

@@ -296,6 +296,23 @@ static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
     return 0;
 }
 
+/* An address in the store under key, and back. */
+static int store_put_addr(rx_store_client_t *sc, const char *key, const struct sockaddr *a,
+                          uint64_t deadline)
+{
+    char val[128];
+    rx_format_addr(a, val, sizeof(val));
+    return rx_store_set(sc, key, val, strlen(val), deadline);
+}
+
+static int store_get_addr(rx_store_client_t *sc, const char *key, struct sockaddr_storage *out,
+                          uint64_t deadline)
+{
+    char val[128] = "";
+    BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, NULL, left_ms(deadline), deadline));
+    return rx_resolve_hostport(val, out);
+}
+
 /* Failover: a link of rail r may move to interface j, where the peer's rail
  * r listens too (on every address): give every rail every peer's routes. */
 static int set_routes(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
@@ -367,14 +384,11 @@ static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
      * should the survivors have to elect it. */
     struct sockaddr_storage a;
     rx_coord_addr(ctx->coord, &a);
-    rx_format_addr((struct sockaddr *)&a, val, sizeof(val));
     snprintf(key, sizeof(key), "ctrl/%d", ctx->rank);
-    BS_CHECK(rx_store_set(sc, key, val, strlen(val), deadline));
+    BS_CHECK(store_put_addr(sc, key, (struct sockaddr *)&a, deadline));
     for (int peer = 0; peer < ctx->world; peer++) {
         snprintf(key, sizeof(key), "ctrl/%d", peer);
-        memset(val, 0, sizeof(val));
-        BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, NULL, left_ms(deadline), deadline));
-        BS_CHECK(rx_resolve_hostport(val, &ctx->ctrl_addrs[peer]));
+        BS_CHECK(store_get_addr(sc, key, &ctx->ctrl_addrs[peer], deadline));
     }
     ctx->coord_addr = ctx->ctrl_addrs[ctx->cfg.coordinator];
     return 0;
@@ -394,6 +408,41 @@ static int store_barrier(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t de
     return rx_store_get(sc, "go", val, sizeof(val), NULL, left_ms(deadline), deadline);
 }
 
+/*
+ * COHORT_REJOIN: this process restarts a rank that failed, while the job
+ * runs: no agreement and no barrier (the others are busy training). It
+ * publishes this incarnation's addresses, learns every rank's and finds the
+ * coordinator; its data links come at coh_comm_grow.
+ */
+static int rejoin_addrs(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
+{
+    char key[64];
+    int nr = ctx->nrails;
+    ctx->rejoin_addrs =
+        coh_calloc((size_t)ctx->world * (size_t)nr, sizeof(struct sockaddr_storage));
+    if (!ctx->rejoin_addrs) return bs_fail(COH_ENOMEM, "out of memory");
+    for (int r = 0; r < nr; r++) {
+        snprintf(key, sizeof(key), "addr/%d/%d", r, ctx->rank);
+        BS_CHECK(store_put_addr(sc, key, (struct sockaddr *)&ctx->rails[r].en.bound, deadline));
+    }
+    struct sockaddr_storage a;
+    rx_coord_addr(ctx->coord, &a);
+    snprintf(key, sizeof(key), "ctrl/%d", ctx->rank);
+    BS_CHECK(store_put_addr(sc, key, (struct sockaddr *)&a, deadline));
+    for (int peer = 0; peer < ctx->world; peer++) {
+        if (peer == ctx->rank) continue;
+        for (int r = 0; r < nr; r++) {
+            snprintf(key, sizeof(key), "addr/%d/%d", r, peer);
+            BS_CHECK(store_get_addr(sc, key, &ctx->rejoin_addrs[peer * nr + r], deadline));
+        }
+        snprintf(key, sizeof(key), "ctrl/%d", peer);
+        BS_CHECK(store_get_addr(sc, key, &ctx->ctrl_addrs[peer], deadline));
+    }
+    if (nr > 1) BS_CHECK(set_routes(ctx, sc, deadline));
+    ctx->coord_addr = ctx->ctrl_addrs[ctx->cfg.coordinator];
+    return 0;
+}
+
 /* The bootstrap of a world > 1, after the rails and the coordinator started. */
 static int bootstrap(struct coh_ctx *ctx, uint64_t deadline)
 {
@@ -402,10 +451,10 @@ static int bootstrap(struct coh_ctx *ctx, uint64_t deadline)
     BS_CHECK(rx_resolve_hostport(ctx->store_s, &store_addr));
     BS_CHECK(rx_store_connect(&sc, (struct sockaddr *)&store_addr, ctx->token_s, ctx->rank,
                               ctx->world, ctx->incarnation, deadline));
-    int st = connect_mesh(ctx, &sc, deadline);
+    int st = ctx->cfg.rejoin ? rejoin_addrs(ctx, &sc, deadline) : connect_mesh(ctx, &sc, deadline);
     if (st == 0) st = rx_member_start(ctx);
     if (st == 0) st = rx_member_wait_ready(ctx, deadline);
-    if (st == 0) st = store_barrier(ctx, &sc, deadline);
+    if (st == 0 && !ctx->cfg.rejoin) st = store_barrier(ctx, &sc, deadline);
     rx_store_close(&sc);
     return st;
 }
@@ -444,6 +493,8 @@ static void ctx_fini(struct coh_ctx *ctx)
     coh_free(ctx->sched_s);
     rx_ctx_free_comms(ctx);
     coh_free(ctx->failed);
+    coh_free(ctx->back);
+    coh_free(ctx->rejoin_addrs);
     coh_free(ctx->ctrl_addrs);
     uv_mutex_destroy(&ctx->fail_mu);
     coh_free(ctx);
@@ -490,6 +541,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->world = cfg_in->world_size;
     uv_mutex_init(&ctx->fail_mu);
     ctx->failed = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
+    ctx->back = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(uint32_t));
     ctx->ctrl_addrs =
         coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(struct sockaddr_storage));
     ctx->world_comm.ctx = ctx;
@@ -500,7 +552,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     int st = 0;
     uint64_t deadline = bs_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
     if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s) ||
-        !ctx->failed || !ctx->ctrl_addrs) {
+        !ctx->failed || !ctx->back || !ctx->ctrl_addrs) {
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
@@ -525,6 +577,11 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         BS_CHECK_GOTO(rx_reactor_start(&ctx->ctrl, "cohort-ctrl", ctrl_on_stop, ctx), st, fail);
         ctx->ctrl_started = true;
         BS_CHECK_GOTO(next_incarnation(ctx, &ctx->incarnation), st, fail);
+        if (ctx->rank == 0 && ctx->cfg.rejoin) {
+            st = bs_fail(COH_EINVAL, "rank 0 cannot rejoin (COHORT_REJOIN): the job's store "
+                                     "ran in its process and is gone");
+            goto fail;
+        }
         if (ctx->rank == 0) {
             int fd;
             BS_CHECK_GOTO(store_fd_pick(ctx, &fd), st, fail);
@@ -550,6 +607,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                             .failover = ctx->cfg.rail_failover != 0,
                             .stall_ms = ctx->cfg.rail_stall_ms,
                             .probe_ms = ctx->cfg.rail_probe_ms,
+                            .rejoin = ctx->cfg.rejoin != 0,
                             .progress_ns = ctx->rail_progress,
                             .locals = ctx->rail_locals,
                             .observer = rx_lb_observer(ctx)};

@@ -54,8 +54,14 @@ struct coh_ctx {
     uv_mutex_t fail_mu;
     uint8_t *failed; /* world entries */
     int nfailed;
-    coh_comm_t *comms; /* world_comm, then communicators made from it */
-    uint32_t probe_no; /* coh_probe calls (every rank the same) */
+    /* Ranks that failed and rejoined (coh_comm_grow): the id of the
+     * communicator that took each back. Communicators older than that hold
+     * its failed incarnation. World entries, 0: none. */
+    uint32_t *back;
+    int nback;
+    struct sockaddr_storage *rejoin_addrs; /* COHORT_REJOIN: [peer * nrails + rail] */
+    coh_comm_t *comms;                     /* world_comm, then communicators made from it */
+    uint32_t probe_no;                     /* coh_probe calls (every rank the same) */
     _Atomic uint64_t n_probes;
     char describe[1024];
 };
@@ -88,8 +94,12 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
  * failure handler that has r. */
 void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why);
 bool rx_ctx_is_failed(struct coh_ctx *ctx, int r);
-/* Any thread: the world rank of c's first failed member, or -1. */
-int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c);
+/* Not failed, and its control address is known: a rank that rejoined
+ * listens elsewhere now, which only it (and ranks that rejoined) read. */
+bool rx_ctx_electable(struct coh_ctx *ctx, int r);
+/* Any thread: the world rank of c's first failed member, or -1; *stale:
+ * it failed and rejoined since c was made (c holds its old incarnation). */
+int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c, bool *stale);
 /* The probe of every link (rx_probe.c); caller's thread. */
 int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_info_t *info);
 /* Send this rank's probe results to the coordinator (any thread). */

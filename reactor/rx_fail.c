@@ -2,7 +2,8 @@
  * Failed ranks: which world ranks the coordinator excluded for good (died,
  * hung, missed T_fault), as this rank heard it, and the applications'
  * failure handlers. Written from the control reactor, read by any thread.
- * And the communicators made of the survivors (coh_comm_shrink).
+ * And the communicators made of the survivors (coh_comm_shrink) and of
+ * them and the ranks that rejoined (coh_comm_grow).
  */
 #include <stdio.h>
 #include <string.h>
@@ -27,17 +28,49 @@ bool rx_ctx_is_failed(struct coh_ctx *ctx, int r)
     return f;
 }
 
-int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c)
+bool rx_ctx_electable(struct coh_ctx *ctx, int r)
+{
+    if (!ctx->failed || r < 0 || r >= ctx->world) return false;
+    uv_mutex_lock(&ctx->fail_mu);
+    bool ok = !ctx->failed[r] && (r == ctx->rank || !ctx->back[r] || ctx->cfg.rejoin);
+    uv_mutex_unlock(&ctx->fail_mu);
+    return ok;
+}
+
+int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c, bool *stale)
 {
     int r = -1;
+    *stale = false;
     if (!ctx->failed) return -1;
     uv_mutex_lock(&ctx->fail_mu);
-    for (int i = 0; ctx->nfailed && i < c->size && r < 0; i++) {
+    if (ctx->back && ctx->back[ctx->rank] > c->id) { /* this rank rejoined after c was made */
+        r = ctx->rank;
+        *stale = true;
+    }
+    for (int i = 0; (ctx->nfailed || ctx->nback) && i < c->size && r < 0; i++) {
         int w = c->ranks ? c->ranks[i] : i;
         if (ctx->failed[w]) r = w;
+        if (r < 0 && ctx->back && ctx->back[w] > c->id) {
+            r = w;
+            *stale = true;
+        }
     }
     uv_mutex_unlock(&ctx->fail_mu);
     return r;
+}
+
+/* World rank r is back (it rejoined): communicator `comm` and later ones
+ * hold it; older ones hold its failed incarnation. */
+static void rank_back(struct coh_ctx *ctx, int r, uint32_t comm)
+{
+    uv_mutex_lock(&ctx->fail_mu);
+    if (ctx->failed[r]) {
+        ctx->failed[r] = 0;
+        ctx->nfailed--;
+    }
+    if (!ctx->back[r]) ctx->nback++;
+    ctx->back[r] = comm;
+    uv_mutex_unlock(&ctx->fail_mu);
 }
 
 void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
@@ -101,39 +134,87 @@ COH_API int coh_comm_failed_ranks(const coh_comm_t *comm, int *ranks, int cap)
     return n;
 }
 
-COH_API int coh_comm_shrink(coh_comm_t *comm, coh_comm_t **out)
+/*
+ * After a grow: every member of the new communicator is connected to every
+ * other on every rail. A rank that rejoined dials the members (its hello
+ * says REJOIN, so their rails take it in place of its failed incarnation);
+ * the others wait for its connections and count it back.
+ */
+static int grow_links(struct coh_ctx *ctx, const int *ranks, int n, uint32_t id)
 {
-    if (!comm || !comm->ctx || !out) return bs_fail(COH_EINVAL, "coh_comm_shrink: NULL argument");
+    uint64_t deadline = bs_now_ns() + 2ull * (uint64_t)ctx->cfg.timeout_ms * 1000000ull;
+    bool joiner = ctx->cfg.rejoin && ctx->rejoin_addrs;
+    if (joiner) {
+        /* What this rank learns here: who is gone, who is back. */
+        for (int w = 0; w < ctx->world; w++) {
+            bool in = false;
+            for (int i = 0; i < n; i++) in |= ranks[i] == w;
+            if (!in) rx_ctx_rank_failed(ctx, w, "not in the communicator this rank rejoined");
+        }
+        for (int i = 0; i < n; i++) {
+            if (ranks[i] == ctx->rank) continue;
+            for (int r = 0; r < ctx->nrails; r++)
+                if (!en_rail_peer_lost(&ctx->rails[r].en, ranks[i]))
+                    BS_CHECK(rx_rail_dial(
+                        &ctx->rails[r], ranks[i],
+                        (struct sockaddr *)&ctx->rejoin_addrs[ranks[i] * ctx->nrails + r]));
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        int w = ranks[i];
+        if (w == ctx->rank || (!joiner && !rx_ctx_is_failed(ctx, w))) continue;
+        for (int r = 0; r < ctx->nrails; r++)
+            if (en_rail_wait_peer(&ctx->rails[r].en, w, deadline) < 0)
+                return bs_fail(COH_ETIMEDOUT,
+                               "coh_comm_grow: rank %d did not connect on rail %d within twice "
+                               "COHORT_TIMEOUT_MS",
+                               w, r);
+    }
+    /* The world (and, on the others, any communicator made before) holds
+     * the failed incarnation: ops on it fail, naming the rank. */
+    for (int i = 0; i < n; i++)
+        if (joiner || rx_ctx_is_failed(ctx, ranks[i])) rank_back(ctx, ranks[i], id);
+    return 0;
+}
+
+static int remake(coh_comm_t *comm, bool grow, coh_comm_t **out)
+{
+    const char *fn = grow ? "coh_comm_grow" : "coh_comm_shrink";
+    if (!comm || !comm->ctx || !out) return bs_fail(COH_EINVAL, "%s: NULL argument", fn);
     struct coh_ctx *ctx = comm->ctx;
     if (!rx_ctx_alive(ctx) || atomic_load(&ctx->state) != RX_CTX_RUNNING)
-        return bs_fail(COH_ESTATE, "coh_comm_shrink: the context is not running");
+        return bs_fail(COH_ESTATE, "%s: the context is not running", fn);
     int *ranks = coh_malloc(sizeof(int) * (size_t)comm->size);
     coh_comm_t *nc = coh_zalloc(sizeof(*nc));
     if (!ranks || !nc) {
         coh_free(ranks);
         coh_free(nc);
-        return bs_fail(COH_ENOMEM, "coh_comm_shrink: out of memory");
+        return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
     }
     uint32_t top = 0;
     uv_mutex_lock(&ctx->fail_mu);
     for (coh_comm_t *c = ctx->comms; c; c = c->next)
         if (c->id > top) top = c->id;
+    bool joining = grow && ctx->cfg.rejoin && ctx->nback == 0; /* not grown in yet */
     uv_mutex_unlock(&ctx->fail_mu);
     for (int i = 0; i < comm->size; i++) ranks[i] = comm->ranks ? comm->ranks[i] : i;
     int *surv = NULL, n = 0;
     uint32_t id = 0;
     int st;
     if (ctx->member) {
-        st = rx_member_shrink(ctx, comm->id, ranks, comm->size, top, &id, &surv, &n);
+        st = rx_member_shrink(ctx, grow, comm->id, ranks, joining ? 0 : comm->size, top, &id, &surv,
+                              &n);
     } else { /* a world of one */
         surv = coh_malloc(sizeof(int));
-        st = surv ? 0 : bs_fail(COH_ENOMEM, "coh_comm_shrink: out of memory");
+        st = surv ? 0 : bs_fail(COH_ENOMEM, "%s: out of memory", fn);
         if (surv) surv[0] = ranks[0];
         n = 1;
         id = top + 1;
     }
     coh_free(ranks);
+    if (st == 0 && grow && ctx->member) st = grow_links(ctx, surv, n, id);
     if (st < 0) {
+        coh_free(surv);
         coh_free(nc);
         return st;
     }
@@ -143,7 +224,7 @@ COH_API int coh_comm_shrink(coh_comm_t *comm, coh_comm_t **out)
     if (me < 0) {
         coh_free(surv);
         coh_free(nc);
-        return bs_fail(COH_EPROTO, "coh_comm_shrink: the new communicator does not have this rank");
+        return bs_fail(COH_EPROTO, "%s: the new communicator does not have this rank", fn);
     }
     nc->ctx = ctx;
     nc->id = id;
@@ -157,6 +238,16 @@ COH_API int coh_comm_shrink(coh_comm_t *comm, coh_comm_t **out)
     uv_mutex_unlock(&ctx->fail_mu);
     *out = nc;
     return 0;
+}
+
+COH_API int coh_comm_shrink(coh_comm_t *comm, coh_comm_t **out)
+{
+    return remake(comm, false, out);
+}
+
+COH_API int coh_comm_grow(coh_comm_t *comm, coh_comm_t **out)
+{
+    return remake(comm, true, out);
 }
 
 COH_API int coh_comm_free(coh_comm_t *comm)

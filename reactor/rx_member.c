@@ -52,12 +52,14 @@ struct rx_member {
     uint32_t coord_epoch;    /* coordinators reached so far */
     uint64_t last_gid;       /* the newest group this rank ran an op of */
     uint64_t committed;      /* the newest relay group whose result it kept */
+    bool rejoining;          /* COHORT_REJOIN: looking for the coordinator among the ranks */
     uint64_t lockstep_syncs; /* relay and allreduce mode syncs (COHORT_PROBE_EVERY) */
     uv_timer_t redial;
     _Atomic bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
     /* coh_comm_shrink: one at a time; state under mu (the caller waits). */
     int shrink_state; /* 0 none, 1 asked, 2 answered, < 0 failed */
     rx_ctl_shrink_t shrink_req;
+    bool shrink_grow;       /* the request is a GROW */
     uint32_t *shrink_ranks; /* the request's members, then the answer's ranks */
     uint32_t shrink_newcomm;
     int shrink_n;
@@ -879,7 +881,9 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
     case RX_CTL_SHRUNK: {
         const rx_ctl_shrink_t *k = &msg.u.shrink;
         uv_mutex_lock(&m->mu);
-        if (m->shrink_state == 1 && k->comm == m->shrink_req.comm) {
+        /* A rank that rejoined asked to grow with no communicator: the one
+         * answer it gets is its. */
+        if (m->shrink_state == 1 && (k->comm == m->shrink_req.comm || m->shrink_req.n == 0)) {
             uint32_t *r = k->status == 0 ? coh_malloc(sizeof(uint32_t) * (k->n ? k->n : 1)) : NULL;
             for (uint32_t i = 0; r && i < k->n; i++) r[i] = en_get32(k->ranks + 4 * i);
             coh_free(m->shrink_ranks);
@@ -929,8 +933,24 @@ static int dial(rx_member_t *m)
     struct coh_ctx *ctx = m->ctx;
     struct sockaddr_storage local = ctx->rail_addr[0];
     m->coord = ctx->ctrl_addrs[m->coord_rank];
-    return rx_conn_dial(&ctx->ctrl.loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
-                        &member_proto, m, ctx->token_s, ctx->rank, ctx->world, &m->conn);
+    int st = rx_conn_dial(&ctx->ctrl.loop, (struct sockaddr *)&local, (struct sockaddr *)&m->coord,
+                          &member_proto, m, ctx->token_s, ctx->rank, ctx->world, &m->conn);
+    if (st == 0 && ctx->cfg.rejoin) m->conn->hello_flags = EN_HELLO_REJOIN; /* before it goes */
+    return st;
+}
+
+/* A restarted rank does not know which rank coordinates now: it asks each
+ * in turn (the others' dormant coordinators refuse it), round and round
+ * until init's deadline. */
+static void rejoin_next(rx_member_t *m)
+{
+    struct coh_ctx *ctx = m->ctx;
+    int next = m->coord_rank;
+    do next = (next + 1) % ctx->world;
+    while (next == ctx->rank);
+    bool wrapped = next <= m->coord_rank;
+    m->coord_rank = next;
+    if (wrapped || dial(m) < 0) uv_timer_start(&m->redial, on_redial, 50, 0);
 }
 
 /*
@@ -945,7 +965,7 @@ static void elect(rx_member_t *m)
     struct coh_ctx *ctx = m->ctx;
     int cand = ctx->rank;
     for (int r = 0; r < ctx->world; r++)
-        if (!rx_ctx_is_failed(ctx, r)) {
+        if (rx_ctx_electable(ctx, r)) {
             cand = r;
             break;
         }
@@ -963,6 +983,10 @@ static void elect(rx_member_t *m)
 static void on_redial(uv_timer_t *t)
 {
     rx_member_t *m = t->data;
+    if (m->rejoining && !m->was_ready) {
+        if (!m->conn && dial(m) < 0) rejoin_next(m);
+        return;
+    }
     if (!m->conn && m->electing && atomic_load(&m->ctx->state) == RX_CTX_RUNNING) elect(m);
 }
 
@@ -1032,6 +1056,12 @@ static void on_close(rx_conn_t *c, int status, const char *why)
     rx_member_t *m = c->owner;
     struct coh_ctx *ctx = m->ctx;
     m->conn = NULL;
+    if (m->rejoining && !m->was_ready) {
+        bs_log(COH_LOG_DEBUG, "rank %d (rejoining): rank %d does not coordinate: %s", ctx->rank,
+               m->coord_rank, why);
+        rejoin_next(m);
+        return;
+    }
     uv_timer_stop(&m->beat);
     char msg[BS_ERR_LEN];
     snprintf(msg, sizeof(msg), "connection to the coordinator (rank %d): %s", m->coord_rank, why);
@@ -1102,6 +1132,11 @@ int rx_member_start(struct coh_ctx *ctx)
     m->ctx = ctx;
     m->last_done_ns = bs_now_ns();
     m->coord_rank = ctx->cfg.coordinator;
+    if (ctx->cfg.rejoin) {
+        /* The configured coordinator first, unless that is this rank. */
+        m->rejoining = true;
+        if (m->coord_rank == ctx->rank) m->coord_rank = (ctx->rank + 1) % ctx->world;
+    }
     uv_mutex_init(&m->mu);
     uv_cond_init(&m->cv);
     ctx->member = m;
@@ -1411,7 +1446,7 @@ static void send_shrink(rx_member_t *m)
 {
     uv_mutex_lock(&m->mu);
     bool asked = m->shrink_state == 1;
-    rx_ctl_msg_t msg = {.type = RX_CTL_SHRINK};
+    rx_ctl_msg_t msg = {.type = m->shrink_grow ? RX_CTL_GROW : RX_CTL_SHRINK};
     msg.u.shrink = m->shrink_req;
     msg.u.shrink.ranks_in = m->shrink_ranks;
     if (asked && m->conn && m->conn->ready && !m->electing) rx_ctl_send(m->conn, &msg);
@@ -1438,20 +1473,22 @@ static int shrink_fn(rx_reactor_t *rx, void *arg)
     return 0;
 }
 
-int rx_member_shrink(struct coh_ctx *ctx, uint32_t comm, const int *ranks, int n, uint32_t top,
-                     uint32_t *newcomm, int **out, int *nout)
+int rx_member_shrink(struct coh_ctx *ctx, bool grow, uint32_t comm, const int *ranks, int n,
+                     uint32_t top, uint32_t *newcomm, int **out, int *nout)
 {
     rx_member_t *m = ctx->member;
-    if (m->excluded) return bs_fail(COH_EPEER, "coh_comm_shrink: %s", m->excluded_why);
-    uint32_t *r = coh_malloc(sizeof(uint32_t) * (size_t)n);
-    if (!r) return bs_fail(COH_ENOMEM, "coh_comm_shrink: out of memory");
+    const char *fn = grow ? "coh_comm_grow" : "coh_comm_shrink";
+    if (m->excluded) return bs_fail(COH_EPEER, "%s: %s", fn, m->excluded_why);
+    uint32_t *r = coh_malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
+    if (!r) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
     for (int i = 0; i < n; i++) r[i] = (uint32_t)ranks[i];
     uv_mutex_lock(&m->mu);
     if (m->shrink_state == 1) {
         uv_mutex_unlock(&m->mu);
         coh_free(r);
-        return bs_fail(COH_ESTATE, "coh_comm_shrink: another shrink of this rank is in progress");
+        return bs_fail(COH_ESTATE, "%s: another shrink or grow of this rank is in progress", fn);
     }
+    m->shrink_grow = grow;
     coh_free(m->shrink_ranks);
     m->shrink_ranks = r;
     m->shrink_req =
@@ -1478,9 +1515,11 @@ int rx_member_shrink(struct coh_ctx *ctx, uint32_t comm, const int *ranks, int n
     a.cancel = true;
     rx_reactor_call(&ctx->ctrl, shrink_fn, &a);
     if (res == 2) return 0;
-    return bs_fail(res, "coh_comm_shrink: %s",
+    return bs_fail(res, "%s: %s", fn,
                    res == COH_ETIMEDOUT
-                       ? "not every live member asked within twice COHORT_TIMEOUT_MS"
+                       ? (n ? "not every live member asked within twice COHORT_TIMEOUT_MS"
+                            : "the job's ranks did not grow their communicator within twice "
+                              "COHORT_TIMEOUT_MS")
                    : res == COH_EMISMATCH ? "members disagree on the communicator's ranks"
                    : st < 0               ? "the coordinator is gone"
                                           : coh_strerror(res));

@@ -71,11 +71,12 @@ int rx_member_send_raw(struct coh_ctx *ctx, const rx_ctl_msg_t *msg);
 /* Any thread: send msg (no pointers in it) to the coordinator from the
  * control loop; dropped when there is no connection. */
 void rx_member_post(struct coh_ctx *ctx, const rx_ctl_msg_t *msg);
-/* coh_comm_shrink's agreement (caller's thread, blocks): comm's members
- * (world ranks) -> the new communicator's id and world ranks (*out is
- * coh_malloc'd). top: the highest communicator id this rank knows. */
-int rx_member_shrink(struct coh_ctx *ctx, uint32_t comm, const int *ranks, int n, uint32_t top,
-                     uint32_t *newcomm, int **out, int *nout);
+/* coh_comm_shrink's and coh_comm_grow's agreement (caller's thread,
+ * blocks): comm's members (world ranks) -> the new communicator's id and
+ * world ranks (*out is coh_malloc'd). top: the highest communicator id this
+ * rank knows. A rank that rejoined grows with n 0. */
+int rx_member_shrink(struct coh_ctx *ctx, bool grow, uint32_t comm, const int *ranks, int n,
+                     uint32_t top, uint32_t *newcomm, int **out, int *nout);
 /* The last slice of a sync attempt ended (rail thread). */
 void rx_sync_attempt_done(coh_request_t *req);
 

@@ -36,6 +36,15 @@
  *       collectives on the new communicator: its size and renumbering, an
  *       allreduce, a broadcast, an allgather of world ranks, a barrier; a
  *       second shrink with no new failure gives the same ranks.
+ *   test_relay grow VICTIM  world allreduces until VICTIM dies (SIGKILL); the
+ *       survivors shrink, run checked collectives, and rank 1 (2 if the
+ *       victim is 1) restarts the victim (a new process: same rank, COHORT_REJOIN=1). The survivors
+ *       call coh_comm_grow until it has every rank; the restarted rank grows
+ *       its world. On the grown communicator every rank checks allreduce,
+ *       broadcast (rank 0's "model" reaches the restarted rank), allgather
+ *       and barrier; the world, which holds the dead incarnation, fails at
+ *       once naming it; relay syncs on the world take the restarted rank in
+ *       again. Prints the time from the restart to the grown communicator.
  *   test_relay probe             coh_probe twice: every link of this rank on
  *       every rail measured once (latency and rate in sane ranges), and relay
  *       syncs then probe on their own every COHORT_PROBE_EVERY (the test sets
@@ -43,6 +52,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -500,6 +510,127 @@ static void run_shrink(int victim)
         R, victim, it, took * 1e3, (mp_now_s() - t_fail) * 1e3);
 }
 
+/* ---- grow: a failed rank restarts and rejoins ---- */
+
+static void grown_checks(coh_comm_t *g, coh_comm_t *world)
+{
+    int surv[64];
+    for (int i = 0; i < N; i++) surv[i] = i;
+    check_comm(g, surv, N);
+    /* The "model": rank 0's state reaches every rank, the restarted one too. */
+    double model[512];
+    for (int j = 0; j < 512; j++) model[j] = R == 0 ? 0.5 * j : -1;
+    coh_request_t *req;
+    MP_OK(coh_broadcast(g, model, 512, COH_F64, 0, &req));
+    mp_wait(req);
+    for (int j = 0; j < 512; j++)
+        if (model[j] != 0.5 * j) MP_FAIL("grown broadcast [%d] = %g", j, model[j]);
+    /* The world holds the dead incarnation: its ops fail at once. */
+    float v[16] = {0};
+    double t0 = mp_now_s();
+    MP_OK(coh_allreduce(world, NULL, v, 16, COH_F32, COH_SUM, &req));
+    int st = coh_wait(req, 20000);
+    if (st == 0) MP_FAIL("an allreduce on the world succeeded after the rejoin");
+    if (mp_now_s() - t0 > 1.0)
+        MP_FAIL("the world's allreduce took %.1f s to fail", mp_now_s() - t0);
+    coh_request_free(req);
+    /* Relay syncs on the world: the restarted rank is scheduled again. */
+    double x[1000];
+    int full = 0;
+    for (int it = 0; it < 20; it++) {
+        for (int j = 0; j < 1000; j++) x[j] = val(R, it, (size_t)j);
+        MP_OK(coh_sync_ex(world, x, 1000, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req));
+        st = coh_wait(req, 30000);
+        if (st != 0)
+            MP_FAIL("relay sync %d after the rejoin: %s: %s", it, coh_status_name(st),
+                    coh_request_error(req));
+        coh_group_info_t gi;
+        check_group(req, it, it, x, 1000, &gi);
+        full += gi.size == N;
+        coh_request_free(req);
+    }
+    if (full < 10) MP_FAIL("only %d of 20 relay syncs had every rank after the rejoin", full);
+}
+
+static void run_grow(int victim, char **argv)
+{
+    if (victim < 1 || victim >= N) MP_FAIL("victim %d: rank 0 (the store) cannot rejoin", victim);
+    const char *rj = getenv("COHORT_REJOIN");
+    if (rj && atoi(rj) == 1) {
+        /* The restarted victim. */
+        coh_comm_t *g;
+        double t0 = mp_now_s();
+        MP_OK(coh_comm_grow(W, &g));
+        int n;
+        MP_OK(coh_comm_size(g, &n));
+        if (n != N) MP_FAIL("grown into a communicator of %d, expected %d", n, N);
+        printf("rank %d (restarted): grown back in after %.1f ms\n", R, (mp_now_s() - t0) * 1e3);
+        grown_checks(g, W);
+        MP_OK(coh_comm_free(g));
+        printf("rank %d: OK grow (restarted)\n", R);
+        return;
+    }
+    int it = 0;
+    for (;; it++) {
+        if (R == victim && it == 20) raise(SIGKILL);
+        float v[1024];
+        for (int j = 0; j < 1024; j++) v[j] = (float)(R + 1);
+        coh_request_t *req;
+        MP_OK(coh_allreduce(W, NULL, v, 1024, COH_F32, COH_SUM, &req));
+        int st = coh_wait(req, 20000);
+        coh_request_free(req);
+        if (st == COH_EAGAIN) MP_FAIL("world allreduce %d hangs", it);
+        if (st != 0) break;
+        if (it > 200) MP_FAIL("the victim never failed an op");
+    }
+    coh_comm_t *s;
+    MP_OK(coh_comm_shrink(W, &s));
+    int surv[64], ns = 0;
+    for (int r = 0; r < N; r++)
+        if (r != victim) surv[ns++] = r;
+    check_comm(s, surv, ns);
+    pid_t child = -1;
+    double t_start = mp_now_s();
+    if (R == (victim == 1 ? 2 : 1)) { /* the restarter */
+        char rank[16];
+        snprintf(rank, sizeof(rank), "%d", victim);
+        child = fork();
+        if (child == 0) {
+            setenv("COHORT_RANK", rank, 1);
+            setenv("COHORT_REJOIN", "1", 1);
+            execv("/proc/self/exe", argv);
+            _exit(127);
+        }
+        if (child < 0) MP_FAIL("cannot fork the restarted rank");
+    }
+    /* Grow points until the restarted rank is in (every survivor gets the
+     * same answer each time, so they stay in step). */
+    coh_comm_t *g = NULL;
+    int points = 0;
+    for (; points < 200; points++) {
+        MP_OK(coh_comm_grow(s, &g));
+        int n;
+        MP_OK(coh_comm_size(g, &n));
+        if (n == N) break;
+        if (n != ns) MP_FAIL("a grow without the restarted rank has %d ranks", n);
+        MP_OK(coh_comm_free(g));
+        g = NULL;
+        usleep(50000);
+    }
+    if (!g) MP_FAIL("the restarted rank never came back (%d grow points)", points);
+    printf("rank %d: rank %d back %.1f ms after its restart, at grow point %d\n", R, victim,
+           (mp_now_s() - t_start) * 1e3, points + 1);
+    grown_checks(g, W);
+    MP_OK(coh_comm_free(g));
+    MP_OK(coh_comm_free(s));
+    if (child > 0) {
+        int ws = 0;
+        if (waitpid(child, &ws, 0) != child || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+            MP_FAIL("the restarted rank failed (status %d)", ws);
+    }
+    printf("rank %d: OK grow\n", R);
+}
+
 /* ---- alpha-beta probe ---- */
 
 static void run_probe(coh_ctx_t *ctx)
@@ -570,6 +701,8 @@ int main(int argc, char **argv)
         fault_kill = 1;
         snprintf(fault_dir, sizeof(fault_dir), "%s", argv[3]);
         run_agree(iters, atoi(argv[4]));
+    } else if (!strcmp(argv[1], "grow")) {
+        run_grow(atoi(argv[2]), argv);
     } else if (!strcmp(argv[1], "probe")) {
         run_probe(ctx);
     } else if (!strcmp(argv[1], "shrink")) {

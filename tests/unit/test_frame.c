@@ -274,8 +274,11 @@ static void test_hello_layout_roundtrip(void **state)
     assert_int_equal(out.via, 2);
     assert_true(out.resume_off == r.resume_off);
     assert_true(out.epoch == 9);
-    /* unknown flags and absurd interfaces are refused */
-    b[88] = 0x02;
+    /* REJOIN is a flag; unknown flags and absurd interfaces are refused */
+    b[88] = EN_HELLO_REJOIN;
+    assert_int_equal(en_hello_decode(b, EN_HELLO_SIZE, &out), EN_HELLO_SIZE);
+    assert_int_equal(out.flags, EN_HELLO_REJOIN);
+    b[88] = 0x04;
     assert_int_equal(en_hello_decode(b, EN_HELLO_SIZE, &out), COH_EPROTO);
     en_hello_encode(&r, b);
     b[93] = 0x10; /* via 4096 */
