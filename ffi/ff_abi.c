@@ -638,6 +638,52 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         coh_free(text);
         break;
     }
+    case FF_FAILED_RANKS: {
+        int *fr = coh_malloc(sizeof(int) * (size_t)(fc->size ? fc->size : 1));
+        st = fr ? coh_comm_failed_ranks(fc->world, fr, fc->size) : COH_ENOMEM;
+        if (st < 0) {
+            ff_fail(&e, st, "", "%s", fr ? coh_last_error() : "out of memory");
+            ff_pack_head(&pk, st, &e, r->type, has_id, r->id, 0);
+            coh_free(fr);
+            break;
+        }
+        int n = st < fc->size ? st : fc->size;
+        st = 0;
+        ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
+        ff_pack_str(&pk, "ranks");
+        msgpack_pack_array(&pk, (size_t)n);
+        for (int i = 0; i < n; i++) msgpack_pack_int(&pk, fr[i]);
+        coh_free(fr);
+        break;
+    }
+    case FF_PROBE: {
+        int cap = fc->size * fc->nrails;
+        coh_link_probe_t *links = coh_malloc(sizeof(*links) * (size_t)(cap ? cap : 1));
+        coh_probe_info_t pi = {0};
+        st = links ? coh_probe(fc->world, links, cap, &pi) : COH_ENOMEM;
+        if (st < 0) {
+            ff_fail(&e, st, "", "%s", links ? coh_last_error() : "out of memory");
+            ff_pack_head(&pk, st, &e, r->type, has_id, r->id, 0);
+            coh_free(links);
+            break;
+        }
+        int n = pi.nlinks < cap ? pi.nlinks : cap;
+        ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 4);
+        ff_pack_kv_double(&pk, "duration_us", pi.duration_us);
+        ff_pack_kv_uint(&pk, "bytes_sent", pi.bytes_sent);
+        ff_pack_kv_int(&pk, "failed", pi.nfailed);
+        ff_pack_str(&pk, "links");
+        msgpack_pack_array(&pk, (size_t)n);
+        for (int i = 0; i < n; i++) {
+            msgpack_pack_map(&pk, 4);
+            ff_pack_kv_int(&pk, "peer", links[i].peer);
+            ff_pack_kv_int(&pk, "rail", links[i].rail);
+            ff_pack_kv_double(&pk, "latency_us", links[i].latency_us);
+            ff_pack_kv_double(&pk, "gbps", links[i].gbps);
+        }
+        coh_free(links);
+        break;
+    }
     case FF_SYNC_LEAVE:
         st = coh_sync_leave(fc->world);
         if (st < 0) ff_fail(&e, st, "", "%s", coh_last_error());

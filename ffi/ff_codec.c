@@ -20,8 +20,8 @@
 const char *const ff_tensor_names[FF_NTENSORS] = {"buf", "send", "recv"};
 
 static const char *const type_names[FF_TYPE_COUNT] = {
-    "allreduce", "broadcast", "allgather",   "reduce_scatter", "barrier",    "sync",
-    "info",      "stats",     "event_clear", "logs",           "sync_leave", "lb_table"};
+    "allreduce", "broadcast",   "allgather", "reduce_scatter", "barrier",  "sync",         "info",
+    "stats",     "event_clear", "logs",      "sync_leave",     "lb_table", "failed_ranks", "probe"};
 
 const char *ff_type_name(ff_type t)
 {
@@ -273,6 +273,8 @@ static const uint32_t allowed[FF_TYPE_COUNT] = {
     [FF_LOGS] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_SYNC_LEAVE] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_LB_TABLE] = FF_F_V | FF_F_TYPE | FF_F_ID,
+    [FF_FAILED_RANKS] = FF_F_V | FF_F_TYPE | FF_F_ID,
+    [FF_PROBE] = FF_F_V | FF_F_TYPE | FF_F_ID,
 };
 
 static const char *field_name(uint32_t bit)

@@ -78,12 +78,14 @@ typedef enum ff_type {
     FF_REDUCE_SCATTER,
     FF_BARRIER,
     FF_SYNC,
-    FF_INFO,        /* rank, size, rails, describe line, versions */
-    FF_STATS,       /* coh_ctx_stats */
-    FF_EVENT_CLEAR, /* coh_ctx_event_clear */
-    FF_LOGS,        /* drain the messages captured by the config's log_level */
-    FF_SYNC_LEAVE,  /* coh_sync_leave: this rank stops synchronising */
-    FF_LB_TABLE,    /* coh_lb_table: the rail balancer's newest table, as text */
+    FF_INFO,         /* rank, size, rails, describe line, versions */
+    FF_STATS,        /* coh_ctx_stats */
+    FF_EVENT_CLEAR,  /* coh_ctx_event_clear */
+    FF_LOGS,         /* drain the messages captured by the config's log_level */
+    FF_SYNC_LEAVE,   /* coh_sync_leave: this rank stops synchronising */
+    FF_LB_TABLE,     /* coh_lb_table: the rail balancer's newest table, as text */
+    FF_FAILED_RANKS, /* coh_comm_failed_ranks of the world */
+    FF_PROBE,        /* coh_probe: every link's latency and rate (collective) */
     FF_TYPE_COUNT
 } ff_type;
 const char *ff_type_name(ff_type t);

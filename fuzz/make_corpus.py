@@ -61,6 +61,8 @@ def ffi():
         "stats": {"type": "stats"},
         "event_clear": {"type": "event_clear", "v": 1},
         "logs": {"type": "logs", "id": 2**63 - 1},
+        "failed_ranks": {"type": "failed_ranks"},
+        "probe": {"type": "probe", "id": 3},
         # boundary and bad
         "empty_map": {},
         "unknown_field": {"type": "info", "dtpye": "f32"},

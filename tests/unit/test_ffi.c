@@ -935,6 +935,11 @@ static void test_abi_collectives(void **state)
      * left are not waited for, and come back with their next sync). */
     a = call(h, mp(&b, "m1 s s", 1, "type", "sync_leave"));
     assert_int_equal(a.status, 0);
+    /* A world of one: nobody failed; a probe has no links to measure. */
+    a = call(h, mp(&b, "m1 s s", 1, "type", "failed_ranks"));
+    assert_int_equal(a.status, 0);
+    a = call(h, mp(&b, "m1 s s", 1, "type", "probe"));
+    assert_int_equal(a.status, 0);
 
     void *resp;
     size_t len;

@@ -31,7 +31,7 @@ __all__ = [
     "get_world_size", "allreduce", "all_reduce", "broadcast", "allgather",
     "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier", "sync",
     "sync_leave",
-    "stats", "lb_table", "Context", "Work", "Result", "CohortError", "InvalidArgumentError", "DtypeError",
+    "stats", "lb_table", "failed_ranks", "probe", "Context", "Work", "Result", "CohortError", "InvalidArgumentError", "DtypeError",
     "UnsupportedError", "TimeoutError", "PeerError", "MismatchError", "CanceledError",
     "StateError", "OPS", "SYNC_MODES", "ALLREDUCE_ALGOS", "SUPPORTED_DTYPES", "SCHEMA",
     "library_path", "errors",
@@ -143,6 +143,16 @@ def stats():
 def lb_table():
     """The rail balancer's newest table as text (see Context.lb_table)."""
     return get_context().lb_table()
+
+
+def failed_ranks():
+    """World ranks known failed (see Context.failed_ranks)."""
+    return get_context().failed_ranks()
+
+
+def probe():
+    """Alpha-beta probe of every link; collective (see Context.probe)."""
+    return get_context().probe()
 
 
 @atexit.register

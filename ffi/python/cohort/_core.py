@@ -574,6 +574,19 @@ class Context:
         TimeoutError (EAGAIN) before the first world op."""
         return self.call({"type": "lb_table"})["table"]
 
+    def failed_ranks(self):
+        """World ranks this rank knows failed (died, hung, excluded by the
+        coordinator), ascending."""
+        return list(self.call({"type": "failed_ranks"})["ranks"])
+
+    def probe(self):
+        """Alpha-beta probe of every link (collective: every rank calls it).
+        Returns {"duration_us", "bytes_sent", "failed", "links": [{"peer",
+        "rail", "latency_us", "gbps"}, ...]} for this rank's links; the
+        coordinator feeds them to its cost model and the rail balancer."""
+        r = self.call({"type": "probe"})
+        return {k: r[k] for k in ("duration_us", "bytes_sent", "failed", "links")}
+
     def logs(self):
         """Messages captured since the last call when log_level was set."""
         return [tuple(x) for x in self.call({"type": "logs"})["logs"]]

@@ -175,3 +175,20 @@ def test_lb_table(ctx, rank, size):
              if line.startswith("rail ") and (" latency " in line or " rate " in line)}
     assert rails == set(range(info["nrails"])), text
     assert any(" rate " in line for line in text.splitlines()), text
+
+
+def test_failed_ranks_and_probe(ctx, rank, size):
+    """Nobody failed in a healthy job; the probe measures every link of this
+    rank on every rail, with sane figures."""
+    assert cohort.failed_ranks() == []
+    info = ctx.call({"type": "info"})
+    p = cohort.probe()
+    assert p["failed"] == 0
+    assert len(p["links"]) == (size - 1) * info["nrails"]
+    assert {(l["peer"], l["rail"]) for l in p["links"]} == {
+        (q, r) for q in range(size) if q != rank for r in range(info["nrails"])}
+    for l in p["links"]:
+        assert 0 < l["latency_us"] < 1e6 and l["gbps"] > 0, l
+    if size > 1:
+        assert p["bytes_sent"] > 0 and p["duration_us"] > 0
+    assert cohort.stats()["requests_failed"] >= 0

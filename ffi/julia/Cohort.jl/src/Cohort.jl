@@ -181,6 +181,8 @@ sync_leave(ctx::Context) = call(ctx, Dict("type" => "sync_leave"))
 stats(ctx::Context) = call(ctx, Dict("type" => "stats"))["stats"]
 "The rail balancer's newest table as text (EUNSUPPORTED with one rail)."
 lb_table(ctx::Context) = call(ctx, Dict("type" => "lb_table"))["table"]
+failed_ranks(ctx::Context) = Vector{Int}(call(ctx, Dict("type" => "failed_ranks"))["ranks"])
+probe(ctx::Context) = call(ctx, Dict("type" => "probe"))
 
 "The descriptor that becomes readable when a request completes (for event loops)."
 function event_fd(ctx::Context)
