@@ -448,7 +448,7 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
     ff_pack_kv_double(&pk, "abi_us", op->abi_us);
     ff_pack_str(&pk, "group");
     if (sync_group) {
-        msgpack_pack_map(&pk, 13);
+        msgpack_pack_map(&pk, 15);
         ff_pack_kv_int(&pk, "rank", op->rank);
         ff_pack_kv_int(&pk, "size", gi.size);
         ff_pack_str(&pk, "members");
@@ -467,6 +467,8 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
         ff_pack_kv_int(&pk, "phase2", gi.phase2);
         ff_pack_kv_int(&pk, "phase2_method", gi.phase2_method);
         ff_pack_kv_int(&pk, "nexcluded", gi.nexcluded);
+        ff_pack_kv_int(&pk, "nsegments", gi.nsegments);
+        ff_pack_kv_int(&pk, "joined", gi.joined);
     } else {
         msgpack_pack_map(&pk, 2);
         ff_pack_kv_int(&pk, "rank", op->rank);

@@ -164,7 +164,8 @@ def ctl_msg(typ, payload, comm=0, magic=b"COHC"):
 
 def ctl():
     t = "ctl_fuzzer"
-    ready = struct.pack("<IIQQIIddQQ", 3, 2, 17, 1 << 20, 0, 0, 0.42, 1.0, 5, 12)
+    none = 0xffffffff  # READY.join: no segment of phase 1
+    ready = struct.pack("<IIQQIIddQQII", 3, 2, 17, 1 << 20, 0, 0, 0.42, 1.0, 5, 12, none, 0)
     plan = struct.pack("<QQiIdII", 7, 5, 0, 0, 3.0, 3, 0) + struct.pack("<3I", 2, 0, 1)
     plan_err = struct.pack("<QQiIdII", 8, 6, -6, 0, 0.0, 1, 0) + struct.pack("<I", 3)
     done = struct.pack("<QIidII", 7, 3, 0, 0.125, 2, 0) + \
@@ -177,8 +178,8 @@ def ctl():
     write(t, "refuse", ctl_msg(4, refuse))
     write(t, "leave", ctl_msg(5, struct.pack("<I", 2)))
     write(t, "stream", ctl_msg(1, ready) + ctl_msg(2, plan) + ctl_msg(3, done))
-    write(t, "ready_nan_weight", ctl_msg(1, struct.pack("<IIQQIIddQQ", 3, 2, 17, 4, 0, 0, 0.1,
-                                                         float("nan"), 5, 0)))
+    write(t, "ready_nan_weight", ctl_msg(1, struct.pack("<IIQQIIddQQII", 3, 2, 17, 4, 0, 0, 0.1,
+                                                         float("nan"), 5, 0, none, 0)))
     write(t, "plan_short", ctl_msg(2, plan[:-2]))
     write(t, "done_too_many", ctl_msg(3, struct.pack("<QIidII", 7, 3, 0, 0.1, 65, 0)))
     write(t, "unknown_type", ctl_msg(99, b""))
@@ -190,12 +191,19 @@ def ctl():
     write(t, "rail_bad_kind", ctl_msg(9, struct.pack("<IIII", 1, 0, 2, 7)))
     write(t, "prefix", ctl_msg(1, ready)[:20])
     # a plain relay allreduce's READY (op MIN), relay plans of both phases
-    write(t, "ready_relay", ctl_msg(1, struct.pack("<IIQQIIddQQ", 3, 3, 17, 64, 4, 2 | 1 << 8,
-                                                    0.1, 1.0, 9, 40)))
-    rplan1 = struct.pack("<QQIIQIIiIdII", 7, 0, 1, 0, 64, 0, 0, -3, 0, 2.0, 4, 1) + \
+    write(t, "ready_relay", ctl_msg(1, struct.pack("<IIQQIIddQQII", 3, 3, 17, 64, 4, 2 | 1 << 8,
+                                                    0.1, 1.0, 9, 40, none, 0)))
+    # a late rank whose data joined phase 1 at segment 3, and one past the limit
+    write(t, "ready_join", ctl_msg(1, struct.pack("<IIQQIIddQQII", 3, 3, 17, 64, 4, 0, 0.1, 1.0,
+                                                   9, 40, 3, 0)))
+    write(t, "ready_join_bad", ctl_msg(1, struct.pack("<IIQQIIddQQII", 3, 3, 17, 64, 4, 0, 0.1,
+                                                       1.0, 9, 40, 64, 0)))
+    rplan1 = struct.pack("<QQIIQIIiIdIIIIQ", 7, 0, 1, 0, 64, 0, 0, -3, 0, 2.0, 4, 1, 4, 0, 0) + \
         struct.pack("<5I", 0, 2, 1, 3, 3)
-    rplan2 = struct.pack("<QQIIQIIiIdII", 7, 9, 2, 1, 64, 0, 0, -3, 1, 4.0, 4, 1) + \
+    rplan2 = struct.pack("<QQIIQIIiIdIIIIQ", 7, 9, 2, 1, 64, 0, 0, -3, 1, 4.0, 4, 1, 1, 0, 48) + \
         struct.pack("<5I", 0, 2, 1, 3, 3)
+    write(t, "rplan2_prefix_past_count", ctl_msg(10, rplan2[:72] + struct.pack("<Q", 65) +
+                                                  rplan2[80:]))
     write(t, "rplan1", ctl_msg(10, rplan1))
     write(t, "rplan2", ctl_msg(10, rplan2))
     write(t, "rplan_bad_phase", ctl_msg(10, rplan1[:16] + struct.pack("<I", 3) + rplan1[20:]))

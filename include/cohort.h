@@ -163,6 +163,9 @@ typedef struct coh_config {
     size_t probe_bytes;     /* COHORT_PROBE_BYTES: the bandwidth transfer of a probe (1 MiB) */
     int rejoin;             /* COHORT_REJOIN: this process restarts a rank that failed; it
                                rejoins the running job through coh_comm_grow (0) */
+    int relay_segments;     /* COHORT_RELAY_SEGMENTS: phase 1 of a relay group runs as up to
+                               this many consecutive ops (of 256 KiB at least), so a late
+                               rank's data joins the ones still to come (8; 1 = phase 2) */
     char _storage[320];     /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -411,6 +414,9 @@ typedef struct coh_group_info {
     int phase2;        /* late ranks whose data phase 2 folded in */
     int phase2_method; /* 0 none, 1 broadcast around the ring, 2 prefix allreduce */
     int nexcluded;     /* late ranks left out (failed or lost): not in the result */
+    int nsegments;     /* phase 1 ran as this many consecutive segment ops */
+    int joined;        /* this rank relayed and its data joined phase 1 from this
+                          segment on (phase 2 brought the segments before); -1: no */
 } coh_group_info_t;
 /* COH_EINVAL for a request that is not a sync; COH_EAGAIN while it runs. */
 COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info);

@@ -106,7 +106,11 @@ typedef enum rx_knob_kind {
       "bytes of a probe's bandwidth transfer, each way")                                           \
     X(rejoin, RX_K_INT, "0", "COHORT_REJOIN", 0, 1,                                                \
       "1: this process restarts a rank that failed (same rank, world, token and store); "          \
-      "coh_init rejoins the running job and coh_comm_grow adds it back (docs/relay.md)")
+      "coh_init rejoins the running job and coh_comm_grow adds it back (docs/relay.md)")           \
+    X(relay_segments, RX_K_INT, "8", "COHORT_RELAY_SEGMENTS", 1, 64,                               \
+      "phase 1 of a relay group runs as up to this many consecutive ops of 256 KiB or more, so "   \
+      "a late rank's data joins the ones still to come (the coordinator's setting counts); 1: "    \
+      "its data always comes in phase 2")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

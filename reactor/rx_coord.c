@@ -66,6 +66,7 @@ typedef struct co_group {
     double w1;         /* weights in the phase-1 result (plain: contributors) */
     double t_p1;       /* phase 1 ended */
     rx_ctl_rplan_t p1; /* phase 1's plan (attempt 0), for a relay that connects late */
+    uint32_t nseg;     /* phase 1's segments (a late rank's data joins those to come) */
     uint32_t *ring32;  /* p1's ring and late ranks point here */
 } co_group_t;
 
@@ -295,19 +296,47 @@ static void resolve_awaiting(rx_coord_t *c)
     }
 }
 
+/* The relay group cannot finish: the ready members that wait for phase 2
+ * try again (a PLAN refusal with their attempt; those that failed already
+ * did, under a new attempt, and ignore it). Late ranks whose READY came are
+ * grouped again with it at the group's end. */
+static void relay_retry_all(rx_coord_t *c, co_group_t *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        co_rank_t *cr = &c->ranks[g->members[i]];
+        if ((g->rst[i] & RL_LATE) || cr->lost || !cr->conn) continue;
+        int one[1] = {g->members[i]};
+        send_plan(c, g->members[i], g->gid, g->readys[i].attempt, COH_EPEER, RX_CTL_WHY_NONE, 0,
+                  one, 1);
+    }
+    group_end(c, g);
+}
+
 static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double duration)
 {
     if (g->relay && g->phase == 2) {
         /* Between the phases nobody owes a DONE: r is gone or failed, so
          * phase 2 goes on without it (its phase-1 part, if it was ready,
-         * is in the result already; a late rank's is not). */
+         * is in the result already; a late rank's is not). Unless r was a
+         * late rank whose data joined some segments of phase 1: the result
+         * has part of it, and the group starts over without it. */
+        bool partial = false;
         for (int i = 0; i < g->n; i++) {
             if (g->members[i] != r || (g->rst[i] & RL_OUT)) continue;
+            partial |= (g->rst[i] & RL_READY) && g->readys[i].join != RX_JOIN_NONE;
             g->rst[i] |= RL_OUT;
             if (!g->done[i]) {
                 g->done[i] = 1;
                 g->ndone++;
             }
+        }
+        if (partial) {
+            bs_log(COH_LOG_INFO,
+                   "coordinator: relay group %llu lost rank %d, whose data joined "
+                   "phase 1: again without it",
+                   (unsigned long long)g->gid, r);
+            relay_retry_all(c, g);
+            return;
         }
         relay_try_phase2(c, g);
         return;
@@ -330,15 +359,9 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
     if (g->relay && g->phase == 1) {
         /* Phase 1 failed for some members (a rank died mid-ring) and may
          * have succeeded for others, who now wait for a phase 2 that will
-         * not come: tell the ready ones to try again (those that failed
-         * already did, under a new attempt, and ignore this). */
-        for (int i = 0; i < g->n; i++) {
-            co_rank_t *cr = &c->ranks[g->members[i]];
-            if ((g->rst[i] & RL_LATE) || cr->lost || !cr->conn) continue;
-            int one[1] = {g->members[i]};
-            send_plan(c, g->members[i], g->gid, g->readys[i].attempt, COH_EPEER, RX_CTL_WHY_NONE, 0,
-                      one, 1);
-        }
+         * not come. */
+        relay_retry_all(c, g);
+        return;
     }
     if (g->relay && g->phase == 3) relay_commit(c, g);
     group_end(c, g);
@@ -663,6 +686,12 @@ static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
     c->groups = g;
     g->ring32 = ring;
     ring = NULL;
+    /* Phase 1 as consecutive segments of 256 KiB or more, so a late rank
+     * whose data comes during phase 1 joins the segments still to come. */
+    uint64_t segs = first->count * coh_dtype_size((coh_dtype)first->dtype) / (256u << 10);
+    if (segs > (uint64_t)c->ctx->cfg.relay_segments) segs = (uint64_t)c->ctx->cfg.relay_segments;
+    if (segs > first->count) segs = first->count;
+    g->nseg = nl && segs > 1 ? (uint32_t)segs : 1;
     rx_ctl_rplan_t p = {.group_id = g->gid,
                         .phase = 1,
                         .final = nl == 0,
@@ -674,6 +703,7 @@ static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
                         .total_weight = g->w1,
                         .nring = (uint32_t)n,
                         .nlate = (uint32_t)nl,
+                        .nseg = g->nseg,
                         .ring_in = g->ring32,
                         .late_in = g->ring32 + m1};
     g->p1 = p;
@@ -750,7 +780,20 @@ static void relay_try_phase2(rx_coord_t *c, co_group_t *g)
         if (g->ndone == g->n) group_end(c, g);
         return;
     }
-    int method = k ? sc_sched_phase2_method(c->sched[g->mode], iring, n2, k) : RX_RELAY_NONE;
+    /* Phase 2 covers what the late ranks' data missed: everything for one
+     * that joined no segment of phase 1, the segments before its join for
+     * one that did. */
+    uint64_t prefix = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(g->rst[i] & RL_READY) || (g->rst[i] & RL_OUT)) continue;
+        uint32_t j = g->readys[i].join;
+        uint64_t lp = j == RX_JOIN_NONE || j >= g->nseg
+                          ? first->count
+                          : (uint64_t)((unsigned __int128)first->count * j / g->nseg);
+        if (lp > prefix) prefix = lp;
+    }
+    int method =
+        k && prefix ? sc_sched_phase2_method(c->sched[g->mode], iring, n2, k) : RX_RELAY_NONE;
     if (method < 0) method = RX_RELAY_ALLREDUCE;
     g->phase = 3;
     bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu phase 2: %d late folded in (%s), %d out",
@@ -771,6 +814,8 @@ static void relay_try_phase2(rx_coord_t *c, co_group_t *g)
                         .total_weight = total,
                         .nring = (uint32_t)n2,
                         .nlate = (uint32_t)k,
+                        .nseg = g->nseg,
+                        .prefix = prefix,
                         .ring_in = ring,
                         .late_in = late};
     send_rplans(c, &p, to, att, n2);

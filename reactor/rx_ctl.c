@@ -24,7 +24,7 @@ static double get_f64(const uint8_t *p)
     return v;
 }
 
-#define READY_LEN  64
+#define READY_LEN  72
 #define PLAN_LEN   40 /* + 4 per member */
 #define DONE_LEN   32 /* + 24 per measurement */
 #define REFUSE_LEN 24
@@ -36,7 +36,7 @@ static double get_f64(const uint8_t *p)
 #define PROBE_LEN  8  /* + 24 per link */
 #define LBTAB_LEN  16 /* + the table */
 #define RAIL_LEN   16
-#define RPLAN_LEN  64 /* + 4 per ring member and per late rank */
+#define RPLAN_LEN  80 /* + 4 per ring member and per late rank */
 #define COMMIT_LEN 16
 #define STATE_LEN  24
 
@@ -93,6 +93,8 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         put_f64(p + 40, r->weight);
         en_put64(p + 48, r->attempt);
         en_put64(p + 56, r->last_gid);
+        en_put32(p + 64, r->join);
+        en_put32(p + 68, 0);
         break;
     }
     case RX_CTL_PLAN: {
@@ -202,9 +204,12 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
         put_f64(p + 48, r->total_weight);
         en_put32(p + 56, r->nring);
         en_put32(p + 60, r->nlate);
-        for (uint32_t i = 0; i < r->nring; i++) en_put32(p + 64 + 4 * i, r->ring_in[i]);
+        en_put32(p + 64, r->nseg);
+        en_put32(p + 68, 0);
+        en_put64(p + 72, r->prefix);
+        for (uint32_t i = 0; i < r->nring; i++) en_put32(p + RPLAN_LEN + 4 * i, r->ring_in[i]);
         for (uint32_t i = 0; i < r->nlate; i++)
-            en_put32(p + 64 + 4 * (r->nring + i), r->late_in[i]);
+            en_put32(p + RPLAN_LEN + 4 * (r->nring + i), r->late_in[i]);
         break;
     }
     default: return COH_EINVAL;
@@ -296,11 +301,13 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         r->weight = get_f64(p + 40);
         r->attempt = en_get64(p + 48);
         r->last_gid = en_get64(p + 56);
+        r->join = en_get32(p + 64);
         uint32_t op = en_get32(p + 28);
         r->redop = op & 0xff;
         r->plain = op >> 8;
         if (r->redop >= COH_REDOP_COUNT || r->plain > 1 || !finite_nonneg(r->compute_s) ||
-            !finite_nonneg(r->weight))
+            !finite_nonneg(r->weight) || en_get32(p + 68) != 0 ||
+            (r->join != RX_JOIN_NONE && r->join >= RX_MAX_SEGS))
             return COH_EPROTO;
         break;
     }
@@ -419,11 +426,14 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         r->total_weight = get_f64(p + 48);
         r->nring = en_get32(p + 56);
         r->nlate = en_get32(p + 60);
+        r->nseg = en_get32(p + 64);
+        r->prefix = en_get64(p + 72);
         r->ring = p + RPLAN_LEN;
         r->late = p + RPLAN_LEN + 4 * (size_t)r->nring;
         if (r->phase < 1 || r->phase > 2 || r->method > RX_RELAY_ALLREDUCE || r->final > 1 ||
             r->dtype >= COH_DTYPE_COUNT || r->redop >= COH_REDOP_COUNT || r->plain > 1 ||
             r->exp < -1100 || r->exp > 1100 || !finite_nonneg(r->total_weight) || r->nring < 1 ||
+            r->nseg < 1 || r->nseg > RX_MAX_SEGS || en_get32(p + 68) != 0 || r->prefix > r->count ||
             (uint64_t)r->nring + r->nlate != (plen - RPLAN_LEN) / 4)
             return COH_EPROTO;
         break;

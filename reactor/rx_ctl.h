@@ -135,7 +135,14 @@ typedef struct rx_ctl_ready {
     uint32_t plain;    /* 1: coh_allreduce_ex (no weights), 0: a weighted sync */
     uint64_t last_gid; /* the newest group this rank took part in (an elected
                           coordinator numbers its groups above every one) */
+    uint32_t join;     /* a late rank whose reactor relays phase 1 of its group: the
+                          first segment its own data went into (RX_JOIN_NONE: none) */
 } rx_ctl_ready_t;
+
+/* READY.join of a rank that joined no segment of phase 1. */
+#define RX_JOIN_NONE 0xffffffffu
+/* Most segments of a relay group's phase 1. */
+#define RX_MAX_SEGS 64u
 
 typedef struct rx_ctl_plan {
     uint64_t group_id;
@@ -160,7 +167,11 @@ typedef struct rx_ctl_rplan {
     int32_t exp;         /* weighted syncs on floating point: weights scale by 2^-exp */
     double total_weight; /* final: sum of the weights folded in (plain: contributors) */
     uint32_t nring, nlate;
-    const uint8_t *ring, *late;        /* little-endian u32 ranks (decode) */
+    uint32_t nseg;              /* phase 1: runs as nseg ops over consecutive segments of the data,
+                                   so a late rank's data can join the segments still to come */
+    uint64_t prefix;            /* phase 2: the elements it covers, from the start (the late ranks'
+                                   data that missed phase 1's segments) */
+    const uint8_t *ring, *late; /* little-endian u32 ranks (decode) */
     const uint32_t *ring_in, *late_in; /* (encode) */
 } rx_ctl_rplan_t;
 

@@ -42,7 +42,8 @@ struct rx_member {
     int relay_nlate;
     int *relay_ring; /* phase 1's ring */
     int relay_nring;
-    bool coord_bye; /* the coordinator said BYE: its close is not a failure */
+    uint32_t relay_nseg; /* phase 1's segments */
+    bool coord_bye;      /* the coordinator said BYE: its close is not a failure */
     /* Coordinator election (COHORT_COORD_ELECTION). */
     _Atomic int coord_rank;  /* the coordinator, or the candidate being dialled */
     bool was_ready;          /* had a coordinator once (init is over) */
@@ -110,7 +111,8 @@ static int send_ready(rx_member_t *m, coh_request_t *req)
                                    .attempt = s->attempt,
                                    .redop = (uint32_t)s->redop,
                                    .plain = (uint32_t)s->plain,
-                                   .last_gid = m->last_gid};
+                                   .last_gid = m->last_gid,
+                                   .join = s->join};
     if (!m->conn || atomic_load(&m->lost)) return COH_EPEER;
     return rx_ctl_send(m->conn, &msg);
 }
@@ -128,6 +130,8 @@ static void reset_attempt(rx_syncreq_t *s)
     coh_free(s->tmp);
     s->tmp = NULL;
     s->awaiting = false;
+    s->join = RX_JOIN_NONE; /* a retry joins nothing */
+    s->nseg = s->seg = 0;
 }
 
 /* ---- coh_sync's task on the control reactor ---- */
@@ -144,7 +148,19 @@ static void ready_run(rx_task_t *t, rx_reactor_t *rx)
     coh_free(rt);
     rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
     m->pending = req;
-    req->sync->t_start_ns = bs_now_ns();
+    rx_syncreq_t *s = req->sync;
+    s->t_start_ns = bs_now_ns();
+    /* This rank relays phase 1 of a group of this op right now: its data
+     * joins the segments not launched yet (AdapCC's mid-phase join). The
+     * READY says from which one, so phase 2 brings only the ones before. */
+    coh_request_t *rr = m->relay_req;
+    rx_syncreq_t *rs = rr ? rr->sync : NULL;
+    if (rs && rs->running && !rs->joined && s->mode == COH_SYNC_RELAY && rs->count == s->count &&
+        rs->dtype == s->dtype && rs->redop == s->redop && rs->plain == s->plain &&
+        rs->seg + 1 < rs->nseg && !m->electing) {
+        s->join = rs->seg + 1;
+        rs->joined = true;
+    }
     if (m->electing) return; /* sent once the new coordinator is reached */
     int st = send_ready(m, req);
     if (st < 0) finish(m, req, st, "lost the connection to the coordinator");
@@ -175,22 +191,23 @@ static void abort_group(struct coh_ctx *ctx, uint32_t gcomm, const int *members,
  * group, and a relay group's phases. */
 static int group_launch(struct coh_ctx *ctx, coh_request_t *req, uint64_t gid, uint64_t seq,
                         sc_coll_kind kind, const int *ring, int n, int pos, int root,
-                        const void *in, void *out, double scale, double divide)
+                        const void *in, void *out, size_t count, double scale, double divide)
 {
     rx_syncreq_t *s = req->sync;
     const coh_config_t *cfg = &ctx->cfg;
     size_t es = coh_dtype_size(s->dtype);
     uint64_t chunk = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
-    uint64_t sig = bs_fnv64(bs_fnv64(bs_fnv64(BS_FNV_SEED, 0x5359u), s->count), (uint64_t)s->dtype);
+    uint64_t sig = bs_fnv64(bs_fnv64(bs_fnv64(BS_FNV_SEED, 0x5359u), count), (uint64_t)s->dtype);
     sig = bs_fnv64(bs_fnv64(bs_fnv64(sig, gid), seq), (uint64_t)kind * 8 + (uint64_t)s->redop);
     for (int i = 0; i < n; i++) sig = bs_fnv64(sig, (uint64_t)ring[i]);
     char desc[96];
     if (s->phase || s->internal)
-        snprintf(desc, sizeof(desc), "relay group %llu phase %d (%d ranks, count=%zu, %s)",
-                 (unsigned long long)gid, seq ? 2 : 1, n, s->count, coh_dtype_name(s->dtype));
+        snprintf(desc, sizeof(desc), "relay group %llu phase %d.%llu (%d ranks, count=%zu, %s)",
+                 (unsigned long long)gid, seq >= RX_MAX_SEGS ? 2 : 1,
+                 (unsigned long long)(seq % RX_MAX_SEGS), n, count, coh_dtype_name(s->dtype));
     else
         snprintf(desc, sizeof(desc), "sync(group %llu of %d, count=%zu, %s)",
-                 (unsigned long long)gid, n, s->count, coh_dtype_name(s->dtype));
+                 (unsigned long long)gid, n, count, coh_dtype_name(s->dtype));
     memset(s->nbw, 0, sizeof(s->nbw));
     rx_launch_t L = {.coll = {.kind = kind,
                               .algo = SC_ALGO_AUTO,
@@ -198,7 +215,7 @@ static int group_launch(struct coh_ctx *ctx, coh_request_t *req, uint64_t gid, u
                               .rank = pos,
                               .order = ring,
                               .root = root,
-                              .count = s->count,
+                              .count = count,
                               .chunk_elems = chunk,
                               .small_elems = cfg->small_bytes / es,
                               .scale = scale,
@@ -207,7 +224,7 @@ static int group_launch(struct coh_ctx *ctx, coh_request_t *req, uint64_t gid, u
                      .seq = seq,
                      .sig = sig,
                      .key = gid + seq,
-                     .bytes = (uint64_t)s->count * es,
+                     .bytes = (uint64_t)count * es,
                      .desc = desc,
                      .dtype = s->dtype,
                      .redop = s->redop,
@@ -217,6 +234,48 @@ static int group_launch(struct coh_ctx *ctx, coh_request_t *req, uint64_t gid, u
     int st = rx_launch(ctx, req, &L);
     if (st < 0) s->running = false;
     return st;
+}
+
+/* Segment k of nseg over count elements starts here (k = nseg: the end). */
+static size_t seg_lo(size_t count, uint32_t nseg, uint32_t k)
+{
+    return nseg ? (size_t)((unsigned __int128)count * k / nseg) : 0;
+}
+
+/*
+ * Launch segment s->seg of a relay group's phase 1 (op number seg). A ready
+ * rank sends its data; a relay the op's identity, or, once its own sync has
+ * joined (AdapCC: the late rank joins the chunks still to come), that
+ * sync's data: those segments then have it, and phase 2 folds in only the
+ * ones before.
+ */
+static bool dtype_int(coh_dtype d);
+static double relay_scale(const rx_syncreq_t *s);
+static double relay_divide(const rx_syncreq_t *s, double total);
+
+static int launch_seg(rx_member_t *m, coh_request_t *req)
+{
+    rx_syncreq_t *s = req->sync;
+    int pos = 0;
+    while (pos < s->nmembers && s->members[pos] != m->ctx->rank) pos++;
+    /* A final phase 1 (nobody late) divides at its end. */
+    double divide = !s->internal && s->phase == 0 ? relay_divide(s, s->total_weight) : 0;
+    size_t es = coh_dtype_size(s->dtype);
+    size_t lo = seg_lo(s->count, s->nseg, s->seg), hi = seg_lo(s->count, s->nseg, s->seg + 1);
+    const void *in = s->sendbuf;
+    double scale = relay_scale(s);
+    if (s->internal) {
+        coh_request_t *own = m->pending;
+        rx_syncreq_t *os = own ? own->sync : NULL;
+        bool data = s->joined && os && os->join != RX_JOIN_NONE && os->join <= s->seg;
+        in = data ? os->sendbuf : s->ident;
+        scale = data && !os->plain
+                    ? (dtype_int(os->dtype) ? os->weight : ldexp(os->weight, -s->exp))
+                    : 0;
+    }
+    return group_launch(m->ctx, req, s->group_id, s->seg, SC_ALLREDUCE, s->members, s->nmembers,
+                        pos, 0, (const char *)in + lo * es, (char *)s->scratch + lo * es, hi - lo,
+                        scale, divide);
 }
 
 static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
@@ -337,7 +396,7 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
         divide = ldexp(divide, -e);
     }
     int st = group_launch(ctx, req, p->group_id, 0, SC_ALLREDUCE, members, n, pos, 0, s->sendbuf,
-                          s->scratch, scale, divide);
+                          s->scratch, s->count, scale, divide);
     if (st < 0) {
         /* The others wait for our part: tell them and the coordinator, and fail. */
         rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
@@ -455,13 +514,15 @@ static void relay_start(rx_member_t *m, const rx_ctl_rplan_t *p, int *ring, int 
                         .nmembers = (int)p->nring,
                         .relays = late,
                         .nrelays = (int)p->nlate,
+                        .nseg = p->nseg,
+                        .join = RX_JOIN_NONE,
                         .mode = COH_SYNC_RELAY};
+    (void)pos;
     s->t_plan_ns = bs_now_ns();
     req->sync = s;
     m->relay_req = req;
     m->relay_gid = p->group_id;
-    int st = group_launch(ctx, req, p->group_id, 0, SC_ALLREDUCE, ring, (int)p->nring, pos, 0,
-                          ident, scratch, 0, 0);
+    int st = launch_seg(m, req);
     if (st < 0) {
         m->relay_req = NULL;
         send_done(m, req, st);
@@ -485,6 +546,7 @@ static void relay_end(rx_member_t *m, coh_request_t *req)
         m->relay_nlate = s->nrelays;
         m->relay_ring = s->members;
         m->relay_nring = s->nmembers;
+        m->relay_nseg = s->nseg;
         s->scratch = NULL;
         s->relays = NULL;
         s->members = NULL;
@@ -503,8 +565,8 @@ static void relay_complete(rx_member_t *m, coh_request_t *req, int status)
 {
     rx_syncreq_t *s = req->sync;
     if (status == 0 && s->count) {
-        if (s->phase2_method != RX_RELAY_NONE)
-            gpu_cpu_reduce(s->dtype, s->redop, s->scratch, s->scratch, s->tmp, s->count);
+        if (s->phase2_method != RX_RELAY_NONE && s->tmp)
+            gpu_cpu_reduce(s->dtype, s->redop, s->scratch, s->scratch, s->tmp, s->prefix);
         double div = relay_divide(s, s->total_weight);
         if (div != 0 && gpu_cpu_div(s->dtype, s->scratch, s->count, div) < 0) status = COH_EINVAL;
     }
@@ -622,10 +684,11 @@ static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
         s->exp = p->exp;
         s->total_weight = p->total_weight;
         s->phase = p->final ? 0 : 1;
+        s->nseg = p->nseg;
+        s->seg = 0;
+        s->join = RX_JOIN_NONE; /* ready: its data is in every segment */
         s->t_plan_ns = bs_now_ns();
-        double div = p->final ? relay_divide(s, p->total_weight) : 0;
-        int st = group_launch(ctx, req, p->group_id, 0, SC_ALLREDUCE, ring, (int)p->nring, pos, 0,
-                              s->sendbuf, s->scratch, relay_scale(s), div);
+        int st = launch_seg(m, req);
         if (st < 0) {
             send_done(m, req, st);
             finish(m, req, st, "cannot build the relay group's plan");
@@ -647,6 +710,7 @@ static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
         s->nrelays = m->relay_nlate;
         s->members = m->relay_ring;
         s->nmembers = m->relay_nring;
+        s->nseg = m->relay_nseg;
         m->relay_result = NULL;
         m->relay_late = NULL;
         m->relay_ring = NULL;
@@ -673,42 +737,36 @@ static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
     s->full = s->nexcluded == 0;
     size_t es = coh_dtype_size(s->dtype);
     int st = 0;
-    if (p->method == RX_RELAY_NONE || !s->count) {
+    s->prefix = p->prefix;
+    if (p->method == RX_RELAY_NONE || !s->count || !p->prefix) {
         coh_free(ring);
         coh_free(late);
         send_done(m, req, 0);
         await_commit(m, req);
         return;
     }
-    s->tmp = coh_aligned(s->count * es, 64);
+    /* What this rank brings, over the elements phase 2 covers: a late rank
+     * its (weighted) data of the segments before the one it joined at, the
+     * identity beyond; the others the identity. */
+    size_t mine =
+        am_late ? (s->join == RX_JOIN_NONE ? s->count : seg_lo(s->count, s->nseg, s->join)) : 0;
+    if (mine > s->prefix) mine = s->prefix;
+    s->tmp = coh_aligned(s->prefix * es, 64);
     if (!s->tmp) st = COH_ENOMEM;
-    if (st == 0 && p->method == RX_RELAY_BCAST) {
-        int root = -1;
-        for (uint32_t i = 0; i < p->nring; i++)
-            if (ring[i] == late[0]) root = (int)i;
-        if (root == pos) {
-            memcpy(s->tmp, s->sendbuf, s->count * es);
-            double f = relay_scale(s);
-            if (f != 0) gpu_cpu_scale(s->dtype, s->tmp, s->count, f);
-        }
-        st = group_launch(ctx, req, p->group_id, 1, SC_BROADCAST, ring, (int)p->nring, pos, root,
-                          s->tmp, s->tmp, 0, 0);
-    } else if (st == 0) {
-        const void *in = s->sendbuf;
+    int root = -1;
+    for (uint32_t i = 0; i < p->nring; i++)
+        if (ring[i] == late[0]) root = (int)i;
+    bool bcast = p->method == RX_RELAY_BCAST;
+    if (st == 0 && (!bcast || root == pos)) {
+        gpu_cpu_fill_identity(s->dtype, s->redop, s->tmp, s->prefix);
+        memcpy(s->tmp, s->sendbuf, mine * es);
         double f = relay_scale(s);
-        if (!am_late) {
-            if (!s->ident) s->ident = coh_aligned(s->count * es, 64);
-            if (!s->ident)
-                st = COH_ENOMEM;
-            else
-                gpu_cpu_fill_identity(s->dtype, s->redop, s->ident, s->count);
-            in = s->ident;
-            f = 0;
-        }
-        if (st == 0)
-            st = group_launch(ctx, req, p->group_id, 1, SC_ALLREDUCE, ring, (int)p->nring, pos, 0,
-                              in, s->tmp, f, 0);
+        if (f != 0) gpu_cpu_scale(s->dtype, s->tmp, mine, f);
     }
+    if (st == 0)
+        st = group_launch(ctx, req, p->group_id, RX_MAX_SEGS, bcast ? SC_BROADCAST : SC_ALLREDUCE,
+                          ring, (int)p->nring, pos, bcast ? root : 0, s->tmp, s->tmp, s->prefix, 0,
+                          0);
     coh_free(ring); /* the plans hold their peers */
     coh_free(late);
     if (st < 0) {
@@ -757,6 +815,14 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
     rx_member_t *m = ((struct coh_ctx *)rx->owner)->member;
     rx_syncreq_t *s = req->sync;
     s->running = false;
+    if (atomic_load(&req->status) == 0 && (s->internal || s->phase == 1) && s->seg + 1 < s->nseg) {
+        /* The next segment of phase 1 (a relay's: with its own data, should
+         * its sync have joined meanwhile). */
+        s->seg++;
+        int st = launch_seg(m, req);
+        if (st == 0) return;
+        rx_request_set_error(req, st, "cannot launch the next segment of phase 1");
+    }
     if (s->internal) {
         relay_end(m, req);
         return;
@@ -1329,6 +1395,7 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
                         .weight = weight,
                         .redop = redop,
                         .plain = plain,
+                        .join = RX_JOIN_NONE,
                         .retries_left = SYNC_RETRIES};
     req->sync = s;
     if (!m) {
@@ -1435,7 +1502,9 @@ COH_API int coh_request_group(const coh_request_t *req, coh_group_info_t *info)
         .relayed = s->relayed,
         .phase2 = s->phase2,
         .phase2_method = s->phase2_method,
-        .nexcluded = s->nexcluded};
+        .nexcluded = s->nexcluded,
+        .nsegments = (int)s->nseg,
+        .joined = s->join == RX_JOIN_NONE ? -1 : (int)s->join};
     return 0;
 }
 

@@ -56,6 +56,11 @@ typedef struct rx_syncreq {
     int relayed, phase2, phase2_method, nexcluded;
     int32_t exp;          /* floating-point weights scale by 2^-exp */
     void *tmp;            /* phase 2: what the late ranks bring */
+    size_t prefix;        /* phase 2: the elements it covers, from the start */
+    uint32_t nseg, seg;   /* phase 1 runs as nseg ops over consecutive segments; seg runs */
+    uint32_t join;        /* a late rank's sync: the first segment of its relay op that its
+                             data went into (RX_JOIN_NONE: none) */
+    bool joined;          /* a relay's own phase-1 op: the rank's sync joined it */
     void *ident;          /* the identity of redop: what a non-contributor sends */
     uint32_t coord_epoch; /* the coordinator its READY went to */
 } rx_syncreq_t;

@@ -36,6 +36,12 @@
  *       collectives on the new communicator: its size and renumbering, an
  *       allreduce, a broadcast, an allgather of world ranks, a barrier; a
  *       second shrink with no new failure gives the same ranks.
+ *   test_relay join ITERS [DELAY_US [MIN]]   weighted relay syncs of 16 MiB (phase 1 runs as
+ *       segments) with the straggler late by about half of phase 1: its data
+ *       joins the segments still to come (AdapCC's mid-phase join) and phase
+ *       2 brings only the ones before. Every result is the exact full mean;
+ *       the straggler must have joined mid-phase in MIN syncs, and prints
+ *       how often and at which segment.
  *   test_relay grow VICTIM  world allreduces until VICTIM dies (SIGKILL); the
  *       survivors shrink, run checked collectives, and rank 1 (2 if the
  *       victim is 1) restarts the victim (a new process: same rank, COHORT_REJOIN=1). The survivors
@@ -65,6 +71,8 @@
 
 static int R, N;
 static coh_comm_t *W;
+static long join_delay_us = 40000;
+static int join_min = 1;
 
 static double val(int r, int it, size_t j)
 {
@@ -510,6 +518,51 @@ static void run_shrink(int victim)
         R, victim, it, took * 1e3, (mp_now_s() - t_fail) * 1e3);
 }
 
+/* ---- mid-phase join ---- */
+
+#define JOIN_COUNT (2u << 20) /* 16 MiB of f64: 8 segments of phase 1 */
+
+static void run_join(int iters)
+{
+    double *x = malloc(JOIN_COUNT * sizeof(double));
+    double total = 0;
+    for (int r = 0; r < N; r++) total += r + 1;
+    int joins = 0, segsum = 0, nseg = 0;
+    for (int it = 0; it < iters; it++) {
+        /* The others sync at once; the straggler comes while phase 1 runs. */
+        if (R == N - 1) usleep((useconds_t)(join_delay_us));
+        for (size_t j = 0; j < JOIN_COUNT; j++) x[j] = val(R, it, j);
+        coh_request_t *req;
+        MP_OK(coh_sync_ex(W, x, JOIN_COUNT, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req));
+        int st = coh_wait(req, 60000);
+        if (st != 0)
+            MP_FAIL("sync %d failed: %s: %s", it, coh_status_name(st), coh_request_error(req));
+        coh_group_info_t g;
+        check_group(req, it, it, x, JOIN_COUNT, &g);
+        if (g.size != N || g.total_weight != total)
+            MP_FAIL("sync %d: a group of %d, total weight %g", it, g.size, g.total_weight);
+        if (g.nsegments > nseg) nseg = g.nsegments;
+        if (g.joined > 0) {
+            joins++;
+            segsum += g.joined;
+            if (g.joined >= g.nsegments)
+                MP_FAIL("joined at segment %d of %d", g.joined, g.nsegments);
+        }
+        coh_request_free(req);
+        /* Line the ranks up again for the next step. */
+        MP_OK(coh_barrier(W, &req));
+        mp_wait(req);
+    }
+    if (R == N - 1) {
+        printf("rank %d: joined phase 1 mid-way in %d of %d syncs (mean segment %.1f of %d)\n", R,
+               joins, iters, joins ? (double)segsum / joins : 0.0, nseg);
+        if (nseg < 2) MP_FAIL("phase 1 ran as %d segment(s)", nseg);
+        if (joins < join_min) MP_FAIL("the straggler joined phase 1 mid-way in %d syncs", joins);
+    }
+    printf("rank %d: OK join\n", R);
+    free(x);
+}
+
 /* ---- grow: a failed rank restarts and rejoins ---- */
 
 static void grown_checks(coh_comm_t *g, coh_comm_t *world)
@@ -701,6 +754,10 @@ int main(int argc, char **argv)
         fault_kill = 1;
         snprintf(fault_dir, sizeof(fault_dir), "%s", argv[3]);
         run_agree(iters, atoi(argv[4]));
+    } else if (!strcmp(argv[1], "join")) {
+        if (argc > 3) join_delay_us = atol(argv[3]);
+        if (argc > 4) join_min = atoi(argv[4]);
+        run_join(iters);
     } else if (!strcmp(argv[1], "grow")) {
         run_grow(atoi(argv[2]), argv);
     } else if (!strcmp(argv[1], "probe")) {

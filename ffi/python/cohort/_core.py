@@ -52,7 +52,7 @@ class Result:
 
     __slots__ = ("type", "time_us", "abi_us", "rank", "size", "members", "wait_us", "comm_us",
                  "full", "total_weight", "group_id", "relays", "nrelays", "relayed", "phase2",
-                 "phase2_method", "nexcluded", "response")
+                 "phase2_method", "nexcluded", "nsegments", "joined", "response")
 
     def __init__(self, resp):
         self.response = resp
@@ -82,6 +82,10 @@ class Result:
         self.phase2 = g.get("phase2")
         self.phase2_method = g.get("phase2_method")
         self.nexcluded = g.get("nexcluded")
+        # phase 1 ran as nsegments ops; joined: the segment this (late) rank's
+        # data joined phase 1 at (-1: none; phase 2 brought the ones before)
+        self.nsegments = g.get("nsegments")
+        self.joined = g.get("joined")
 
     def __repr__(self):
         return "Result(type=%r, time_us=%.1f, abi_us=%.1f, group=%r)" % (
