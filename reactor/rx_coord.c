@@ -792,8 +792,9 @@ static void relay_try_phase2(rx_coord_t *c, co_group_t *g)
                           : (uint64_t)((unsigned __int128)first->count * j / g->nseg);
         if (lp > prefix) prefix = lp;
     }
-    int method =
-        k && prefix ? sc_sched_phase2_method(c->sched[g->mode], iring, n2, k) : RX_RELAY_NONE;
+    int method = k && prefix ? sc_sched_phase2_method(c->sched[g->mode], iring, n2, k,
+                                                      (double)prefix / (double)first->count)
+                             : RX_RELAY_NONE;
     if (method < 0) method = RX_RELAY_ALLREDUCE;
     g->phase = 3;
     bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu phase 2: %d late folded in (%s), %d out",

@@ -819,15 +819,17 @@ int sc_sched_set_alpha(sc_sched_t *s, double alpha_s)
     return 0;
 }
 
-int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k)
+int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k, double frac)
 {
     if (!s || !ring || n < 1 || k <= 0) return 0;
     for (int i = 0; i < n; i++)
         if (bad_worker(s, ring[i])) return COH_EINVAL;
     if (k > 1 || n < 2) return 2;
+    sc_cost_t c = s->cost;
+    if (frac > 0 && frac < 1) c.model_gbit *= frac;
     double b = min_bw(s, ring, n);
-    double bcast = (n - 1) * s->cost.alpha_s + s->cost.model_gbit / b;
-    return bcast <= sc_cost_ring(&s->cost, n, b) ? 1 : 2;
+    double bcast = (n - 1) * c.alpha_s + c.model_gbit / b;
+    return bcast <= sc_cost_ring(&c, n, b) ? 1 : 2;
 }
 
 /* Every ready worker, ascending id (a stable ring for full syncs). */

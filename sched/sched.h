@@ -298,8 +298,10 @@ int sc_sched_on_phase1_done(sc_sched_t *s, uint64_t group_id, double t);
  * broadcasts around the ring (k * v / b), 2 = an allreduce in which the
  * others contribute the identity (Eq. 2) -- whichever the cost model says
  * is cheaper (the same comparison as the ski rental's phase-2 cost);
- * broadcasting is only chosen for k = 1. 0 when k = 0. */
-int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k);
+ * broadcasting is only chosen for k = 1. 0 when k = 0. frac (0, 1]: the
+ * part of the model phase 2 moves (a late worker that joined phase 1 part
+ * way only misses its start): the latency terms weigh more then. */
+int sc_sched_phase2_method(const sc_sched_t *s, const int *ring, int n, int k, double frac);
 /* A measured per-hop latency (alpha-beta probe): the cost model's alpha. */
 int sc_sched_set_alpha(sc_sched_t *s, double alpha_s);
 /* New bandwidth estimate for w in Gbps (> 0). */
