@@ -228,7 +228,33 @@ def ctl():
     write(t, "state_short", ctl_msg(16, struct.pack("<IIQ", 2, 0, 40)))
 
 
+def dg(flags=0, job=0x1122334455667788, comm=0, step=1, seq=3, segno=0, seg=1400, payload=b"",
+       magic=b"COHD", version=1, ln=None):
+    """A datagram of the bounded-loss transport, then the segment size (2 bytes, big-endian)
+    the fuzzer decodes it with."""
+    ln = len(payload) if ln is None else ln
+    head = magic + struct.pack("<BBHQIIQQII", version, flags, 0, job, comm, step, seq, segno * seg,
+                               ln, segno)
+    return head + payload + struct.pack(">H", seg)
+
+
+def dgram():
+    t = "dgram_fuzzer"
+    write(t, "first", dg(payload=bytes(range(200))))
+    write(t, "pull_last", dg(flags=3, segno=5, seg=256, payload=b"\x01" * 256))
+    write(t, "short_last", dg(segno=63, seg=64, payload=b"xy"))
+    write(t, "past_bitmap", dg(segno=64, seg=64, payload=b"z"))
+    write(t, "empty", dg())
+    write(t, "too_long", dg(seg=16, payload=b"a" * 17))
+    write(t, "len_mismatch", dg(payload=b"abc", ln=4))
+    write(t, "bad_magic", dg(magic=b"COHX"))
+    write(t, "bad_version", dg(version=2))
+    write(t, "bad_flags", dg(flags=0x80))
+    write(t, "no_segment_size", dg(seg=0, payload=b"q"))
+
+
 if __name__ == "__main__":
+    dgram()
     ffi()
     frame()
     hellos()
