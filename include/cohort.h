@@ -208,7 +208,9 @@ COH_API int coh_comm_size(const coh_comm_t *comm, int *size);
  * for COHORT_LIVENESS_MS (hung, SIGSTOP), or, in a relay group, it missed
  * its fault deadline (T_fault). Every rank hears it from the coordinator
  * and drops the failed rank's connections (so ops waiting on it end with
- * COH_EPEER at once); syncs and relay groups go on without it. A rank that
+ * COH_EPEER at once, and so does every later collective of a communicator
+ * that holds it: use coh_comm_shrink); syncs and relay groups go on
+ * without it. A rank that
  * loses the coordinator counts the coordinator as failed. A rank that
  * finalizes is not failed.
  *
