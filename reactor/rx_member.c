@@ -242,6 +242,10 @@ static size_t seg_lo(size_t count, uint32_t nseg, uint32_t k)
     return nseg ? (size_t)((unsigned __int128)count * k / nseg) : 0;
 }
 
+static bool dtype_int(coh_dtype d);
+static double relay_scale(const rx_syncreq_t *s);
+static double relay_divide(const rx_syncreq_t *s, double total);
+
 /*
  * Launch segment s->seg of a relay group's phase 1 (op number seg). A ready
  * rank sends its data; a relay the op's identity, or, once its own sync has
@@ -249,10 +253,6 @@ static size_t seg_lo(size_t count, uint32_t nseg, uint32_t k)
  * sync's data: those segments then have it, and phase 2 folds in only the
  * ones before.
  */
-static bool dtype_int(coh_dtype d);
-static double relay_scale(const rx_syncreq_t *s);
-static double relay_divide(const rx_syncreq_t *s, double total);
-
 static int launch_seg(rx_member_t *m, coh_request_t *req)
 {
     rx_syncreq_t *s = req->sync;
