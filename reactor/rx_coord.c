@@ -1388,7 +1388,8 @@ static void on_ready(rx_conn_t *conn)
         /* A failed rank restarted: a new incarnation, out of the schedule
          * until a coh_comm_grow takes it in (the old one's state goes). */
         co_rank_t *cr = &c->ranks[peer];
-        *cr = (co_rank_t){.joining = true, .left = true};
+        /* (stated: it awaits no relay group of the others) */
+        *cr = (co_rank_t){.joining = true, .left = true, .stated = true};
         bs_log(COH_LOG_WARN, "coordinator: rank %d restarted and rejoins", peer);
         cr->conn = conn;
         cr->t_heard_ns = bs_now_ns();
