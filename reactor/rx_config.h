@@ -120,7 +120,10 @@ typedef enum rx_knob_kind {
       "ranks on this host (set by cohortrun; else LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE)")  \
     X(sched_trace, RX_K_STR, "", "COHORT_SCHED_TRACE", 0, RX_STR_MAX,                              \
       "warm start of the coordinator: a CSV worker,bandwidth_gbps,compute_s (cohort-sim "          \
-      "replay's)")
+      "replay's)")                                                                                 \
+    X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
+      "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "     \
+      "data joined has ended (between a relay group's phases)")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

@@ -9,8 +9,11 @@
  * write their own slot.
  */
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu/gpu.h"
 #include "reactor/rx_ctx.h"
@@ -530,6 +533,25 @@ static void relay_start(rx_member_t *m, const rx_ctl_rplan_t *p, int *ring, int 
     }
 }
 
+/* COHORT_TEST_FAULT=die-after-joined-relay: die between a relay group's
+ * phases, once this rank's data is partly in phase 1's result (tests). The
+ * DONE just queued goes out first. */
+static void *die_soon(void *arg)
+{
+    (void)arg;
+    usleep(20000);
+    raise(SIGKILL);
+    return NULL;
+}
+
+static void test_fault_joined(void)
+{
+    const char *f = getenv("COHORT_TEST_FAULT");
+    if (!f || strcmp(f, "die-after-joined-relay") != 0) return;
+    pthread_t t;
+    if (pthread_create(&t, NULL, die_soon, NULL) == 0) pthread_detach(t);
+}
+
 /* The relay's phase-1 op ended: report it, keep its result for phase 2. */
 static void relay_end(rx_member_t *m, coh_request_t *req)
 {
@@ -537,6 +559,7 @@ static void relay_end(rx_member_t *m, coh_request_t *req)
     int status = atomic_load(&req->status);
     s->running = false;
     send_done(m, req, status);
+    if (status == 0 && s->joined) test_fault_joined();
     if (m->relay_req == req) m->relay_req = NULL;
     if (status == 0 && m->relay_gid == s->group_id) {
         relay_forget(m);

@@ -22,7 +22,7 @@
  *       the survivors' next completed sync ("recovery_ms"). A stopped victim
  *       is SIGKILLed by the lowest survivor at the end. VICTIM 0 is the
  *       coordinator: the survivors elect another and go on.
- *   test_relay agree ITERS DIR VICTIM   ITERS relay syncs of larger data (so a
+ *   test_relay agree ITERS DIR VICTIM [COUNT [joined]]   ITERS relay syncs of larger data (so a
  *       phase 2 takes a few ms) whose values depend on the iteration, while
  *       VICTIM SIGKILLs itself at a random moment, so in some runs during a
  *       phase 2 or before its commit. Every survivor's every sync must
@@ -30,7 +30,11 @@
  *       same iteration; afterwards the survivors shrink the world and compare
  *       a digest of every sync (members and result bytes): a relay op ends
  *       with the same result on every survivor, never kept by some and
- *       retried by others.
+ *       retried by others. "joined": two late ranks, the victim 40 ms and
+ *       the last rank 300 ms; the victim's data joins phase 1 mid-way, and it
+ *       dies (COHORT_TEST_FAULT) while phase 2 still waits for the last rank,
+ *       its data partly in phase 1's result: the group starts over without
+ *       it.
  *   test_relay shrink VICTIM  world allreduces until VICTIM dies (SIGKILL);
  *       the survivors shrink the world (coh_comm_shrink) and run checked
  *       collectives on the new communicator: its size and renumbering, an
@@ -368,7 +372,9 @@ static void run_fault(int victim)
 
 /* ---- agreement after a death ---- */
 
-#define AGREE_COUNT 262147
+#define AGREE_COUNT 262147 /* 2 MiB: 8 segments of phase 1 */
+static size_t agree_count = AGREE_COUNT;
+static bool agree_joined; /* the victim dies between the phases, its data partly in */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -385,16 +391,19 @@ static void run_agree(int iters, int victim)
      * straggler's data) and the commit that follows: the straggler itself
      * within 4 ms of its READY, another rank 20-30 ms after its own (the
      * straggler is 25 ms late), at a random iteration. */
-    int die_at = R == victim ? 10 + rand() % (iters / 2) : -1;
+    int die_at = R == victim && !agree_joined ? 10 + rand() % (iters / 2) : -1;
     useconds_t die_us = (useconds_t)(R == N - 1 ? rand() % 4000 : 20000 + rand() % 10000);
-    double *x = malloc(AGREE_COUNT * sizeof(double));
+    double *x = malloc(agree_count * sizeof(double));
     uint64_t *dig = calloc((size_t)iters, sizeof(uint64_t));
     int excl = 0;
     for (int it = 0; it < iters; it++) {
-        step(it);
-        for (size_t j = 0; j < AGREE_COUNT; j++) x[j] = val(R, it, j);
+        if (agree_joined) /* two late ranks: the victim, joined; the last, much later */
+            usleep(R == N - 1 ? 300000 : R == victim ? 40000 : 2000);
+        else
+            step(it);
+        for (size_t j = 0; j < agree_count; j++) x[j] = val(R, it, j);
         coh_request_t *req;
-        MP_OK(coh_sync_ex(W, x, AGREE_COUNT, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req));
+        MP_OK(coh_sync_ex(W, x, agree_count, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req));
         if (it == die_at) {
             usleep(die_us);
             raise(SIGKILL);
@@ -405,10 +414,10 @@ static void run_agree(int iters, int victim)
             MP_FAIL("sync %d: %s: %s (a survivor's sync must succeed)", it, coh_status_name(st),
                     coh_request_error(req));
         coh_group_info_t g;
-        check_group(req, it, it, x, AGREE_COUNT, &g); /* data of another iteration fail */
+        check_group(req, it, it, x, agree_count, &g); /* data of another iteration fail */
         uint64_t h = fnv(1469598103934665603ull, &g.size, sizeof(g.size));
         h = fnv(h, g.members, sizeof(int) * (size_t)g.size);
-        dig[it] = fnv(h, x, AGREE_COUNT * sizeof(double));
+        dig[it] = fnv(h, x, agree_count * sizeof(double));
         excl += g.size < N;
         coh_request_free(req);
     }
@@ -737,6 +746,14 @@ int main(int argc, char **argv)
         return 2;
     }
     int iters = atoi(argv[2]);
+    /* agree ... joined: the victim (the straggler) dies just after its first
+     * relay op its own data joined (COHORT_TEST_FAULT), before phase 2. */
+    if (argc > 6 && !strcmp(argv[1], "agree") && !strcmp(argv[6], "joined")) {
+        agree_joined = true;
+        const char *me = getenv("COHORT_RANK");
+        if (me && atoi(me) == atoi(argv[4]))
+            setenv("COHORT_TEST_FAULT", "die-after-joined-relay", 1);
+    }
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
     if (!strcmp(argv[1], "fault")) {
         if (argc < 4) MP_FAIL("usage: test_relay fault kill|stop DIR [VICTIM]");
@@ -753,6 +770,7 @@ int main(int argc, char **argv)
         if (argc < 5) MP_FAIL("usage: test_relay agree ITERS DIR VICTIM");
         fault_kill = 1;
         snprintf(fault_dir, sizeof(fault_dir), "%s", argv[3]);
+        if (argc > 5) agree_count = (size_t)atol(argv[5]);
         run_agree(iters, atoi(argv[4]));
     } else if (!strcmp(argv[1], "join")) {
         if (argc > 3) join_delay_us = atol(argv[3]);
