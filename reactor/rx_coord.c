@@ -60,14 +60,15 @@ typedef struct co_group {
     /* Relay groups (COH_SYNC_RELAY): members are the ring, ready ranks first
      * and then the late ones, who relay phase 1. */
     bool relay;
-    int phase;         /* 1 phase 1 runs; 2 waiting for the late ranks; 3 phase 2 runs */
-    uint8_t *rst;      /* per member: RL_* */
-    int32_t exp;       /* weighted floating-point data scales by 2^-exp */
-    double w1;         /* weights in the phase-1 result (plain: contributors) */
-    double t_p1;       /* phase 1 ended */
-    rx_ctl_rplan_t p1; /* phase 1's plan (attempt 0), for a relay that connects late */
-    uint32_t nseg;     /* phase 1's segments (a late rank's data joins those to come) */
-    uint32_t *ring32;  /* p1's ring and late ranks point here */
+    int phase;           /* 1 phase 1 runs; 2 waiting for the late ranks; 3 phase 2 runs */
+    uint8_t *rst;        /* per member: RL_* */
+    int32_t exp;         /* weighted floating-point data scales by 2^-exp */
+    double w1;           /* weights in the phase-1 result (plain: contributors) */
+    double t_p1;         /* phase 1 ended */
+    double t_first_done; /* the running phase's first DONE came (0: none yet) */
+    rx_ctl_rplan_t p1;   /* phase 1's plan (attempt 0), for a relay that connects late */
+    uint32_t nseg;       /* phase 1's segments (a late rank's data joins those to come) */
+    uint32_t *ring32;    /* p1's ring and late ranks point here */
 } co_group_t;
 
 enum {
@@ -312,6 +313,51 @@ static void relay_retry_all(rx_coord_t *c, co_group_t *g)
     group_end(c, g);
 }
 
+/*
+ * A relay group whose running phase ended on some members twice the op
+ * timeout ago, with nobody failed, while others never reported (a plan they
+ * did not take up, as a stale one). Members of one op end within an op
+ * timeout of each other (an op without progress fails), so that word will
+ * not come: the group starts over instead of holding every member forever. Phase 1: as when it
+ * fails. Phase 2: the members that reported well start over on a COMMIT EPEER, the silent ones on a
+ * refusal of the attempt they were planned with.
+ */
+static void relay_stuck(rx_coord_t *c, co_group_t *g)
+{
+    for (int i = 0; i < g->n; i++)
+        if (!g->done[i])
+            bs_log(COH_LOG_WARN,
+                   "coordinator: relay group %llu: no word from rank %d in twice the op timeout: "
+                   "the group starts over",
+                   (unsigned long long)g->gid, g->members[i]);
+    g->status = COH_ETIMEDOUT;
+    if (g->phase == 1) {
+        relay_retry_all(c, g);
+        return;
+    }
+    int *who = coh_malloc(sizeof(int) * (size_t)g->n);
+    uint64_t *att = coh_malloc(sizeof(uint64_t) * (size_t)g->n);
+    int nw = 0;
+    for (int i = 0; i < g->n; i++) {
+        if (g->done[i]) continue;
+        g->done[i] = 2;
+        g->ndone++;
+        if (who && att && !(g->rst[i] & RL_OUT)) {
+            who[nw] = g->members[i];
+            att[nw++] = g->readys[i].attempt;
+        }
+    }
+    uint64_t gid = g->gid;
+    relay_commit(c, g);
+    group_end(c, g);
+    /* After the group is gone: a failed send declares the rank lost. */
+    for (int k = 0; k < nw; k++)
+        if (!c->ranks[who[k]].lost)
+            send_plan(c, who[k], gid, att[k], COH_EPEER, RX_CTL_WHY_NONE, 0, &who[k], 1);
+    coh_free(who);
+    coh_free(att);
+}
+
 static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double duration)
 {
     if (g->relay && g->phase == 2) {
@@ -345,6 +391,7 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
         if (g->members[i] != r || g->done[i]) continue;
         g->done[i] = status < 0 ? 2 : 1; /* 1: ended well (relay_commit) */
         g->ndone++;
+        if (!g->t_first_done) g->t_first_done = now_s(c);
         if (duration > g->max_duration) g->max_duration = duration;
         if (status < 0 && g->status == 0) {
             g->status = status;
@@ -720,6 +767,7 @@ static void launch_relay(rx_coord_t *c, const sc_decision_t *d)
 static void relay_phase1_end(rx_coord_t *c, co_group_t *g)
 {
     g->t_p1 = now_s(c);
+    g->t_first_done = 0;
     if (c->sched[g->mode]) sc_sched_on_phase1_done(c->sched[g->mode], g->sgid, g->t_p1);
     g->phase = 2;
     g->ndone = 0;
@@ -797,6 +845,7 @@ static void relay_try_phase2(rx_coord_t *c, co_group_t *g)
                              : RX_RELAY_NONE;
     if (method < 0) method = RX_RELAY_ALLREDUCE;
     g->phase = 3;
+    g->t_first_done = 0;
     bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu phase 2: %d late folded in (%s), %d out",
            (unsigned long long)g->gid, k,
            method == RX_RELAY_BCAST       ? "broadcast"
@@ -1539,6 +1588,13 @@ static void on_tick(uv_timer_t *t)
                 break; /* the group may have moved on: next tick continues */
             }
         break;
+    }
+    for (co_group_t *g = c->groups; g; g = g->next) {
+        if (!g->relay || g->status != 0 || (g->phase != 1 && g->phase != 3) || !g->t_first_done ||
+            tnow - g->t_first_done < 2 * limit)
+            continue;
+        relay_stuck(c, g);
+        break; /* the list changed: next tick continues */
     }
     for (co_group_t *g = c->groups; g; g = g->next) {
         if (g->status == 0 || tnow - g->t_first_fail < limit) continue;

@@ -285,9 +285,12 @@ static void handle_plan(rx_member_t *m, const rx_ctl_plan_t *p)
 {
     struct coh_ctx *ctx = m->ctx;
     coh_request_t *req = m->pending;
-    if (req && p->status < 0 && req->sync->attempt == p->attempt && req->sync->phase == 2 &&
-        !req->sync->running) {
-        /* Our relay group's phase 1 ended here but failed elsewhere: no
+    rx_syncreq_t *ps = req ? req->sync : NULL;
+    if (ps && p->status < 0 && ps->attempt == p->attempt && !ps->running && !ps->awaiting &&
+        (ps->phase == 2 || (ps->mode == COH_SYNC_RELAY && !ps->members && p->status == COH_EPEER &&
+                            p->full == RX_CTL_WHY_NONE))) {
+        /* Our relay group's phase 1 ended here but failed elsewhere, or the
+         * group started over while this (late) rank waited for phase 2: no
          * phase 2 will come. The caller's buffer is untouched: again. */
         bs_log(COH_LOG_INFO, "rank %d: relay group %llu failed after our phase 1; trying again",
                ctx->rank, (unsigned long long)p->group_id);
