@@ -1565,7 +1565,7 @@ static void on_tick(uv_timer_t *t)
     tick_all(c);
     check_waiting(c, now);
     /* A group where someone failed and others never report (a hung rank)
-     * ends after the op timeout: the silent ones are out. */
+     * ends after twice the op timeout: the silent ones are out (below). */
     double tnow = now_s(c), limit = c->ctx->cfg.timeout_ms / 1e3;
     /* A relay group whose late ranks are still not ready an op timeout
      * after phase 1 (T_fault off, or no verdict): phase 2 goes on without
@@ -1596,8 +1596,13 @@ static void on_tick(uv_timer_t *t)
         relay_stuck(c, g);
         break; /* the list changed: next tick continues */
     }
+    /* Twice the op timeout: a member whose op waits on peers that gave up
+     * fails by the op timeout itself (no progress), and its DONE must not
+     * race this rule (a relay's op, its neighbours not the dead rank, ended
+     * right at the limit and the live relay was excluded). Hung ranks are
+     * the liveness check's. */
     for (co_group_t *g = c->groups; g; g = g->next) {
-        if (g->status == 0 || tnow - g->t_first_fail < limit) continue;
+        if (g->status == 0 || tnow - g->t_first_fail < 2 * limit) continue;
         for (int i = 0; i < g->n; i++)
             if (!g->done[i]) {
                 declare_lost_as(c, g->members[i], RX_LOST_SILENT, 0,
