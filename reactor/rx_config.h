@@ -122,7 +122,7 @@ typedef enum rx_knob_kind {
       "warm start of the coordinator: a CSV worker,bandwidth_gbps,compute_s (cohort-sim "          \
       "replay's)")                                                                                 \
     X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
-      "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "     \
+      "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
       "data joined has ended (between a relay group's phases)")
 
 typedef struct rx_knob {
