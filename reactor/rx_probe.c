@@ -5,7 +5,7 @@
  * rank meets whoever would meet itself), so no rank takes part in two probes
  * at once and the probes do not share a NIC. Per pair and rail: REPS one-f64
  * exchanges (a 2-rank allreduce: the median is the one-way latency) and a
- * COHORT_PROBE_BYTES broadcast each way (the rate). The pairs' ops run on
+ * COHORT_PROBE_BYTES broadcast each way (the rate; sc_fit_alpha_beta). The pairs' ops run on
  * their own communicator ids (0x40000000 | probe number << 16 | round), one
  * rail each. The results go to the coordinator (PROBE), which feeds its
  * scheduler's cost model and the rail balancer (rx_coord.c).
@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "reactor/rx_ctx.h"
+#include "sched/sc_est.h"
 
 #define PROBE_REPS 15
 
@@ -27,12 +28,6 @@ static int partner(int k, int i, int np)
     if (i == m) return k;
     int j = ((2 * k - i) % m + m) % m;
     return j == i ? m : j;
-}
-
-static int cmp_dbl(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 typedef struct pair_op {
@@ -143,10 +138,12 @@ int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_in
                 nfail++;
                 continue;
             }
-            qsort(lat, PROBE_REPS, sizeof(double), cmp_dbl);
-            double a = lat[PROBE_REPS / 2];
-            double t = (rate[0] + rate[1]) / 2 - a;
-            double gbps = t > 0 ? (double)bytes * 8 / t / 1e9 : 0;
+            double a = 0, gbps = 0;
+            if (sc_fit_alpha_beta(lat, PROBE_REPS, (rate[0] + rate[1]) / 2, bytes, &a, &gbps) !=
+                0) {
+                nfail++;
+                continue;
+            }
             res[nres++] = (rx_ctl_link_t){
                 .peer = (uint32_t)p, .rail = (uint32_t)r, .latency_s = a, .gbps = gbps};
             if (nl < cap)

@@ -48,6 +48,24 @@ void sc_cdf_free(sc_cdf_t *c)
 /* First index whose sample is > x (so #{<= x} == index). Branchless: the
  * comparison becomes a conditional move, so a query over a 4096-sample
  * window costs 12 predictable steps; BPAWR asks one per candidate. */
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int sc_fit_alpha_beta(double *lat, int n, double bulk_s, uint64_t bytes, double *alpha_s,
+                      double *gbps)
+{
+    if (n < 1 || bytes == 0 || !(bulk_s > 0)) return COH_EINVAL;
+    qsort(lat, (size_t)n, sizeof(double), cmp_dbl);
+    double t = bulk_s - lat[0];
+    if (!(t >= bulk_s / 2)) t = bulk_s / 2;
+    *alpha_s = lat[n / 2];
+    *gbps = (double)bytes * 8 / t / 1e9;
+    return 0;
+}
+
 static int upper_bound(const double *a, int n, double x)
 {
     if (n <= 0) return 0;

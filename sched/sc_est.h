@@ -49,6 +49,22 @@ static inline bool sc_ski_proceed(double waited_s, double buy_s)
     return waited_s >= buy_s;
 }
 
+/* ---- alpha-beta fit of one probed link ---- */
+
+/*
+ * From n one-word exchange times (lat, seconds; sorted in place) and the
+ * mean time of a `bytes` transfer (bulk_s): alpha = the median exchange,
+ * and the rate of what the transfer took beyond the fastest exchange (noise
+ * only ever adds to an exchange, so its minimum is the best latency to take
+ * off). On a loaded host the exchanges can be as slow as the transfer
+ * itself; then the two cannot be told apart, and the transfer is charged at
+ * least half its time: the rate is at most twice the plain bytes / bulk_s,
+ * never 0 nor unbounded. Returns COH_EINVAL for n < 1, bytes 0 or a bulk
+ * time that is not positive.
+ */
+int sc_fit_alpha_beta(double *lat, int n, double bulk_s, uint64_t bytes, double *alpha_s,
+                      double *gbps);
+
 /* ---- runtime CDF of compute time (Eq. 4) ---- */
 
 /*

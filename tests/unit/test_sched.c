@@ -100,6 +100,31 @@ static void test_cost_ring(void **state)
     assert_float_equal(sc_cost_phase2(&c, 1, 1, 1, 4.0), 0, EPS);
 }
 
+/* The probe's alpha-beta fit. The second case is what CI once saw on a
+ * loaded host (mp.relay.probe.n3.rails2): a median exchange of 1.59 ms beside
+ * a 1 MiB transfer of 1.4 ms, which the old fit (transfer - median) turned
+ * into a rate of 0 Gbps. */
+static void test_fit_alpha_beta(void **state)
+{
+    (void)state;
+    double a, g;
+    double lat[5] = {60e-6, 50e-6, 40e-6, 500e-6, 55e-6};
+    assert_int_equal(sc_fit_alpha_beta(lat, 5, 1.04e-3, 1u << 20, &a, &g), 0);
+    assert_float_equal(a, 55e-6, 1e-12);
+    assert_float_equal(g, (1u << 20) * 8 / 1e-3 / 1e9, 1e-9);
+    double noisy[5] = {1593e-6, 1700e-6, 1500e-6, 1600e-6, 1650e-6};
+    assert_int_equal(sc_fit_alpha_beta(noisy, 5, 1.4e-3, 1u << 20, &a, &g), 0);
+    assert_float_equal(a, 1600e-6, 1e-12);
+    double plain = (1u << 20) * 8 / 1.4e-3 / 1e9;
+    assert_true(g >= plain && g <= 2 * plain + 1e-9);
+    double one[1] = {1e-3};
+    assert_int_equal(sc_fit_alpha_beta(one, 1, 1.0005e-3, 4096, &a, &g), 0);
+    assert_float_equal(g, 4096 * 8 / 0.50025e-3 / 1e9, 1e-9);
+    assert_int_equal(sc_fit_alpha_beta(one, 0, 1e-3, 4096, &a, &g), COH_EINVAL);
+    assert_int_equal(sc_fit_alpha_beta(one, 1, 0, 4096, &a, &g), COH_EINVAL);
+    assert_int_equal(sc_fit_alpha_beta(one, 1, 1e-3, 0, &a, &g), COH_EINVAL);
+}
+
 static void test_cdf(void **state)
 {
     (void)state;
@@ -1091,6 +1116,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cost_ring),
+        cmocka_unit_test(test_fit_alpha_beta),
         cmocka_unit_test(test_cdf),
         cmocka_unit_test(test_cdf_window_long),
         cmocka_unit_test(test_weights),
