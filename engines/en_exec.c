@@ -70,9 +70,19 @@ nomem:
     return bs_fail(COH_ENOMEM, "out of memory building an op of %u steps", n);
 }
 
+void en_op_set_loss(en_op_t *op, double push, double pull, int layer, int nlayers, bool ecn)
+{
+    op->loss[SC_STAGE_PUSH] = push;
+    op->loss[SC_STAGE_PULL] = pull;
+    op->layer = layer;
+    op->nlayers = nlayers;
+    op->ecn = ecn;
+}
+
 void en_op_free(en_op_t *op)
 {
     if (!op) return;
+    en_udp_op_free(op);
     sc_plan_free(&op->plan);
     coh_free(op->deps_left);
     coh_free(op->sstate);
@@ -83,7 +93,7 @@ void en_op_free(en_op_t *op)
     coh_free(op);
 }
 
-static int64_t rtab_find(const en_op_t *op, int peer, uint32_t tag)
+int64_t en_exec_find_recv(const en_op_t *op, int peer, uint32_t tag)
 {
     uint32_t h = ((uint32_t)peer * 0x9E3779B1u ^ tag * 0x85EBCA77u) & op->rtab_mask;
     while (op->rtab[h]) {
@@ -119,11 +129,16 @@ static void fin_record(en_rail_t *rail, uint32_t comm, uint64_t seq, int status,
     snprintf(f->why, sizeof(f->why), "%s", why ? why : "");
 }
 
-static en_op_t *op_find(en_rail_t *rail, uint32_t comm, uint64_t seq)
+en_op_t *en_exec_find_op(en_rail_t *rail, uint32_t comm, uint64_t seq)
 {
     for (en_op_t *op = rail->ops_head; op; op = op->next)
         if (op->seq == seq && op->comm == comm) return op;
     return NULL;
+}
+
+bool en_exec_ended(en_rail_t *rail, uint32_t comm, uint64_t seq)
+{
+    return fin_find(rail, comm, seq) != NULL;
 }
 
 /* ---- frames that arrived before their receive ---- */
@@ -230,6 +245,7 @@ static void op_finish(en_op_t *op)
         op->state = EN_OP_DONE;
         fin_record(rail, op->comm, op->seq, 0, NULL);
     }
+    en_udp_op_end(op);
     char why[BS_ERR_LEN];
     en_bw_t bw[EN_BW_PER_SLICE];
     en_result_t r = {.slice = op->slice,
@@ -242,6 +258,8 @@ static void op_finish(en_op_t *op)
                      .bytes_out = op->bytes_out};
     snprintf(why, sizeof(why), "%s", op->state == EN_OP_DONE ? "" : op->why);
     memcpy(bw, op->bw, sizeof(en_bw_t) * (size_t)op->nbw);
+    memcpy(r.lost_bytes, op->lost_bytes, sizeof(r.lost_bytes));
+    memcpy(r.stage_bytes, op->stage_bytes, sizeof(r.stage_bytes));
     en_completion_t *c = op->comp;
     en_op_free(op);
     c->fn(c, &r);
@@ -310,6 +328,7 @@ static void op_fail(en_op_t *op, int status, bool tell_peers, const char *fmt, .
     va_end(ap);
     fin_record(rail, op->comm, op->seq, status, op->why);
     stash_drop_op(rail, op->comm, op->seq);
+    en_udp_op_end(op);
     bs_log(COH_LOG_WARN, "rank %d rail %d: %s #%llu failed: %s", rail->rank, rail->index, op->desc,
            (unsigned long long)op->seq, op->why);
     for (int p = 0; p < rail->world; p++) {
@@ -342,7 +361,7 @@ static void fail_mismatch(en_op_t *op, int peer)
 
 /* ---- running steps ---- */
 
-static void step_done(en_op_t *op, uint32_t i)
+void en_exec_step_done(en_op_t *op, uint32_t i)
 {
     op->sstate[i] = EN_STEP_DONE;
     op->left--;
@@ -363,7 +382,7 @@ static void send_done(en_wreq_t *w, int status)
         op_fail(op, status, true, "sending to rank %d failed: %s", w->conn->peer,
                 coh_strerror(status));
     else if (op->state == EN_OP_RUNNING)
-        step_done(op, w->step);
+        en_exec_step_done(op, w->step);
     if (status >= 0) op->bytes_out += w->len;
     en_exec_kick(op);
 }
@@ -398,7 +417,7 @@ static void stash_deliver(en_op_t *op, uint32_t i, en_stash_t *e)
     }
     op->bytes_in += e->len;
     stash_unlink(rail, e);
-    step_done(op, i);
+    en_exec_step_done(op, i);
 }
 
 static void start_step(en_op_t *op, uint32_t i)
@@ -412,6 +431,11 @@ static void start_step(en_op_t *op, uint32_t i)
         if (!c) {
             op_fail(op, COH_EPEER, true, "no connection to rank %d", s->peer);
             return;
+        }
+        if (op->dg) {
+            int e = en_udp_send(op, i);
+            if (e < 0) op_fail(op, e, true, "%s", coh_last_error());
+            if (e <= 0) return; /* ends at the receiver's FIN */
         }
         en_wreq_t *w = &op->wreqs[op->nwreqs++];
         w->op = op;
@@ -442,6 +466,11 @@ static void start_step(en_op_t *op, uint32_t i)
             op_fail(op, COH_EPEER, true, "no connection to rank %d", s->peer);
             return;
         }
+        if (op->dg) {
+            int e = en_udp_post(op, i);
+            if (e < 0) op_fail(op, e, true, "%s", coh_last_error());
+            if (e <= 0) return; /* ends when the loss bound is met */
+        }
         en_stash_t *e = stash_find(rail, op->comm, op->seq, s->peer, s->tag);
         if (e) {
             stash_deliver(op, i, e);
@@ -461,11 +490,16 @@ static void start_step(en_op_t *op, uint32_t i)
         gpu_cpu_reduce(op->dtype, op->redop, d, d, at(op, s->src, s->src_off), s->count);
         break;
     }
-    case SC_DIV: gpu_cpu_div(op->dtype, at(op, s->dst, s->dst_off), s->count, s->factor); break;
+    case SC_DIV:
+        if (op->dg && s->stage == SC_STAGE_PUSH)
+            en_udp_div(op, i);
+        else
+            gpu_cpu_div(op->dtype, at(op, s->dst, s->dst_off), s->count, s->factor);
+        break;
     case SC_SCALE: gpu_cpu_scale(op->dtype, at(op, s->dst, s->dst_off), s->count, s->factor); break;
     default: op_fail(op, COH_EINTERNAL, true, "unknown step kind %d", s->kind); return;
     }
-    step_done(op, i);
+    en_exec_step_done(op, i);
 }
 
 void en_exec_kick(en_op_t *op)
@@ -508,6 +542,8 @@ static void op_run(en_rail_t *rail, en_op_t *op)
         /* failed above */
     } else if (rail->closing) {
         op_fail(op, COH_ECANCELED, false, "the context was finalized");
+    } else if (en_udp_usable(rail, op) && en_udp_op_start(op) != 0) {
+        op_fail(op, COH_ENOMEM, true, "out of memory starting the datagram flows of %s", op->desc);
     } else if (f && f->status < 0) {
         /* A peer aborted it, or another rail's slice failed, before it got here. */
         op_fail(op, f->status, false, "%s", f->why);
@@ -586,13 +622,14 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
         s->mode = EN_SINK_NONE;
         return EN_MATCH_OK;
     case EN_FRAME_ABORT:
+    case EN_FRAME_DGCTL:
         s->mode = EN_SINK_CTRL;
         s->dst = c->ctl;
         return EN_MATCH_OK;
     case EN_FRAME_DATA: break;
     default: return COH_EPROTO;
     }
-    en_op_t *op = op_find(rail, h->comm, h->seq);
+    en_op_t *op = en_exec_find_op(rail, h->comm, h->seq);
     if (!op) {
         struct en_fin *f = fin_find(rail, h->comm, h->seq);
         if (!f) return stash_or_block(rail, c); /* not submitted here yet */
@@ -612,7 +649,7 @@ int en_exec_match(en_rail_t *rail, en_conn_t *c)
         en_exec_kick(op);
         return EN_MATCH_OK;
     }
-    int64_t i = rtab_find(op, c->peer, h->tag);
+    int64_t i = en_exec_find_recv(op, c->peer, h->tag);
     const sc_step_t *st = i >= 0 ? &op->plan.steps[i] : NULL;
     if (!st || h->len != st->count * op->esize || op->sstate[i] == EN_STEP_DONE) {
         op_fail(op, COH_EPROTO, true,
@@ -666,7 +703,7 @@ static void handle_abort(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, size_
     text[tl] = 0;
     for (size_t k = 0; k < tl; k++)
         if (text[k] < 32 || text[k] > 126) text[k] = '?';
-    en_op_t *op = op_find(rail, h->comm, h->seq);
+    en_op_t *op = en_exec_find_op(rail, h->comm, h->seq);
     if (op) {
         op_fail(op, status, false, "aborted by %s", text);
         en_exec_kick(op);
@@ -683,6 +720,11 @@ void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
     en_hdr_t h = c->hdr;
     memset(&c->sink, 0, sizeof(c->sink));
     if (s.mode == EN_SINK_CTRL) {
+        if (h.type == EN_FRAME_DGCTL) {
+            if (en_udp_ctl(rail, c, &h, c->ctl, (size_t)s.len) < 0)
+                rail->ops->tr_close(c, COH_EPROTO, "a malformed datagram control message");
+            return;
+        }
         handle_abort(rail, c, &h, (size_t)s.len);
         return;
     }
@@ -690,12 +732,12 @@ void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
         en_stash_t *e = s.stash;
         e->complete = true;
         /* Its receive may have been posted while the payload came in. */
-        en_op_t *op = op_find(rail, e->comm, e->seq);
+        en_op_t *op = en_exec_find_op(rail, e->comm, e->seq);
         struct en_fin *f = op ? NULL : fin_find(rail, e->comm, e->seq);
         if ((op && op->state != EN_OP_RUNNING) || (f && f->status < 0)) {
             stash_unlink(rail, e);
         } else if (op) {
-            int64_t i = rtab_find(op, e->peer, e->tag);
+            int64_t i = en_exec_find_recv(op, e->peer, e->tag);
             if (i >= 0 && op->sstate[i] == EN_STEP_RUN) {
                 stash_deliver(op, (uint32_t)i, e);
                 en_exec_kick(op);
@@ -716,7 +758,7 @@ void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
             op->bw[k].ns += ns;
         }
     }
-    step_done(op, s.step);
+    en_exec_step_done(op, s.step);
     en_exec_kick(op);
 }
 
@@ -763,7 +805,7 @@ void en_exec_fail_all(en_rail_t *rail, int status, bool tell_peers, const char *
 
 void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
 {
-    en_op_t *op = op_find(rail, comm, seq);
+    en_op_t *op = en_exec_find_op(rail, comm, seq);
     if (op) {
         en_exec_fail_op(op, status, false, why);
         return;

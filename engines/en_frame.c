@@ -43,6 +43,9 @@ int en_hdr_decode(const uint8_t *buf, size_t len, en_hdr_t *out)
     case EN_FRAME_ABORT:
         if (h.len < 4 || h.len > EN_MAX_ABORT) return COH_EPROTO;
         break;
+    case EN_FRAME_DGCTL:
+        if (h.len < 24 || h.len > EN_MAX_ABORT || h.len % 8) return COH_EPROTO;
+        break;
     case EN_FRAME_BYE:
     case EN_FRAME_ACK:
         if (h.len != 0) return COH_EPROTO;

@@ -41,6 +41,9 @@ typedef enum en_frame_type {
     /* The receiver has consumed `off` bytes of the sender's frames (ACKs
      * excluded): they need never be sent again. Only with failover. */
     EN_FRAME_ACK = 4,
+    /* Bounded-loss control of a datagram step (comm, seq, tag): a kind
+     * (DONE, NACK, FIN, RATE), counters, missing ranges (engines/en_udp.c). */
+    EN_FRAME_DGCTL = 5,
 } en_frame_type;
 
 typedef struct en_hdr {

@@ -52,6 +52,8 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     rail->probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 500;
     rail->progress_ns = cfg->progress_ns;
     rail->observer = cfg->observer;
+    rail->want_udp = cfg->udp;
+    rail->udpcfg = cfg->udpcfg;
     for (int j = 0; rail->failover && j < cfg->nrails && j < EN_MAX_RAILS; j++)
         memcpy(&rail->locals[j], cfg->locals[j], sa_len(cfg->locals[j]));
     rail->peers = coh_zalloc(sizeof(en_conn_t *) * (size_t)cfg->world);
@@ -72,6 +74,7 @@ nomem:
 
 void en_rail_fini(en_rail_t *rail)
 {
+    en_udp_fini(rail);
     if (rail->sync_init) {
         uv_cond_destroy(&rail->cv);
         uv_mutex_destroy(&rail->mu);
@@ -95,7 +98,9 @@ int en_rail_open(en_rail_t *rail, uv_loop_t *loop)
     rail->starter.data = rail;
     rail->starter_open = true;
     en_rail_arm_timer(rail);
-    return rail->ops->tr_listen(rail, (struct sockaddr *)&rail->local, &rail->bound);
+    int e = rail->ops->tr_listen(rail, (struct sockaddr *)&rail->local, &rail->bound);
+    if (e == 0 && rail->want_udp) e = en_udp_open(rail, &rail->udpcfg);
+    return e;
 }
 
 bool en_rail_busy(en_rail_t *rail)
@@ -384,6 +389,7 @@ void en_rail_shutdown(en_rail_t *rail)
     rail->starter_open = false;
     if (rail->timer_open) uv_close((uv_handle_t *)&rail->timer, NULL);
     rail->timer_open = rail->timer_on = false;
+    en_udp_shutdown(rail);
     rail->ops->tr_shutdown(rail);
 }
 

@@ -68,6 +68,9 @@ typedef struct en_result {
     int nbw;
     uint64_t t_start_ns, t_end_ns; /* when the op started running on the rail, and ended */
     uint64_t bytes_out;            /* payload bytes the op sent */
+    /* Bounded loss, by sc_stage (push, pull): bytes its receives were
+     * short of, of how many received in datagrams. */
+    uint64_t lost_bytes[3], stage_bytes[3];
 } en_result_t;
 
 typedef struct en_completion en_completion_t;
@@ -277,6 +280,14 @@ struct en_op {
      * from their header to their last byte (the peer's sending rate). */
     en_bw_t bw[EN_BW_PER_SLICE];
     int nbw;
+    /* Bounded loss (en_op_set_loss; engines/en_udp.c): by sc_stage, the
+     * fraction of a datagram receive's bytes that may be missing (0: all
+     * must arrive); DSCP/ECN tagging; the op's datagram flows. */
+    double loss[3];
+    int layer, nlayers;
+    bool ecn;
+    struct en_dgop *dg;
+    uint64_t lost_bytes[3], stage_bytes[3];
 };
 
 /* Build an op (any thread). Takes ownership of plan. sendbuf and recvbuf
@@ -287,10 +298,39 @@ int en_op_new(en_completion_t *comp, int slice, uint32_t comm, uint64_t seq, uin
               sc_plan_t *plan, en_op_t **out);
 /* Free an op that was never started (an error path of a submission). */
 void en_op_free(en_op_t *op);
+/* Before it starts: the op may lose up to push / pull of each datagram
+ * receive's bytes of those stages (its plan must be SC_ALGO_DIRECT's); on a
+ * udp rail its staged steps then go as datagrams. layer of nlayers (< 1:
+ * none) sets the DSCP priority, ecn marks datagrams above the median. */
+void en_op_set_loss(en_op_t *op, double push, double pull, int layer, int nlayers, bool ecn);
 
 /* ---- rails ---- */
 
 #define EN_FIN_MAX 1024
+
+/* A udp rail's datagram engine (engines/en_udp.c). */
+typedef struct en_udp_cfg {
+    size_t seg_bytes;    /* payload per datagram (rounded down to 8) */
+    double rate_mbps;    /* line rate: where flows start */
+    double delta;        /* sending > delta x receiving: halve */
+    int period_us;       /* receivers report their rate this often */
+    size_t rcvbuf_bytes; /* SO_RCVBUF */
+    uint32_t test_drop_ppm;
+} en_udp_cfg_t;
+
+/* What a udp rail saw (loop thread). */
+typedef struct en_udp_stats {
+    uint64_t dg_sent, dg_recv; /* data datagrams */
+    uint64_t dg_dup;           /* a segment that had arrived already */
+    uint64_t dg_bad;           /* malformed, unknown step, outside the buffer */
+    uint64_t dg_stranger;      /* not from a peer's address, or not this job's */
+    uint64_t dg_late;          /* for an op or step that had ended */
+    uint64_t dg_kept;          /* came before their receive was posted */
+    uint64_t dg_dropped;       /* could not be kept (the stash was full) */
+    uint64_t dg_test_dropped;  /* COHORT_TEST_UDP_DROP_PPM */
+    uint64_t nacks;            /* retransmission requests sent */
+    uint64_t resent_bytes;     /* payload sent again */
+} en_udp_stats_t;
 
 typedef struct en_rail_cfg {
     int index; /* this rail among the rank's rails */
@@ -312,6 +352,8 @@ typedef struct en_rail_cfg {
     _Atomic uint64_t *progress_ns;        /* [nrails], shared by the rank's rails: last ack seen */
     const struct sockaddr *const *locals; /* [nrails]: every interface's address, port 0 */
     en_rail_observer_t *observer;         /* NULL: events are only logged */
+    bool udp;                             /* a datagram socket beside the listener */
+    en_udp_cfg_t udpcfg;
 } en_rail_cfg_t;
 
 struct en_rail {
@@ -378,6 +420,9 @@ struct en_rail {
     _Atomic uint64_t stat_failovers; /* links moved off this rail's interface */
     _Atomic uint64_t stat_returns;   /* links back on it */
     _Atomic uint64_t stat_resent;    /* bytes sent again after a move */
+    struct en_udp *udp;              /* a udp rail's datagram engine; NULL on tcp rails */
+    bool want_udp;
+    en_udp_cfg_t udpcfg;
 };
 
 /*
@@ -448,6 +493,29 @@ void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h);
 void en_rail_event(en_rail_t *rail, int kind, int peer, int via, double pause_s, const char *why);
 /* Copy of peer's route through interface via; false when unknown. */
 bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out);
+
+/* The datagram engine (en_udp.c), loop thread unless said. */
+int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg); /* after the listener is bound */
+void en_udp_shutdown(en_rail_t *rail);
+void en_udp_fini(en_rail_t *rail); /* any thread, once the loop has ended */
+void en_udp_stats(const en_rail_t *rail, en_udp_stats_t *out);
+bool en_udp_usable(const en_rail_t *rail, const en_op_t *op);
+int en_udp_op_start(en_op_t *op); /* the op starts lossy: its flows */
+/* A staged send / receive step starts: 0, or 1 when it is not a datagram
+ * step (it goes as a frame), or a negative status. */
+int en_udp_send(en_op_t *op, uint32_t i);
+int en_udp_post(en_op_t *op, uint32_t i);
+void en_udp_div(en_op_t *op, uint32_t i); /* SC_DIV of a push: by contributors per segment */
+void en_udp_op_end(en_op_t *op);          /* the op failed or finished: stop its flows */
+void en_udp_op_free(en_op_t *op);
+/* A DGCTL frame from c's peer: 0 or COH_EPROTO (malformed: close the link). */
+int en_udp_ctl(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, const uint8_t *p, size_t len);
+
+/* The executor's pieces the datagram engine uses (loop thread). */
+en_op_t *en_exec_find_op(en_rail_t *rail, uint32_t comm, uint64_t seq);
+bool en_exec_ended(en_rail_t *rail, uint32_t comm, uint64_t seq); /* recorded as ended */
+int64_t en_exec_find_recv(const en_op_t *op, int peer, uint32_t tag);
+void en_exec_step_done(en_op_t *op, uint32_t i);
 
 /* Executor upcalls (loop thread). */
 typedef enum en_match { EN_MATCH_OK = 0, EN_MATCH_BLOCK = 1 } en_match;

@@ -109,64 +109,73 @@ typedef struct coh_request coh_request_t;
  * by the caller afterwards win. Strings are copied by coh_init().
  */
 typedef struct coh_config {
-    int rank;               /* COHORT_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID */
-    int world_size;         /* COHORT_WORLD_SIZE | WORLD_SIZE | OMPI_..._SIZE | SLURM_NTASKS */
-    const char *store;      /* COHORT_STORE "host:port"; else MASTER_ADDR:MASTER_PORT+1 */
-    const char *token;      /* COHORT_TOKEN: job token every connection must present */
-    const char *nics;       /* COHORT_NICS: comma list of interfaces or addresses; "lo" */
-    int timeout_ms;         /* COHORT_TIMEOUT_MS: op fails after this long without progress
-                               (default 10000) */
-    int connect_timeout_ms; /* COHORT_CONNECT_TIMEOUT_MS: bootstrap deadline (default 60000) */
-    size_t chunk_bytes;     /* COHORT_CHUNK_BYTES: pipeline chunk of ring plans (1 MiB) */
-    size_t small_bytes;     /* COHORT_SMALL_BYTES: at or below, latency-optimal
-                               algorithms are used (65536) */
-    size_t rail_min_bytes;  /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
-    int spin_us;            /* COHORT_SPIN_US: coh_wait runs the request's rail loops itself this
-                               long before sleeping (-1 = auto: 2000 when the host has a core
-                               per local rank, else 0) */
-    int store_fd;           /* COHORT_STORE_FD: listening socket inherited from cohortrun
-                               for rank 0's store (-1 = bind it) */
-    size_t sockbuf_bytes;   /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
-                               (0 = kernel autotuning, the default) */
-    size_t stash_bytes;     /* COHORT_STASH_BYTES: frames that arrive before their receive is
-                               posted are kept in memory up to this much per rail (64 MiB);
-                               beyond it the connection pauses */
-    int sync_mode;          /* COHORT_SYNC_MODE: allreduce, partial or selective (selective) */
-    int coordinator;        /* COHORT_COORDINATOR: rank that runs the scheduler (0) */
-    int tick_ms;            /* COHORT_TICK_MS: the scheduler fiber's period (2) */
-    const char *sched;      /* COHORT_SCHED: scheduler parameters "name=value,...", see
-                               docs/sched.md (p-frac, eta, theta, dt-ms, c, ...); also
-                               COHORT_SCHED_<NAME> per parameter, e.g. COHORT_SCHED_ETA */
-    int poll_us;            /* COHORT_POLL_US: a rail with ops in flight polls its sockets this
-                               long before sleeping (50; 0 = always sleep in epoll) */
-    int liveness_ms;        /* COHORT_LIVENESS_MS: a rank or coordinator silent this long on the
-                               control plane (heartbeats every fifth of it) is taken for hung:
-                               dropped by every rank, its syncs regrouped (3000; 0 = off) */
-    int max_inflight;       /* COHORT_MAX_INFLIGHT: ops running at once per rail; later ones
-                               wait in order, their timeout not yet started (1024) */
-    int rail_failover;      /* COHORT_RAIL_FAILOVER: with several rails, a link that fails or
-                               stalls moves to another interface and back (1; 0 = off) */
-    int rail_stall_ms;      /* COHORT_RAIL_STALL_MS: unacknowledged this long while another rail
-                               progresses = failed (100) */
-    int rail_probe_ms;      /* COHORT_RAIL_PROBE_MS: a moved link tries its own interface again
-                               this often (500) */
-    int lb_epoch;           /* COHORT_LB_EPOCH: with several rails, world ops are split by the
-                               coordinator's balancer table, republished every this many ops
-                               (16; 0 = even splits) */
-    const char *lb_table;   /* COHORT_LB_TABLE: file the coordinator loads its balancer table
-                               from at init (if it exists) and saves it to at finalize ("") */
-    int coord_election;     /* COHORT_COORD_ELECTION: when the coordinator fails, the survivors
-                               elect the lowest live rank (1; 0 = syncs fail with EPEER) */
-    int probe_every;        /* COHORT_PROBE_EVERY: in relay and allreduce sync modes, every this
-                               many syncs every rank runs coh_probe first (AdapCC: 500; default
-                               0 = only on demand: see docs/relay.md) */
-    size_t probe_bytes;     /* COHORT_PROBE_BYTES: the bandwidth transfer of a probe (1 MiB) */
-    int rejoin;             /* COHORT_REJOIN: this process restarts a rank that failed; it
-                               rejoins the running job through coh_comm_grow (0) */
-    int relay_segments;     /* COHORT_RELAY_SEGMENTS: phase 1 of a relay group runs as up to
-                               this many consecutive ops (of 256 KiB at least), so a late
-                               rank's data joins the ones still to come (8; 1 = phase 2) */
-    char _storage[320];     /* private: holds strings coh_config_init composes */
+    int rank;                /* COHORT_RANK | RANK | OMPI_COMM_WORLD_RANK | SLURM_PROCID */
+    int world_size;          /* COHORT_WORLD_SIZE | WORLD_SIZE | OMPI_..._SIZE | SLURM_NTASKS */
+    const char *store;       /* COHORT_STORE "host:port"; else MASTER_ADDR:MASTER_PORT+1 */
+    const char *token;       /* COHORT_TOKEN: job token every connection must present */
+    const char *nics;        /* COHORT_NICS: comma list of interfaces or addresses; "lo" */
+    int timeout_ms;          /* COHORT_TIMEOUT_MS: op fails after this long without progress
+                                (default 10000) */
+    int connect_timeout_ms;  /* COHORT_CONNECT_TIMEOUT_MS: bootstrap deadline (default 60000) */
+    size_t chunk_bytes;      /* COHORT_CHUNK_BYTES: pipeline chunk of ring plans (1 MiB) */
+    size_t small_bytes;      /* COHORT_SMALL_BYTES: at or below, latency-optimal
+                                algorithms are used (65536) */
+    size_t rail_min_bytes;   /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
+    int spin_us;             /* COHORT_SPIN_US: coh_wait runs the request's rail loops itself this
+                                long before sleeping (-1 = auto: 2000 when the host has a core
+                                per local rank, else 0) */
+    int store_fd;            /* COHORT_STORE_FD: listening socket inherited from cohortrun
+                                for rank 0's store (-1 = bind it) */
+    size_t sockbuf_bytes;    /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets
+                                (0 = kernel autotuning, the default) */
+    size_t stash_bytes;      /* COHORT_STASH_BYTES: frames that arrive before their receive is
+                                posted are kept in memory up to this much per rail (64 MiB);
+                                beyond it the connection pauses */
+    int sync_mode;           /* COHORT_SYNC_MODE: allreduce, partial or selective (selective) */
+    int coordinator;         /* COHORT_COORDINATOR: rank that runs the scheduler (0) */
+    int tick_ms;             /* COHORT_TICK_MS: the scheduler fiber's period (2) */
+    const char *sched;       /* COHORT_SCHED: scheduler parameters "name=value,...", see
+                                docs/sched.md (p-frac, eta, theta, dt-ms, c, ...); also
+                                COHORT_SCHED_<NAME> per parameter, e.g. COHORT_SCHED_ETA */
+    int poll_us;             /* COHORT_POLL_US: a rail with ops in flight polls its sockets this
+                                long before sleeping (50; 0 = always sleep in epoll) */
+    int liveness_ms;         /* COHORT_LIVENESS_MS: a rank or coordinator silent this long on the
+                                control plane (heartbeats every fifth of it) is taken for hung:
+                                dropped by every rank, its syncs regrouped (3000; 0 = off) */
+    int max_inflight;        /* COHORT_MAX_INFLIGHT: ops running at once per rail; later ones
+                                wait in order, their timeout not yet started (1024) */
+    int rail_failover;       /* COHORT_RAIL_FAILOVER: with several rails, a link that fails or
+                                stalls moves to another interface and back (1; 0 = off) */
+    int rail_stall_ms;       /* COHORT_RAIL_STALL_MS: unacknowledged this long while another rail
+                                progresses = failed (100) */
+    int rail_probe_ms;       /* COHORT_RAIL_PROBE_MS: a moved link tries its own interface again
+                                this often (500) */
+    int lb_epoch;            /* COHORT_LB_EPOCH: with several rails, world ops are split by the
+                                coordinator's balancer table, republished every this many ops
+                                (16; 0 = even splits) */
+    const char *lb_table;    /* COHORT_LB_TABLE: file the coordinator loads its balancer table
+                                from at init (if it exists) and saves it to at finalize ("") */
+    int coord_election;      /* COHORT_COORD_ELECTION: when the coordinator fails, the survivors
+                                elect the lowest live rank (1; 0 = syncs fail with EPEER) */
+    int probe_every;         /* COHORT_PROBE_EVERY: in relay and allreduce sync modes, every this
+                                many syncs every rank runs coh_probe first (AdapCC: 500; default
+                                0 = only on demand: see docs/relay.md) */
+    size_t probe_bytes;      /* COHORT_PROBE_BYTES: the bandwidth transfer of a probe (1 MiB) */
+    int rejoin;              /* COHORT_REJOIN: this process restarts a rank that failed; it
+                                rejoins the running job through coh_comm_grow (0) */
+    int relay_segments;      /* COHORT_RELAY_SEGMENTS: phase 1 of a relay group runs as up to
+                                this many consecutive ops (of 256 KiB at least), so a late
+                                rank's data joins the ones still to come (8; 1 = phase 2) */
+    size_t udp_seg_bytes;    /* COHORT_UDP_SEG_BYTES: payload of a bounded-loss data datagram
+                                (1424: a 1500-byte MTU less the IP, UDP and cohort headers) */
+    int udp_rate_mbps;       /* COHORT_UDP_RATE_MBPS: the line rate a udp flow starts at and
+                                returns to (10000) */
+    int udp_period_us;       /* COHORT_UDP_PERIOD_US: receivers report their receiving rate
+                                this often (1000) */
+    int udp_delta_pct;       /* COHORT_UDP_DELTA_PCT: sending above this percentage of the
+                                receiving rate is congestion (200: DLCP's delta 2) */
+    size_t udp_rcvbuf_bytes; /* COHORT_UDP_RCVBUF_BYTES: SO_RCVBUF of a udp rail (8 MiB) */
+    char _storage[320];      /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
 /* Defaults + environment. Returns COH_EINVAL when an environment value does not parse. */
@@ -446,10 +455,37 @@ typedef enum coh_allreduce_algo {
 typedef struct coh_allreduce_opts {
     int algo;           /* coh_allreduce_algo */
     uint64_t iteration; /* relay: the caller's step number, for traces */
+    /* Bounded loss (DLCP; docs/udp.md), COH_ALLREDUCE_DEFAULT only: on the
+     * rails marked udp (COHORT_NICS=eth0:udp) the allreduce runs as push
+     * (every block to its owner) and pull (the reduced blocks back) in
+     * datagrams, and each receive of the push may miss up to loss_bound of
+     * its bytes, each of the pull up to pull_loss_bound (0: a quarter of
+     * loss_bound). A missing push segment is left out of the owner's result
+     * (COH_AVG divides by the contributors per segment); a missing pull
+     * segment leaves this rank's own input there. 0 = every byte (the
+     * default: the reliable path). Ranks must agree (else COH_EMISMATCH).
+     * coh_request_loss() says what was lost. tcp rails ignore the bound. */
+    double loss_bound;
+    double pull_loss_bound;
+    /* Packet tagging: this tensor is layer `layer` of `nlayers` (nlayers 0:
+     * no layer priority); its datagrams get DSCP class selector
+     * floor(layer * 8 / nlayers). Float datagrams whose mean |x| is above the
+     * tensor's median are sent ECN-capable. */
+    int layer, nlayers;
 } coh_allreduce_opts_t;
 COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                              coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *opts,
                              coh_request_t **req);
+
+/* What a bounded-loss request lost on this rank: bytes its datagram
+ * receives expected and missed, by stage, and the missed fractions. */
+typedef struct coh_loss_info {
+    uint64_t push_bytes, push_lost_bytes;
+    uint64_t pull_bytes, pull_lost_bytes;
+    double push_lost, pull_lost; /* lost / bytes; 0 when nothing went by datagram */
+} coh_loss_info_t;
+/* COH_EAGAIN while it runs; all zero for a request without a loss bound. */
+COH_API int coh_request_loss(const coh_request_t *req, coh_loss_info_t *info);
 
 /*
  * Alpha-beta probe (AdapCC's profiling): every link of the world, on every

@@ -154,6 +154,7 @@ typedef struct rx_slice {
     en_op_t *op; /* until the rail takes it */
     int rail;
     uint64_t bytes; /* of the op's bytes, this slice's share (the balancer's measurements) */
+    uint64_t lost_bytes[3], stage_bytes[3]; /* bounded loss, by sc_stage (en_result_t) */
 } rx_slice_t;
 
 /* Any thread. Initialise the engine rail, start its thread, listen. On

@@ -18,6 +18,8 @@ typedef struct coll_args {
     coh_redop op;
     int root;
     bool rs_in_place;
+    double loss[3]; /* by sc_stage */
+    int layer, nlayers;
 } coll_args_t;
 
 static bool overlap(const void *a, size_t an, const void *b, size_t bn)
@@ -70,16 +72,25 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
         sig = bs_fnv64(bs_fnv64(bs_fnv64(sig, (uint64_t)sl[s].rail), sl[s].lo), sl[s].hi);
     en_op_t *ops[RX_MAX_RAILS] = {0};
     int st = 0;
+    bool lossy = L->loss[SC_STAGE_PUSH] > 0 || L->loss[SC_STAGE_PULL] > 0;
+    if (lossy) /* which slices go by datagram, and in what size */
+        for (int s = 0; s < n; s++)
+            sig = bs_fnv64(bs_fnv64(sig, ctx->rail_udp[sl[s].rail]), cfg->udp_seg_bytes);
     for (int s = 0; s < n && st == 0; s++) {
         sc_coll_t c = L->coll;
         c.lo = sl[s].lo;
         c.hi = sl[s].hi;
+        bool dg = lossy && ctx->rail_udp[sl[s].rail] && c.kind == SC_ALLREDUCE && c.nranks > 1;
+        if (dg) c.algo = SC_ALGO_DIRECT;
         sc_plan_t plan;
         sc_plan_init(&plan);
         st = sc_plan_build(&c, &plan);
         if (st == 0)
             st = en_op_new(&req->done, s, L->comm, L->seq, sig, L->desc, L->dtype, L->redop,
                            (void *)L->sendbuf, L->recvbuf, &plan, &ops[s]);
+        if (st == 0 && dg)
+            en_op_set_loss(ops[s], L->loss[SC_STAGE_PUSH], L->loss[SC_STAGE_PULL], L->layer,
+                           L->nlayers, true);
         sc_plan_free(&plan);
     }
     if (st < 0) {
@@ -145,6 +156,11 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     sig = bs_fnv64(sig, (uint64_t)comm->size);
     sig = bs_fnv64(sig, chunk_elems);
     sig = bs_fnv64(sig, small_elems);
+    for (int k = SC_STAGE_PUSH; k <= SC_STAGE_PULL; k++) {
+        uint64_t bits;
+        memcpy(&bits, &a->loss[k], sizeof(bits));
+        sig = bs_fnv64(sig, bits);
+    }
 
     char desc[96];
     if (a->kind == SC_BARRIER)
@@ -181,7 +197,10 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                      .dtype = a->kind == SC_BARRIER ? COH_U8 : a->dtype,
                      .redop = a->op,
                      .sendbuf = a->sendbuf,
-                     .recvbuf = a->recvbuf};
+                     .recvbuf = a->recvbuf,
+                     .loss = {0, a->loss[SC_STAGE_PUSH], a->loss[SC_STAGE_PULL]},
+                     .layer = a->layer,
+                     .nlayers = a->nlayers};
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
     bool stale;
@@ -218,6 +237,35 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     *out = req;
     if (gone >= 0) abort_known_failed(ctx, comm, seq, gone);
     return 0;
+}
+
+/* coh_allreduce with a loss bound (coh_allreduce_ex, COH_ALLREDUCE_DEFAULT). */
+int rx_allreduce_lossy(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *o,
+                       coh_request_t **req)
+{
+    const char *fn = "coh_allreduce_ex";
+    double push = o->loss_bound, pull = o->pull_loss_bound;
+    if (!(push >= 0 && push < 1) || !(pull >= 0 && pull < 1))
+        return bs_fail(COH_EINVAL, "%s: loss bounds must be in [0, 1) (%g, %g)", fn, push, pull);
+    if (o->nlayers < 0 || (o->nlayers > 0 && (o->layer < 0 || o->layer >= o->nlayers)))
+        return bs_fail(COH_EINVAL, "%s: layer %d of %d", fn, o->layer, o->nlayers);
+    if (pull == 0) pull = push / 4;
+    coll_args_t a = {.kind = SC_ALLREDUCE,
+                     .sendbuf = sendbuf,
+                     .recvbuf = recvbuf,
+                     .count = count,
+                     .dtype = dtype,
+                     .op = op,
+                     .loss = {0, push, pull},
+                     .layer = o->layer,
+                     .nlayers = o->nlayers};
+    BS_CHECK(check(comm, &a, req, fn));
+    size_t n = count * coh_dtype_size(dtype);
+    if (sendbuf == recvbuf) a.sendbuf = NULL;
+    if (count && a.sendbuf && overlap(a.sendbuf, n, recvbuf, n))
+        return bs_fail(COH_EINVAL, "%s: send and recv buffers partly overlap", fn);
+    return submit(comm, &a, req, fn);
 }
 
 COH_API int coh_allreduce(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,

@@ -45,7 +45,8 @@ typedef enum rx_knob_kind {
       "job token every connection must present (at most 64 bytes)")                                \
     X(nics, RX_K_STR, "lo", "COHORT_NICS", 1, RX_STR_MAX,                                          \
       "comma list of interfaces or addresses, one rail (reactor) each; every rank needs the "      \
-      "same count")                                                                                \
+      "same count; NIC:udp makes a rail bounded-loss capable (ops with a loss bound send their "   \
+      "data there as datagrams; docs/udp.md)")                                                     \
     X(timeout_ms, RX_K_INT, "10000", "COHORT_TIMEOUT_MS", 1, INT_MAX,                              \
       "an op fails after this long without progress")                                              \
     X(connect_timeout_ms, RX_K_INT, "60000", "COHORT_CONNECT_TIMEOUT_MS", 1, INT_MAX,              \
@@ -110,7 +111,19 @@ typedef enum rx_knob_kind {
     X(relay_segments, RX_K_INT, "8", "COHORT_RELAY_SEGMENTS", 1, 64,                               \
       "phase 1 of a relay group runs as up to this many consecutive ops of 256 KiB or more, so "   \
       "a late rank's data joins the ones still to come (the coordinator's setting counts); 1: "    \
-      "its data always comes in phase 2")
+      "its data always comes in phase 2")                                                          \
+    X(udp_seg_bytes, RX_K_SIZE, "1424", "COHORT_UDP_SEG_BYTES", 64, 65000,                         \
+      "payload bytes of a bounded-loss data datagram (a multiple of 8; 1424 fills a 1500-byte "    \
+      "MTU)")                                                                                      \
+    X(udp_rate_mbps, RX_K_INT, "10000", "COHORT_UDP_RATE_MBPS", 1, 10000000,                       \
+      "line rate of udp rails: where a flow starts and where a retransmission pass restarts "      \
+      "(DLCP Fig. 7)")                                                                             \
+    X(udp_period_us, RX_K_INT, "1000", "COHORT_UDP_PERIOD_US", 100, 1000000,                       \
+      "a udp receiver reports its receiving rate to the sender this often")                        \
+    X(udp_delta_pct, RX_K_INT, "200", "COHORT_UDP_DELTA_PCT", 100, 10000,                          \
+      "a udp flow sending above this percentage of its receiving rate halves its rate")            \
+    X(udp_rcvbuf_bytes, RX_K_SIZE, "8M", "COHORT_UDP_RCVBUF_BYTES", 65536, 1ull << 30,             \
+      "receive buffer of a udp rail's socket")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \
@@ -123,7 +136,10 @@ typedef enum rx_knob_kind {
       "replay's)")                                                                                 \
     X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
       "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
-      "data joined has ended (between a relay group's phases)")
+      "data joined has ended (between a relay group's phases)")                                    \
+    X(test_udp_drop, RX_K_INT, "0", "COHORT_TEST_UDP_DROP_PPM", 0, 1000000,                        \
+      "tests only: udp rails drop this many of every million data datagrams they would send "      \
+      "(random loss without a network namespace)")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

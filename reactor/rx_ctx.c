@@ -185,6 +185,14 @@ static char *dupstr(const char *s)
     return s ? coh_strdup(s) : NULL;
 }
 
+/* COHORT_TEST_UDP_DROP_PPM (tests only): random datagram loss on loopback. */
+static uint32_t test_udp_drop_ppm(void)
+{
+    const char *v = getenv("COHORT_TEST_UDP_DROP_PPM");
+    long x = v ? strtol(v, NULL, 10) : 0;
+    return x < 0 ? 0 : x > 1000000 ? 1000000u : (uint32_t)x;
+}
+
 static int parse_nics(struct coh_ctx *ctx)
 {
     char *list = coh_strdup(ctx->nics_s);
@@ -197,6 +205,16 @@ static int parse_nics(struct coh_ctx *ctx)
         if (n == RX_MAX_RAILS) {
             st = bs_fail(COH_EINVAL, "COHORT_NICS lists more than %d rails", RX_MAX_RAILS);
             break;
+        }
+        /* NIC:udp / NIC:tcp picks the rail's kind (an IPv6 literal never
+         * ends so). */
+        size_t tl = strlen(tok);
+        ctx->rail_udp[n] = false;
+        if (tl > 4 && !strcmp(tok + tl - 4, ":udp")) {
+            ctx->rail_udp[n] = ctx->any_udp = true;
+            tok[tl - 4] = 0;
+        } else if (tl > 4 && !strcmp(tok + tl - 4, ":tcp")) {
+            tok[tl - 4] = 0;
         }
         st = rx_resolve_nic(tok, &ctx->rail_addr[n]);
         if (st < 0) break;
@@ -379,7 +397,7 @@ static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
     }
     for (int r = 0; r < ctx->nrails; r++)
         BS_CHECK(en_rail_wait_connected(&ctx->rails[r].en, deadline));
-    if (ctx->nrails > 1) BS_CHECK(set_routes(ctx, sc, deadline));
+    if (ctx->nrails > 1 || ctx->any_udp) BS_CHECK(set_routes(ctx, sc, deadline));
     /* Every rank's control address: the coordinator's now, any other's
      * should the survivors have to elect it. */
     struct sockaddr_storage a;
@@ -438,7 +456,7 @@ static int rejoin_addrs(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
         snprintf(key, sizeof(key), "ctrl/%d", peer);
         BS_CHECK(store_get_addr(sc, key, &ctx->ctrl_addrs[peer], deadline));
     }
-    if (nr > 1) BS_CHECK(set_routes(ctx, sc, deadline));
+    if (nr > 1 || ctx->any_udp) BS_CHECK(set_routes(ctx, sc, deadline));
     ctx->coord_addr = ctx->ctrl_addrs[ctx->cfg.coordinator];
     return 0;
 }
@@ -610,7 +628,14 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                             .rejoin = ctx->cfg.rejoin != 0,
                             .progress_ns = ctx->rail_progress,
                             .locals = ctx->rail_locals,
-                            .observer = rx_lb_observer(ctx)};
+                            .observer = rx_lb_observer(ctx),
+                            .udp = ctx->rail_udp[r],
+                            .udpcfg = {.seg_bytes = ctx->cfg.udp_seg_bytes,
+                                       .rate_mbps = ctx->cfg.udp_rate_mbps,
+                                       .delta = ctx->cfg.udp_delta_pct / 100.0,
+                                       .period_us = ctx->cfg.udp_period_us,
+                                       .rcvbuf_bytes = ctx->cfg.udp_rcvbuf_bytes,
+                                       .test_drop_ppm = test_udp_drop_ppm()}};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];

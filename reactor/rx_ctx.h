@@ -26,6 +26,8 @@ struct coh_ctx {
     int spin_us; /* resolved from cfg.spin_us (auto) */
     rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
+    bool rail_udp[RX_MAX_RAILS]; /* COHORT_NICS NIC:udp: a datagram socket beside the rail */
+    bool any_udp;
     const struct sockaddr *rail_locals[RX_MAX_RAILS]; /* the same, for the rails' failover */
     _Atomic uint64_t rail_progress[RX_MAX_RAILS];     /* last ACK seen per rail (failover) */
     rx_reactor_t ctrl;                                /* control reactor: the store (rank 0) */
@@ -84,7 +86,14 @@ typedef struct rx_launch {
      * nslices 0 and rx_launch splits with sc_rail_split. */
     int nslices;
     const sc_slice_t *slices;
+    /* Bounded loss (coh_allreduce_opts_t): slices on udp rails run the
+     * push/pull plan with these bounds, by sc_stage; 0 = reliable. */
+    double loss[3];
+    int layer, nlayers;
 } rx_launch_t;
+int rx_allreduce_lossy(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                       coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *o,
+                       coh_request_t **req);
 /* Split L over the rails, build each slice's plan and op, hand them to the
  * rails. On failure nothing was submitted and the request is untouched
  * (its comm, seq and slices are set only on success). */

@@ -1481,6 +1481,8 @@ COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbu
                              coh_request_t **req)
 {
     coh_allreduce_opts_t o = opts ? *opts : (coh_allreduce_opts_t){0};
+    if (o.algo == COH_ALLREDUCE_DEFAULT && (o.loss_bound != 0 || o.pull_loss_bound != 0))
+        return rx_allreduce_lossy(comm, sendbuf, recvbuf, count, dtype, op, &o, req);
     if (o.algo == COH_ALLREDUCE_DEFAULT)
         return coh_allreduce(comm, sendbuf, recvbuf, count, dtype, op, req);
     const char *fn = "coh_allreduce_ex";

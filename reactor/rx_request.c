@@ -97,6 +97,11 @@ static void slice_end(en_completion_t *c, const en_result_t *r)
     coh_request_t *req = (coh_request_t *)((char *)c - offsetof(coh_request_t, done));
     if (req->ctx->lb && r->status == 0 && r->slice >= 0 && r->slice < req->nslices)
         rx_lb_observe(req->ctx, req, r);
+    if (r->slice >= 0 && r->slice < req->nslices) {
+        rx_slice_t *sl = &req->slice[r->slice];
+        memcpy(sl->lost_bytes, r->lost_bytes, sizeof(sl->lost_bytes));
+        memcpy(sl->stage_bytes, r->stage_bytes, sizeof(sl->stage_bytes));
+    }
     if (req->sync && r->slice >= 0 && r->slice < RX_MAX_RAILS) {
         int n = r->nbw < EN_BW_PER_SLICE ? r->nbw : EN_BW_PER_SLICE;
         memcpy(req->sync->bw[r->slice], r->bw, sizeof(en_bw_t) * (size_t)n);
@@ -227,6 +232,25 @@ COH_API int coh_request_time_us(const coh_request_t *req, double *us)
 {
     if (!req || !us) return bs_fail(COH_EINVAL, "coh_request_time_us: NULL argument");
     *us = is_done(req) ? (double)(req->t_done_ns - req->t_submit_ns) / 1e3 : 0.0;
+    return 0;
+}
+
+COH_API int coh_request_loss(const coh_request_t *req, coh_loss_info_t *info)
+{
+    if (!req || !info) return bs_fail(COH_EINVAL, "coh_request_loss: NULL argument");
+    if (!is_done(req)) return COH_EAGAIN;
+    *info = (coh_loss_info_t){0};
+    for (int s = 0; s < req->nslices && !req->deferred; s++) {
+        const rx_slice_t *sl = &req->slice[s];
+        info->push_bytes += sl->stage_bytes[SC_STAGE_PUSH];
+        info->push_lost_bytes += sl->lost_bytes[SC_STAGE_PUSH];
+        info->pull_bytes += sl->stage_bytes[SC_STAGE_PULL];
+        info->pull_lost_bytes += sl->lost_bytes[SC_STAGE_PULL];
+    }
+    if (info->push_bytes)
+        info->push_lost = (double)info->push_lost_bytes / (double)info->push_bytes;
+    if (info->pull_bytes)
+        info->pull_lost = (double)info->pull_lost_bytes / (double)info->pull_bytes;
     return 0;
 }
 

@@ -282,6 +282,107 @@ static void build_allreduce_ring(bld_t *b)
     coh_free(prev);
 }
 
+/*
+ * Direct (push/pull) allreduce: a parameter server sharded over the ranks,
+ * DLCP's push and pull stages. Every rank owns block r of the slice; it
+ * pushes every other block to its owner, reduces the pushes of its own block
+ * (all posted at once, reduced into the block as they come), divides, and
+ * sends the block to everyone (the pull). Per rank the same bytes as the
+ * ring, in two steps of n-1 flows. It runs in place on recv (the input is
+ * copied there first), so a pull that never arrives leaves the receiver its
+ * own value of that block, and a push that never arrives is simply absent
+ * from the owner's sum (a bounded-loss transport divides by the contributors
+ * per segment, engines/en_udp.c). A pull receive waits for the push that
+ * reads the same block.
+ */
+#define TAG_PUSH 1u
+#define TAG_PULL 2u
+
+/* A step of one stage after a list of steps (the prologue's dependency, if
+ * any, comes through them). */
+static uint32_t add_after(bld_t *b, sc_step_t s, const uint32_t *deps, uint32_t nd)
+{
+    if (b->err) return NONE;
+    int64_t i = sc_plan_add(b->plan, &s, deps, nd);
+    if (i < 0) b->err = COH_ENOMEM;
+    return i < 0 ? NONE : (uint32_t)i;
+}
+
+static void build_allreduce_direct(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    const double div = divisor(b);
+    uint32_t cp = NONE;
+    if (b->in == SC_BUF_SEND)
+        cp = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b->lo, b->lo, b->len, 0, NODEPS);
+    uint32_t *sv = coh_malloc(sizeof(uint32_t) * (size_t)n);
+    uint32_t *rv = coh_malloc(sizeof(uint32_t) * (size_t)n);
+    if (!sv || !rv) {
+        coh_free(sv);
+        coh_free(rv);
+        b->err = COH_ENOMEM;
+        return;
+    }
+    uint64_t mo = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)r);
+    uint64_t mc = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)r + 1) - mo;
+    uint32_t nrv = 0;
+    for (int d = 1; d < n; d++) {
+        int p = (r + d) % n;
+        uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p);
+        uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p + 1) - o;
+        sv[p] = c ? add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r + d, TAG_PUSH, o, o, c, 0, DEPS(cp))
+                  : NONE;
+        if (sv[p] != NONE) b->plan->steps[sv[p]].stage = SC_STAGE_PUSH;
+        if (!mc) continue;
+        uint32_t i = add(b, SC_RECV_REDUCE, SC_BUF_RECV, SC_BUF_RECV, r - d, TAG_PUSH, mo, mo, mc,
+                         0, DEPS(cp));
+        if (i != NONE) b->plan->steps[rv[nrv++] = i].stage = SC_STAGE_PUSH;
+    }
+    /* The pulls of this rank's block go after its pushes are reduced (and
+     * divided); a pull received overwrites a block this rank pushed. */
+    const uint32_t *after = rv;
+    uint32_t nafter = nrv, dv = NONE;
+    if (mc && div > 0) {
+        dv = add_after(b,
+                       (sc_step_t){.kind = SC_DIV,
+                                   .src = SC_BUF_RECV,
+                                   .dst = SC_BUF_RECV,
+                                   .peer = -1,
+                                   .stage = SC_STAGE_PUSH,
+                                   .src_off = mo,
+                                   .dst_off = mo,
+                                   .count = mc,
+                                   .factor = div},
+                       rv, nrv);
+        after = &dv;
+        nafter = 1;
+    }
+    for (int d = 1; d < n; d++) {
+        int q = (r - d + n) % n;
+        uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)q);
+        uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)q + 1) - o;
+        if (mc)
+            add_after(b,
+                      (sc_step_t){.kind = SC_SEND,
+                                  .src = SC_BUF_RECV,
+                                  .dst = SC_BUF_RECV,
+                                  .peer = pos_rank(b, r + d),
+                                  .tag = TAG_PULL,
+                                  .stage = SC_STAGE_PULL,
+                                  .src_off = mo,
+                                  .dst_off = mo,
+                                  .count = mc},
+                      after, nafter);
+        if (c) {
+            uint32_t i =
+                add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r - d, TAG_PULL, o, o, c, 0, DEPS(sv[q]));
+            if (i != NONE) b->plan->steps[i].stage = SC_STAGE_PULL;
+        }
+    }
+    coh_free(sv);
+    coh_free(rv);
+}
+
 static int ilog2_floor(int n)
 {
     int l = 0;
@@ -594,7 +695,9 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
     } else {
         switch (c->kind) {
         case SC_ALLREDUCE:
-            if (algo == SC_ALGO_RD)
+            if (algo == SC_ALGO_DIRECT)
+                build_allreduce_direct(&b);
+            else if (algo == SC_ALGO_RD)
                 build_allreduce_rd(&b);
             else
                 build_allreduce_ring(&b);

@@ -30,13 +30,19 @@ typedef enum sc_step_kind {
     SC_DIV = 6,         /* local: buf[dst][i] /= factor (average; integers truncate) */
 } sc_step_kind;
 
+/* The stages of a direct (push/pull) allreduce, which a bounded-loss
+ * transport treats differently: a push segment that never arrives is absent
+ * from the owner's sum, a pull segment leaves the receiver its own value, and
+ * each stage has its own loss bound (engines/en_udp.c). */
+typedef enum sc_stage { SC_STAGE_NONE = 0, SC_STAGE_PUSH = 1, SC_STAGE_PULL = 2 } sc_stage;
+
 typedef struct sc_step {
-    uint8_t kind; /* sc_step_kind */
-    uint8_t src;  /* SC_BUF_* read by the step */
-    uint8_t dst;  /* SC_BUF_* written by the step */
-    uint8_t _pad;
-    int32_t peer; /* rank in the communicator; -1 for local steps */
-    uint32_t tag; /* equal on the sending and the receiving side */
+    uint8_t kind;  /* sc_step_kind */
+    uint8_t src;   /* SC_BUF_* read by the step */
+    uint8_t dst;   /* SC_BUF_* written by the step */
+    uint8_t stage; /* sc_stage: which stage of a push/pull allreduce (bounded loss) */
+    int32_t peer;  /* rank in the communicator; -1 for local steps */
+    uint32_t tag;  /* equal on the sending and the receiving side */
     uint32_t ndeps;
     uint32_t dep_off; /* deps[dep_off .. dep_off+ndeps) must finish before this step starts */
     uint64_t src_off;
@@ -68,10 +74,13 @@ typedef enum sc_coll_kind {
 } sc_coll_kind;
 
 typedef enum sc_algo {
-    SC_ALGO_AUTO = 0, /* by size: latency-optimal at or below small_elems */
-    SC_ALGO_RING = 1, /* bandwidth-optimal, chunked and pipelined */
-    SC_ALGO_RD = 2,   /* recursive doubling (allreduce), binomial tree (broadcast),
-                         direct exchange (allgather, reduce-scatter) */
+    SC_ALGO_AUTO = 0,   /* by size: latency-optimal at or below small_elems */
+    SC_ALGO_RING = 1,   /* bandwidth-optimal, chunked and pipelined */
+    SC_ALGO_RD = 2,     /* recursive doubling (allreduce), binomial tree (broadcast),
+                           direct exchange (allgather, reduce-scatter) */
+    SC_ALGO_DIRECT = 3, /* allreduce: push every block to its owner, pull the reduced
+                           blocks back (a sharded parameter server; 2 steps, n-1 flows
+                           at once); what bounded-loss ops run */
 } sc_algo;
 
 typedef struct sc_coll {

@@ -165,10 +165,14 @@ static void describe(const scen_t *s, char *out, size_t cap)
     snprintf(out, cap,
              "%s algo=%s n=%d order=[%s] root=%d count=%llu slice=[%llu,%llu) rails=%d "
              "chunk=%llu avg=%d in_place=%d rs_in_place=%d op=%s fifo=%d rendezvous=%d seed=%llu",
-             kind_name(s->kind), s->algo == SC_ALGO_RING ? "ring" : "rd", s->n, ord, s->root,
-             (unsigned long long)s->count, (unsigned long long)s->lo, (unsigned long long)s->hi,
-             s->nrails, (unsigned long long)s->chunk, s->avg, s->in_place, s->rs_in_place,
-             s->op == OP_SUM ? "sum" : "max", s->fifo, s->rendezvous, (unsigned long long)s->seed);
+             kind_name(s->kind),
+             s->algo == SC_ALGO_RING ? "ring"
+             : s->algo == SC_ALGO_RD ? "rd"
+                                     : "direct",
+             s->n, ord, s->root, (unsigned long long)s->count, (unsigned long long)s->lo,
+             (unsigned long long)s->hi, s->nrails, (unsigned long long)s->chunk, s->avg,
+             s->in_place, s->rs_in_place, s->op == OP_SUM ? "sum" : "max", s->fifo, s->rendezvous,
+             (unsigned long long)s->seed);
 }
 
 static void push(ex_t *e, action_t a)
@@ -874,10 +878,10 @@ static void run_variants(scen_t base)
 static void test_allreduce(void **state)
 {
     (void)state;
-    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD};
+    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_DIRECT};
     for (int n = 1; n <= 9; n++)
         for (int ci = 0; ci < 5; ci++)
-            for (int ai = 0; ai < 2; ai++)
+            for (int ai = 0; ai < 3; ai++)
                 for (int v = 0; v < 3; v++)
                     for (int ip = 0; ip < 2; ip++) {
                         scen_t s = {.kind = SC_ALLREDUCE,

@@ -1,0 +1,905 @@
+/*
+ * The bounded-loss transport (DLCP, issue 11; docs/udp.md): a udp rail's
+ * datagram data path. A rail opened with cfg->udp keeps its TCP links (they
+ * carry every reliable op and this engine's control messages) and adds one
+ * UDP socket, bound to the same address and port as its listener. Ops with a
+ * loss bound (en_op_set_loss) run the push/pull allreduce plan
+ * (SC_ALGO_DIRECT); their staged sends and receives come here:
+ *
+ *   send    the step's bytes go out at once (zero RTT: no rendezvous) as
+ *           datagrams of udp_seg_bytes, paced at the flow's rate (DLCP's
+ *           Fig. 7 rate control, en_dgram.h), then DONE on the TCP link
+ *   recv    a bitmap of the segments that arrived; each is copied or reduced
+ *           into place once. At DONE: the bound met -> FIN (the step ends on
+ *           both sides), else NACK with the missing ranges, which the sender
+ *           sends again (at line rate) and closes with DONE
+ *   rate    every udp_period_us the receiver reports what it received (RATE)
+ *
+ * Datagrams are checked before they touch memory: the job value, a peer's
+ * address, the header (en_dg_decode), the op and step, the stage and the
+ * bounds of the posted buffer; anything else is dropped and counted. Data
+ * for a receive not posted yet (the peer's op ran ahead) is kept in a
+ * bounded stash, as frames are (en_exec.c). A missing push segment is absent
+ * from the sum (the owner divides by the contributors per segment), a
+ * missing pull segment leaves the receiver's own value in place.
+ *
+ * Threading: the rail's loop thread.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engines/en_dgram.h"
+#include "engines/engine.h"
+#include "gpu/gpu.h"
+
+#define DG_BATCH  64
+#define DG_BURST  2000000ull /* pacer credit after idle: 2 ms */
+#define DG_RANGES 60         /* missing ranges per NACK (fits EN_MAX_ABORT) */
+#define DG_AI     0.05       /* additive increase: 5% of the line rate per period */
+
+enum { CTL_DONE = 1, CTL_NACK = 2, CTL_FIN = 3, CTL_RATE = 4 };
+#define CTL_HDR 24 /* u8 kind, 3 zero, u32 pass, u64 a, u64 b */
+
+typedef struct en_dgflow {
+    struct en_dgflow *snext; /* the rail's sending flows */
+    en_op_t *op;
+    uint32_t step;
+    int peer;
+    uint8_t stage;
+    bool recv, posted, ended, sending;
+    uint8_t *dst;       /* recv: where segments land */
+    const uint8_t *src; /* send: the data; recv reduce: the other operand */
+    bool reduce;
+    uint64_t len;
+    uint32_t nseg;
+    en_dg_bitmap_t bm; /* recv: segments that arrived */
+    /* send: the ranges of this pass, where it stands in them */
+    en_dg_range_t *rg;
+    int nrg, ri;
+    uint32_t rk;
+    uint32_t pass;
+    bool done_seen;     /* recv: the sender finished a pass */
+    uint64_t decide_ns; /* recv: then decide at the latest (stragglers' grace) */
+    en_rc_t rc;
+    en_pacer_t pacer;
+    uint64_t period_bytes, period_t0;
+    uint8_t tos_lo, tos_hi; /* send: the TOS of an unimportant / important datagram */
+    double median;          /* send: ECN threshold (|x| of the tensor's median) */
+} en_dgflow_t;
+
+struct en_dgop {
+    en_dgflow_t *flows; /* [nsteps]; network steps with a stage */
+};
+
+/* A datagram or control message that came before its receive. */
+typedef struct dg_keep {
+    struct dg_keep *next;
+    uint32_t comm, tag;
+    uint64_t seq;
+    int peer;
+    bool ctl;
+    size_t len;
+    uint8_t data[];
+} dg_keep_t;
+
+struct en_udp {
+    en_rail_t *rail;
+    int fd;
+    uv_poll_t poll;
+    bool poll_open;
+    int events;
+    uv_timer_t timer;
+    bool timer_open, timer_on;
+    uint64_t job;
+    uint32_t seg;
+    double line_bps, delta;
+    uint64_t period_ns;
+    uint32_t drop_ppm;
+    uint64_t rng;
+    struct sockaddr_storage *peer; /* [world] */
+    en_dgflow_t *sends;
+    int nflows; /* live flows of running ops: the timer runs while > 0 */
+    dg_keep_t *keep;
+    uint64_t keep_bytes, keep_limit;
+    uint8_t *rxbuf;
+    size_t rxsz;
+    en_udp_stats_t st;
+};
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static socklen_t sa_size(const struct sockaddr_storage *a)
+{
+    return a->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+static bool sa_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+    return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
+}
+
+/* ---- control messages on the TCP link ---- */
+
+static void ctl_sent(en_wreq_t *w, int status)
+{
+    (void)status;
+    coh_free(w);
+}
+
+static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass, uint64_t a,
+                     uint64_t b, const en_dg_range_t *rg, int nrg)
+{
+    en_rail_t *rail = op->rail;
+    en_conn_t *c = rail->peers[f->peer];
+    if (!c) return; /* the link is gone: the op fails by it */
+    en_wreq_t *w = coh_zalloc(sizeof(*w));
+    if (!w) return; /* the peer asks again, or the op times out */
+    uint8_t *p = w->ctl;
+    p[0] = (uint8_t)kind;
+    en_put32(p + 4, pass);
+    en_put64(p + 8, a);
+    en_put64(p + 16, b);
+    size_t len = CTL_HDR;
+    for (int i = 0; i < nrg; i++, len += 8) {
+        en_put32(p + len, rg[i].first);
+        en_put32(p + len + 4, rg[i].count);
+    }
+    en_hdr_t h = {.type = EN_FRAME_DGCTL,
+                  .comm = op->comm,
+                  .tag = op->plan.steps[f->step].tag,
+                  .seq = op->seq,
+                  .len = len};
+    en_hdr_encode(&h, w->hdr);
+    w->payload = w->ctl;
+    w->len = len;
+    w->done = ctl_sent;
+    if (rail->ops->tr_send(c, w) != 0) coh_free(w);
+}
+
+/* ---- the timer: pacing, rate reports ---- */
+
+static void pump(struct en_udp *u);
+
+static void recv_decide(struct en_udp *u, en_dgflow_t *f);
+
+/* Each period: receivers report their rate, and decide the passes whose
+ * stragglers' grace is over. */
+static void report_rates(struct en_udp *u, uint64_t now)
+{
+    for (en_op_t *op = u->rail->ops_head; op; op = op->next) {
+        if (!op->dg || op->state != EN_OP_RUNNING) continue;
+        op->progressing = true;
+        for (uint32_t i = 0; i < op->plan.nsteps && op->state == EN_OP_RUNNING; i++) {
+            en_dgflow_t *f = &op->dg->flows[i];
+            if (!f->recv || !f->posted || f->ended) continue;
+            if (f->done_seen && now >= f->decide_ns) recv_decide(u, f);
+            if (f->ended || !f->period_bytes) continue;
+            if (now - f->period_t0 < u->period_ns) continue;
+            send_ctl(op, f, CTL_RATE, 0, f->period_bytes, now - f->period_t0, NULL, 0);
+            f->period_bytes = 0;
+            f->period_t0 = now;
+        }
+        op->progressing = false;
+    }
+    /* Kicks after the walk: one may end (and free) its op. */
+    for (en_op_t *op = u->rail->ops_head, *next; op; op = next) {
+        next = op->next;
+        if (op->dg) en_exec_kick(op);
+    }
+}
+
+static void timer_cb(uv_timer_t *t)
+{
+    struct en_udp *u = t->data;
+    pump(u);
+    report_rates(u, bs_now_ns());
+    if (u->nflows <= 0 && u->timer_on) {
+        uv_timer_stop(&u->timer);
+        u->timer_on = false;
+    }
+}
+
+static void timer_arm(struct en_udp *u)
+{
+    if (u->timer_on || !u->timer_open) return;
+    uint64_t ms = u->period_ns / 1000000ull;
+    uv_timer_start(&u->timer, timer_cb, 1, ms ? ms : 1);
+    u->timer_on = true;
+}
+
+/* ---- sending ---- */
+
+static void send_list_remove(struct en_udp *u, en_dgflow_t *f)
+{
+    if (!f->sending) return;
+    for (en_dgflow_t **pp = &u->sends; *pp; pp = &(*pp)->snext)
+        if (*pp == f) {
+            *pp = f->snext;
+            break;
+        }
+    f->snext = NULL;
+    f->sending = false;
+}
+
+static void send_list_add(struct en_udp *u, en_dgflow_t *f)
+{
+    if (f->sending) return;
+    f->snext = u->sends;
+    u->sends = f;
+    f->sending = true;
+}
+
+static void poll_cb(uv_poll_t *h, int status, int events);
+
+static void poll_set(struct en_udp *u, int events)
+{
+    if (!u->poll_open || events == u->events) return;
+    u->events = events;
+    uv_poll_start(&u->poll, events, poll_cb);
+}
+
+/* Send what the flow's pacer allows now, up to a batch. Returns false when
+ * the socket is full. */
+static bool flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
+{
+    en_op_t *op = f->op;
+    uint8_t hdr[DG_BATCH][EN_DG_HDR];
+    struct iovec iov[DG_BATCH][2];
+    struct mmsghdr mm[DG_BATCH];
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm[DG_BATCH];
+    struct sockaddr_storage *to = &u->peer[f->peer];
+    int n = 0, ri = f->ri;
+    uint32_t rk = f->rk;
+    en_pacer_t pc = f->pacer;
+    bool v6 = to->ss_family == AF_INET6;
+    while (n < DG_BATCH && ri < f->nrg) {
+        if (pc.next_ns + DG_BURST < now) pc.next_ns = now - DG_BURST;
+        if (pc.next_ns > now) break;
+        uint32_t s = f->rg[ri].first + rk;
+        uint64_t off = (uint64_t)s * u->seg;
+        uint32_t len = (uint32_t)(f->len - off < u->seg ? f->len - off : u->seg);
+        en_pacer_delay(&pc, now, f->rc.rate_bps, len + EN_DG_HDR + 28, DG_BURST);
+        bool last = ri == f->nrg - 1 && rk + 1 == f->rg[ri].count;
+        en_dg_hdr_t h = {.flags = (uint8_t)((f->stage == SC_STAGE_PULL ? EN_DG_PULL : 0) |
+                                            (last ? EN_DG_LAST : 0)),
+                         .job = u->job,
+                         .comm = op->comm,
+                         .step = op->plan.steps[f->step].tag,
+                         .seq = op->seq,
+                         .offset = off,
+                         .len = len,
+                         .segno = s};
+        en_dg_encode(&h, hdr[n]);
+        iov[n][0] = (struct iovec){.iov_base = hdr[n], .iov_len = EN_DG_HDR};
+        iov[n][1] = (struct iovec){.iov_base = (void *)(f->src + off), .iov_len = len};
+        mm[n] = (struct mmsghdr){
+            .msg_hdr = {
+                .msg_name = to, .msg_namelen = sa_size(to), .msg_iov = iov[n], .msg_iovlen = 2}};
+        if (f->tos_lo || f->tos_hi) {
+            bool imp = op->dtype == COH_F32 || op->dtype == COH_F64
+                           ? en_tag_important(f->src + off, len / op->esize, op->esize, f->median)
+                           : false;
+            int tos = imp ? f->tos_hi : f->tos_lo;
+            struct cmsghdr *c = (struct cmsghdr *)cm[n].buf;
+            c->cmsg_level = v6 ? IPPROTO_IPV6 : IPPROTO_IP;
+            c->cmsg_type = v6 ? IPV6_TCLASS : IP_TOS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(c), &tos, sizeof(int));
+            mm[n].msg_hdr.msg_control = cm[n].buf;
+            mm[n].msg_hdr.msg_controllen = sizeof(cm[n].buf);
+        }
+        n++;
+        if (++rk == f->rg[ri].count) {
+            ri++;
+            rk = 0;
+        }
+    }
+    if (n == 0) return true;
+    int k = sendmmsg(u->fd, mm, (unsigned)n, MSG_DONTWAIT);
+    if (k < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) return false;
+        char why[128];
+        snprintf(why, sizeof(why), "udp send to rank %d: %s", f->peer, strerror(errno));
+        en_exec_fail_op(op, COH_EPEER, true, why);
+        return true;
+    }
+    /* Advance by what left; the pacer keeps the batch's accounting (a short
+     * send undercounts nothing that matters). */
+    f->pacer = pc;
+    for (int j = 0; j < k; j++) {
+        uint64_t len = iov[j][1].iov_len;
+        f->period_bytes += len;
+        op->bytes_out += len;
+        u->st.dg_sent++;
+        if (f->pass) u->st.resent_bytes += len;
+        if (++f->rk == f->rg[f->ri].count) {
+            f->ri++;
+            f->rk = 0;
+        }
+    }
+    op->t_progress_ns = now;
+    if (f->ri == f->nrg) {
+        /* The pass is out: the receiver decides. */
+        send_list_remove(u, f);
+        send_ctl(op, f, CTL_DONE, f->pass, f->nseg, 0, NULL, 0);
+    }
+    return k == n;
+}
+
+static void pump(struct en_udp *u)
+{
+    uint64_t now = bs_now_ns();
+    bool full = false;
+    /* Round robin: every flow gets a batch per round while its pacer lets it. */
+    for (int round = 0; round < 64 && u->sends && !full; round++) {
+        bool any = false;
+        en_dgflow_t *next;
+        for (en_dgflow_t *f = u->sends; f && !full; f = next) {
+            next = f->snext;
+            en_op_t *op = f->op;
+            uint32_t ri = (uint32_t)f->ri, rk = f->rk;
+            op->progressing = true;
+            if (!flow_send(u, f, now)) full = true;
+            op->progressing = false;
+            if ((uint32_t)f->ri != ri || f->rk != rk) any = true;
+            en_exec_kick(op);
+        }
+        if (!any) break;
+    }
+    poll_set(u, UV_READABLE | (full ? UV_WRITABLE : 0));
+    if (u->sends) timer_arm(u);
+}
+
+/* ---- receiving ---- */
+
+static void keep_drop(struct en_udp *u, dg_keep_t **pp)
+{
+    dg_keep_t *k = *pp;
+    *pp = k->next;
+    u->keep_bytes -= k->len;
+    coh_free(k);
+}
+
+static void keep_add(struct en_udp *u, uint32_t comm, uint64_t seq, int peer, uint32_t tag,
+                     bool ctl, const uint8_t *data, size_t len)
+{
+    if (u->keep_bytes + len > u->keep_limit) {
+        u->st.dg_dropped++;
+        return;
+    }
+    dg_keep_t *k = coh_malloc(sizeof(*k) + len);
+    if (!k) {
+        u->st.dg_dropped++;
+        return;
+    }
+    *k = (dg_keep_t){.comm = comm, .seq = seq, .peer = peer, .tag = tag, .ctl = ctl, .len = len};
+    memcpy(k->data, data, len);
+    /* Appended: control messages of a step replay in the order they came. */
+    dg_keep_t **pp = &u->keep;
+    while (*pp) pp = &(*pp)->next;
+    *pp = k;
+    u->keep_bytes += len;
+    if (!ctl) u->st.dg_kept++;
+}
+
+static void recv_decide(struct en_udp *u, en_dgflow_t *f);
+
+/* One checked segment into its posted receive. */
+static void recv_segment(struct en_udp *u, en_dgflow_t *f, const en_dg_hdr_t *h,
+                         const uint8_t *payload)
+{
+    en_op_t *op = f->op;
+    int r = en_dg_bitmap_set(&f->bm, h->segno);
+    if (r == 0) {
+        u->st.dg_dup++;
+        return;
+    }
+    if (f->reduce)
+        gpu_cpu_reduce(op->dtype, op->redop, f->dst + h->offset, f->src + h->offset, payload,
+                       h->len / op->esize);
+    else
+        memcpy(f->dst + h->offset, payload, h->len);
+    u->st.dg_recv++;
+    f->period_bytes += h->len;
+    op->bytes_in += h->len;
+    op->t_progress_ns = bs_now_ns();
+    /* After DONE: the pass's last datagram, or the last missing one, means
+     * nothing more is on its way. */
+    if (f->done_seen && ((h->flags & EN_DG_LAST) || f->bm.got == f->nseg)) recv_decide(u, f);
+}
+
+static en_dgflow_t *send_flow(en_op_t *op, int peer, uint32_t tag)
+{
+    if (!op->dg) return NULL;
+    for (uint32_t i = 0; i < op->plan.nsteps; i++) {
+        const sc_step_t *s = &op->plan.steps[i];
+        if (s->kind == SC_SEND && s->peer == peer && s->tag == tag && op->dg->flows[i].op)
+            return &op->dg->flows[i];
+    }
+    return NULL;
+}
+
+static en_dgflow_t *recv_flow(en_op_t *op, int peer, uint32_t tag)
+{
+    if (!op->dg) return NULL;
+    int64_t i = en_exec_find_recv(op, peer, tag);
+    if (i < 0 || !op->dg->flows[i].op || !op->dg->flows[i].recv) return NULL;
+    return &op->dg->flows[i];
+}
+
+/* A datagram from peer (its source address checked). */
+static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n)
+{
+    en_rail_t *rail = u->rail;
+    en_dg_hdr_t h;
+    if (en_dg_decode(buf, n, u->seg, &h) != 0) {
+        u->st.dg_bad++;
+        return;
+    }
+    if (h.job != u->job) {
+        u->st.dg_stranger++;
+        return;
+    }
+    en_op_t *op = en_exec_find_op(rail, h.comm, h.seq);
+    if (!op) {
+        if (en_exec_ended(rail, h.comm, h.seq))
+            u->st.dg_late++;
+        else
+            keep_add(u, h.comm, h.seq, peer, h.step, false, buf, n); /* its op comes later */
+        return;
+    }
+    if (op->state != EN_OP_RUNNING) {
+        u->st.dg_late++;
+        return;
+    }
+    en_dgflow_t *f = recv_flow(op, peer, h.step);
+    if (!f || ((h.flags & EN_DG_PULL) != 0) != (f->stage == SC_STAGE_PULL) || h.segno >= f->nseg ||
+        h.offset + h.len > f->len ||
+        h.len != (f->len - h.offset < u->seg ? f->len - h.offset : u->seg)) {
+        u->st.dg_bad++;
+        return;
+    }
+    if (f->ended) {
+        u->st.dg_late++;
+        return;
+    }
+    if (!f->posted) {
+        keep_add(u, h.comm, h.seq, peer, h.step, false, buf, n);
+        return;
+    }
+    op->progressing = true;
+    recv_segment(u, f, &h, buf + EN_DG_HDR);
+    op->progressing = false;
+    en_exec_kick(op);
+}
+
+static int peer_of(struct en_udp *u, const struct sockaddr_storage *from)
+{
+    for (int p = 0; p < u->rail->world; p++)
+        if (p != u->rail->rank && sa_same(&u->peer[p], from)) return p;
+    return -1;
+}
+
+static void poll_cb(uv_poll_t *h, int status, int events)
+{
+    struct en_udp *u = h->data;
+    if (status < 0) return;
+    if (events & UV_WRITABLE) pump(u);
+    if (!(events & UV_READABLE)) return;
+    struct mmsghdr mm[DG_BATCH];
+    struct iovec iov[DG_BATCH];
+    struct sockaddr_storage from[DG_BATCH];
+    for (int rounds = 0; rounds < 64; rounds++) {
+        for (int i = 0; i < DG_BATCH; i++) {
+            iov[i] = (struct iovec){.iov_base = u->rxbuf + (size_t)i * u->rxsz, .iov_len = u->rxsz};
+            mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &from[i],
+                                                 .msg_namelen = sizeof(from[i]),
+                                                 .msg_iov = &iov[i],
+                                                 .msg_iovlen = 1}};
+        }
+        int n = recvmmsg(u->fd, mm, DG_BATCH, MSG_DONTWAIT, NULL);
+        if (n <= 0) break;
+        for (int i = 0; i < n; i++) {
+            if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
+                u->st.dg_bad++;
+                continue;
+            }
+            if (u->drop_ppm && splitmix(&u->rng) % 1000000u < u->drop_ppm) {
+                u->st.dg_test_dropped++;
+                continue;
+            }
+            int peer = peer_of(u, &from[i]);
+            if (peer < 0) {
+                u->st.dg_stranger++;
+                continue;
+            }
+            on_datagram(u, peer, iov[i].iov_base, mm[i].msg_len);
+        }
+        if (n < DG_BATCH) break;
+    }
+}
+
+/* ---- the loss bound ---- */
+
+static void recv_finish(struct en_udp *u, en_dgflow_t *f)
+{
+    en_op_t *op = f->op;
+    uint64_t got = en_dg_bytes_got(&f->bm, f->len, u->seg);
+    f->ended = true;
+    u->nflows--;
+    if (f->reduce && f->src != f->dst) {
+        /* A push that never came: this rank's own operand stands alone. */
+        for (uint32_t s = en_dg_bitmap_next_missing(&f->bm, 0); s < f->nseg;
+             s = en_dg_bitmap_next_missing(&f->bm, s + 1)) {
+            uint64_t off = (uint64_t)s * u->seg;
+            memcpy(f->dst + off, f->src + off, f->len - off < u->seg ? f->len - off : u->seg);
+        }
+    }
+    op->lost_bytes[f->stage] += f->len - got;
+    op->stage_bytes[f->stage] += f->len;
+    send_ctl(op, f, CTL_FIN, f->pass, got, 0, NULL, 0);
+    en_exec_step_done(op, f->step);
+}
+
+static void recv_nack(struct en_udp *u, en_dgflow_t *f)
+{
+    en_dg_range_t rg[DG_RANGES];
+    int n = en_dg_missing(&f->bm, rg, DG_RANGES);
+    if (n > DG_RANGES) n = DG_RANGES;
+    u->st.nacks++;
+    send_ctl(f->op, f, CTL_NACK, f->pass, 0, 0, rg, n);
+}
+
+/* The sender's pass is over and nothing more is expected: the bound met
+ * ends the step, else the missing segments are asked for again. */
+static void recv_decide(struct en_udp *u, en_dgflow_t *f)
+{
+    if (f->ended || !f->done_seen) return;
+    f->done_seen = false;
+    uint64_t got = en_dg_bytes_got(&f->bm, f->len, u->seg);
+    if (en_dg_bound_met(got, f->len, f->op->loss[f->stage]))
+        recv_finish(u, f);
+    else
+        recv_nack(u, f);
+}
+
+/* DONE came (its TCP link may overtake the datagrams): decide at once when
+ * everything is here, else once the stragglers had a period to land. */
+static void recv_done_seen(struct en_udp *u, en_dgflow_t *f)
+{
+    f->done_seen = true;
+    f->decide_ns = bs_now_ns() + u->period_ns;
+    if (f->posted && f->bm.got == f->nseg) recv_decide(u, f);
+}
+
+static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const uint8_t *p,
+                   size_t len)
+{
+    int kind = p[0];
+    uint32_t pass = en_get32(p + 4);
+    uint64_t a = en_get64(p + 8), b = en_get64(p + 16);
+    if (kind == CTL_DONE) {
+        en_dgflow_t *f = recv_flow(op, peer, tag);
+        if (!f || f->ended) return;
+        f->pass = pass;
+        recv_done_seen(u, f); /* not posted yet: decided once it is, after its grace */
+        return;
+    }
+    en_dgflow_t *f = send_flow(op, peer, tag);
+    if (!f || f->ended) return;
+    op->t_progress_ns = bs_now_ns();
+    if (kind == CTL_FIN) {
+        f->ended = true;
+        u->nflows--;
+        send_list_remove(u, f);
+        en_exec_step_done(op, f->step);
+    } else if (kind == CTL_RATE) {
+        uint64_t now = bs_now_ns(), dt = now - f->period_t0;
+        if (b > 0 && dt > 0 && f->period_bytes > 0)
+            en_rc_report(&f->rc, (double)f->period_bytes * 8e9 / (double)dt,
+                         (double)a * 8e9 / (double)b);
+        f->period_bytes = 0;
+        f->period_t0 = now;
+    } else if (kind == CTL_NACK) {
+        size_t nr = (len - CTL_HDR) / 8;
+        en_dg_range_t *rg = coh_malloc(sizeof(*rg) * (nr ? nr : 1));
+        if (!rg) return;
+        int k = 0;
+        for (size_t i = 0; i < nr; i++) {
+            uint32_t first = en_get32(p + CTL_HDR + 8 * i), cnt = en_get32(p + CTL_HDR + 8 * i + 4);
+            if (first >= f->nseg || cnt == 0 || cnt > f->nseg - first) continue; /* garbage */
+            rg[k++] = (en_dg_range_t){first, cnt};
+        }
+        if (k == 0) {
+            coh_free(rg);
+            return;
+        }
+        coh_free(f->rg);
+        f->rg = rg;
+        f->nrg = k;
+        f->ri = 0;
+        f->rk = 0;
+        f->pass++;
+        en_rc_retransmit(&f->rc);
+        send_list_add(u, f);
+        pump(u);
+    }
+}
+
+int en_udp_ctl(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, const uint8_t *p, size_t len)
+{
+    struct en_udp *u = rail->udp;
+    if (len < CTL_HDR || (len - CTL_HDR) % 8 || p[0] < CTL_DONE || p[0] > CTL_RATE)
+        return COH_EPROTO;
+    if (!u) return 0;
+    en_op_t *op = en_exec_find_op(rail, h->comm, h->seq);
+    if (!op) {
+        /* The receiver's op comes later: keep the sender's DONE for it. */
+        if (p[0] == CTL_DONE && !en_exec_ended(rail, h->comm, h->seq))
+            keep_add(u, h->comm, h->seq, c->peer, h->tag, true, p, len);
+        return 0;
+    }
+    if (op->state != EN_OP_RUNNING || !op->dg) return 0;
+    op->progressing = true;
+    on_ctl(u, op, c->peer, h->tag, p, len);
+    op->progressing = false;
+    en_exec_kick(op);
+    return 0;
+}
+
+/* ---- ops ---- */
+
+bool en_udp_usable(const en_rail_t *rail, const en_op_t *op)
+{
+    return rail->udp && (op->loss[SC_STAGE_PUSH] > 0 || op->loss[SC_STAGE_PULL] > 0);
+}
+
+int en_udp_op_start(en_op_t *op)
+{
+    en_rail_t *rail = op->rail;
+    struct en_udp *u = rail->udp;
+    op->dg = coh_zalloc(sizeof(*op->dg));
+    if (op->dg) op->dg->flows = coh_zalloc(sizeof(en_dgflow_t) * (op->plan.nsteps + 1));
+    if (!op->dg || !op->dg->flows) return COH_ENOMEM;
+    /* Where each peer's datagrams come from and go (a rank that rejoined
+     * listens elsewhere now). */
+    for (int p = 0; p < rail->world; p++)
+        if (p != rail->rank) en_rail_route(rail, p, rail->index, &u->peer[p]);
+    for (uint32_t i = 0; i < op->plan.nsteps; i++) {
+        const sc_step_t *s = &op->plan.steps[i];
+        bool recv = s->kind == SC_RECV || s->kind == SC_RECV_REDUCE;
+        if (!s->stage || !(recv || s->kind == SC_SEND) || s->count == 0) continue;
+        en_dgflow_t *f = &op->dg->flows[i];
+        f->op = op;
+        f->step = i;
+        f->peer = s->peer;
+        f->stage = s->stage;
+        f->recv = recv;
+        f->len = s->count * op->esize;
+        f->nseg = en_dg_nseg(f->len, u->seg);
+        if (recv) {
+            f->dst = op->buf[s->dst] + s->dst_off * op->esize;
+            f->reduce = s->kind == SC_RECV_REDUCE;
+            f->src = f->reduce ? op->buf[s->src] + s->src_off * op->esize : NULL;
+            if (en_dg_bitmap_init(&f->bm, f->nseg) != 0) return COH_ENOMEM;
+        } else {
+            f->src = op->buf[s->src] + s->src_off * op->esize;
+        }
+        u->nflows++;
+    }
+    /* DONE messages that came before the op. */
+    for (dg_keep_t **pp = &u->keep; *pp;) {
+        dg_keep_t *k = *pp;
+        if (k->ctl && k->comm == op->comm && k->seq == op->seq) {
+            on_ctl(u, op, k->peer, k->tag, k->data, k->len);
+            keep_drop(u, pp);
+        } else {
+            pp = &k->next;
+        }
+    }
+    timer_arm(u);
+    return 0;
+}
+
+int en_udp_send(en_op_t *op, uint32_t i)
+{
+    struct en_udp *u = op->rail->udp;
+    en_dgflow_t *f = &op->dg->flows[i];
+    if (!f->op) return 1; /* not a datagram step */
+    if (u->peer[f->peer].ss_family == 0)
+        return bs_fail(COH_EPEER, "no udp address for rank %d", f->peer);
+    f->rg = coh_malloc(sizeof(en_dg_range_t));
+    if (!f->rg) return COH_ENOMEM;
+    f->rg[0] = (en_dg_range_t){0, f->nseg};
+    f->nrg = 1;
+    en_rc_init(&f->rc, u->line_bps, u->delta, DG_AI);
+    f->period_t0 = bs_now_ns();
+    f->pacer.next_ns = 0;
+    if (op->nlayers > 0 || op->ecn) {
+        int prio = en_tag_prio(op->layer, op->nlayers, 8);
+        f->tos_lo = en_tag_tos(prio, false);
+        f->tos_hi = en_tag_tos(prio, op->ecn);
+        if (op->ecn && (op->dtype == COH_F32 || op->dtype == COH_F64))
+            f->median = en_tag_median(f->src, f->len / op->esize, op->esize, 0.001);
+    }
+    send_list_add(u, f);
+    pump(u);
+    return 0;
+}
+
+int en_udp_post(en_op_t *op, uint32_t i)
+{
+    struct en_udp *u = op->rail->udp;
+    en_dgflow_t *f = &op->dg->flows[i];
+    if (!f->op) return 1;
+    f->posted = true;
+    f->period_t0 = bs_now_ns();
+    for (dg_keep_t **pp = &u->keep; *pp && !f->ended;) {
+        dg_keep_t *k = *pp;
+        if (!k->ctl && k->comm == op->comm && k->seq == op->seq && k->peer == f->peer &&
+            k->tag == op->plan.steps[i].tag) {
+            en_dg_hdr_t h;
+            if (en_dg_decode(k->data, k->len, u->seg, &h) == 0 && h.segno < f->nseg &&
+                h.offset + h.len <= f->len)
+                recv_segment(u, f, &h, k->data + EN_DG_HDR);
+            keep_drop(u, pp);
+        } else {
+            pp = &k->next;
+        }
+    }
+    if (f->done_seen && f->bm.got == f->nseg) recv_decide(u, f);
+    return 0;
+}
+
+void en_udp_div(en_op_t *op, uint32_t i)
+{
+    struct en_udp *u = op->rail->udp;
+    const sc_step_t *s = &op->plan.steps[i];
+    uint8_t *base = op->buf[s->dst] + s->dst_off * op->esize;
+    uint64_t len = s->count * op->esize;
+    uint32_t nseg = en_dg_nseg(len, u->seg);
+    /* The pushes reduced into this block: the contributors of each segment
+     * are this rank and the pushes whose segment arrived. */
+    for (uint32_t g = 0; g < nseg; g++) {
+        double n = 1;
+        for (uint32_t j = 0; j < op->plan.nsteps; j++) {
+            const en_dgflow_t *f = &op->dg->flows[j];
+            if (f->op && f->recv && f->reduce && f->dst == base && f->len == len)
+                n += en_dg_bitmap_test(&f->bm, g);
+        }
+        uint64_t off = (uint64_t)g * u->seg;
+        uint64_t sl = len - off < u->seg ? len - off : u->seg;
+        gpu_cpu_div(op->dtype, base + off, sl / op->esize, n);
+    }
+}
+
+void en_udp_op_end(en_op_t *op)
+{
+    en_rail_t *rail = op->rail;
+    struct en_udp *u = rail ? rail->udp : NULL;
+    if (!u || !op->dg) return;
+    for (uint32_t i = 0; i < op->plan.nsteps; i++) {
+        en_dgflow_t *f = &op->dg->flows[i];
+        if (!f->op) continue;
+        send_list_remove(u, f);
+        if (!f->ended) u->nflows--;
+        f->ended = true;
+    }
+    for (dg_keep_t **pp = &u->keep; *pp;) {
+        if ((*pp)->comm == op->comm && (*pp)->seq == op->seq)
+            keep_drop(u, pp);
+        else
+            pp = &(*pp)->next;
+    }
+}
+
+void en_udp_op_free(en_op_t *op)
+{
+    if (!op->dg) return;
+    for (uint32_t i = 0; i < op->plan.nsteps; i++) {
+        en_dg_bitmap_fini(&op->dg->flows[i].bm);
+        coh_free(op->dg->flows[i].rg);
+    }
+    coh_free(op->dg->flows);
+    coh_free(op->dg);
+    op->dg = NULL;
+}
+
+/* ---- the rail's socket ---- */
+
+int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
+{
+    struct en_udp *u = coh_zalloc(sizeof(*u));
+    if (!u) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    rail->udp = u;
+    u->rail = rail;
+    u->fd = -1;
+    u->seg = cfg->seg_bytes & ~7u;
+    u->line_bps = cfg->rate_mbps * 1e6;
+    u->delta = cfg->delta;
+    u->period_ns = (uint64_t)cfg->period_us * 1000ull;
+    u->drop_ppm = cfg->test_drop_ppm;
+    u->rng = bs_now_ns() ^ ((uint64_t)rail->rank << 32) ^ (uint64_t)rail->index;
+    u->keep_limit = rail->stash_limit;
+    /* Derived from the job token: a stranger without it cannot forge data. */
+    u->job = BS_FNV_SEED;
+    for (const char *t = rail->token; *t; t++) u->job = bs_fnv64(u->job, (uint8_t)*t);
+    u->job = bs_fnv64(u->job, 0x75647020u);
+    u->rxsz = u->seg + EN_DG_HDR + 64;
+    u->rxbuf = coh_aligned(u->rxsz * DG_BATCH, 64);
+    u->peer = coh_zalloc(sizeof(struct sockaddr_storage) * (size_t)rail->world);
+    if (!u->rxbuf || !u->peer) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    const struct sockaddr_storage *a = &rail->bound;
+    u->fd = socket(a->ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (u->fd < 0)
+        return bs_fail(COH_ESYS, "rail %d: udp socket: %s", rail->index, strerror(errno));
+    int rcv = (int)cfg->rcvbuf_bytes, snd = (int)(cfg->rcvbuf_bytes / 2);
+    /* Root may go past rmem_max; others get what the kernel allows. */
+    if (setsockopt(u->fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcv, sizeof(rcv)) != 0)
+        setsockopt(u->fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+    if (setsockopt(u->fd, SOL_SOCKET, SO_SNDBUFFORCE, &snd, sizeof(snd)) != 0)
+        setsockopt(u->fd, SOL_SOCKET, SO_SNDBUF, &snd, sizeof(snd));
+    if (bind(u->fd, (const struct sockaddr *)a, sa_size(a)) != 0)
+        return bs_fail(COH_ESYS, "rail %d: udp bind to its listener's address: %s", rail->index,
+                       strerror(errno));
+    uv_poll_init(rail->loop, &u->poll, u->fd);
+    u->poll.data = u;
+    u->poll_open = true;
+    poll_set(u, UV_READABLE);
+    uv_timer_init(rail->loop, &u->timer);
+    u->timer.data = u;
+    u->timer_open = true;
+    return 0;
+}
+
+static void udp_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+void en_udp_shutdown(en_rail_t *rail)
+{
+    struct en_udp *u = rail->udp;
+    if (!u) return;
+    if (u->poll_open) uv_close((uv_handle_t *)&u->poll, udp_closed);
+    if (u->timer_open) uv_close((uv_handle_t *)&u->timer, udp_closed);
+    u->poll_open = u->timer_open = u->timer_on = false;
+    while (u->keep) keep_drop(u, &u->keep);
+}
+
+void en_udp_fini(en_rail_t *rail)
+{
+    struct en_udp *u = rail->udp;
+    if (!u) return;
+    if (u->fd >= 0) close(u->fd);
+    while (u->keep) keep_drop(u, &u->keep);
+    coh_free(u->rxbuf);
+    coh_free(u->peer);
+    coh_free(u);
+    rail->udp = NULL;
+}
+
+void en_udp_stats(const en_rail_t *rail, en_udp_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (rail->udp) *out = rail->udp->st;
+}

@@ -1,0 +1,222 @@
+/*
+ * Bounded-loss allreduces (coh_allreduce_ex with a loss bound) on udp rails
+ * (COHORT_NICS=lo:udp), under cohortrun.
+ *
+ *   test_udp exact ITERS   bounds of 1e-9 (every byte, asked again if need be):
+ *                          results equal the reliable allreduce's,
+ *                          every byte arrived, the datagram path was used
+ *   test_udp lossy ITERS PUSH PULL
+ *                          with COHORT_TEST_UDP_DROP_PPM: every op completes;
+ *                          each value decodes to a set of contributors (rank r
+ *                          adds 2^r), the owner always in it; the elements
+ *                          that miss a contributor or hold this rank's own
+ *                          value account exactly for the reported lost bytes,
+ *                          which stay within the bounds; averages divide by
+ *                          the contributors actually received
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "mp_util.h"
+
+static int R, N;
+static coh_comm_t *W;
+
+static coh_request_t *lossy(const void *in, void *out, size_t count, coh_dtype dt, coh_redop op,
+                            double push, double pull, int layer)
+{
+    coh_allreduce_opts_t o = {
+        .loss_bound = push, .pull_loss_bound = pull, .layer = layer, .nlayers = layer >= 0 ? 8 : 0};
+    coh_request_t *req;
+    MP_OK(coh_allreduce_ex(W, in, out, count, dt, op, &o, &req));
+    return req;
+}
+
+static void wait_loss(coh_request_t *req, coh_loss_info_t *li)
+{
+    int st = coh_wait(req, -1);
+    if (st != 0)
+        MP_FAIL("lossy allreduce failed: %s: %s", coh_status_name(st), coh_request_error(req));
+    MP_OK(coh_request_loss(req, li));
+    coh_request_free(req);
+}
+
+/* Rank r's value at i: identifies r (bit r) and i. */
+static double val(int r, size_t i)
+{
+    return (double)(1 << r) + 32.0 * (double)(i % 1000);
+}
+
+/* The block of [0, count) owned by pos (sc_split). */
+static size_t split(size_t n, size_t parts, size_t i)
+{
+    size_t q = n / parts, rem = n % parts;
+    return q * i + (i < rem ? i : rem);
+}
+
+static void run_exact(int iters)
+{
+    const size_t counts[] = {1, 7, 1000, 4099, 100000, 1 << 20};
+    const coh_dtype dts[] = {COH_F32, COH_F64, COH_I32};
+    for (int it = 0; it < iters; it++)
+        for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+            for (int di = 0; di < 3; di++)
+                for (int opi = 0; opi < 3; opi++) {
+                    size_t n = counts[ci];
+                    coh_dtype dt = dts[di];
+                    coh_redop op = opi == 0 ? COH_SUM : opi == 1 ? COH_AVG : COH_MAX;
+                    if (op == COH_AVG && dt == COH_I32) continue;
+                    size_t es = coh_dtype_size(dt);
+                    char *a = malloc(n * es), *b = malloc(n * es), *ref = malloc(n * es);
+                    for (size_t i = 0; i < n; i++) {
+                        double v = val(R, i) + it;
+                        if (dt == COH_F32) ((float *)a)[i] = (float)v;
+                        if (dt == COH_F64) ((double *)a)[i] = v;
+                        if (dt == COH_I32) ((int32_t *)a)[i] = (int32_t)v;
+                    }
+                    bool inplace = (ci + (size_t)opi) % 2;
+                    if (inplace) memcpy(b, a, n * es);
+                    coh_request_t *rq;
+                    MP_OK(coh_allreduce(W, a, ref, n, dt, op, &rq));
+                    mp_wait(rq);
+                    coh_loss_info_t li;
+                    wait_loss(lossy(inplace ? b : a, b, n, dt, op, 1e-9, 0, (int)(ci % 8)), &li);
+                    if (memcmp(b, ref, n * es) != 0) {
+                        size_t i = 0;
+                        while (!memcmp(b + i * es, ref + i * es, es)) i++;
+                        MP_FAIL("count %zu %s %s%s: element %zu differs from the reliable result",
+                                n, coh_dtype_name(dt), coh_redop_name(op),
+                                inplace ? " in place" : "", i);
+                    }
+                    if (li.push_lost_bytes || li.pull_lost_bytes)
+                        MP_FAIL("no loss, yet %llu + %llu bytes lost",
+                                (unsigned long long)li.push_lost_bytes,
+                                (unsigned long long)li.pull_lost_bytes);
+                    /* Every block but this rank's came by datagram (with a tcp rail
+                     * beside, the share of the op on the udp rail). */
+                    size_t mine =
+                        split(n, (size_t)N, (size_t)R + 1) - split(n, (size_t)N, (size_t)R);
+                    bool mixed = getenv("COHORT_NICS") && strchr(getenv("COHORT_NICS"), ',');
+                    if (mixed ? li.pull_bytes > (n - mine) * es + es * N ||
+                                    li.push_bytes > (mine + 1) * es * (N - 1)
+                              : li.pull_bytes != (n - mine) * es ||
+                                    li.push_bytes != mine * es * (N - 1))
+                        MP_FAIL("count %zu: %llu push and %llu pull bytes by datagram, expected "
+                                "%zu and %zu",
+                                n, (unsigned long long)li.push_bytes,
+                                (unsigned long long)li.pull_bytes, mine * es * (N - 1),
+                                (n - mine) * es);
+                    free(a);
+                    free(b);
+                    free(ref);
+                }
+    /* Several at once, interleaved with reliable ops. */
+    enum { K = 6 };
+    size_t n = 300000;
+    float *x[K];
+    coh_request_t *rq[K], *rel;
+    double y[64];
+    for (int k = 0; k < K; k++) {
+        x[k] = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) x[k][i] = (float)(val(R, i) + k);
+        rq[k] = lossy(x[k], x[k], n, COH_F32, COH_SUM, 1e-9, 1e-9, -1);
+    }
+    for (int j = 0; j < 64; j++) y[j] = R;
+    MP_OK(coh_allreduce(W, y, y, 64, COH_F64, COH_SUM, &rel));
+    for (int k = 0; k < K; k++) {
+        coh_loss_info_t li;
+        wait_loss(rq[k], &li);
+        for (size_t i = 0; i < n; i++) {
+            double want = 0;
+            for (int r = 0; r < N; r++) want += val(r, i) + k;
+            if (x[k][i] != (float)want)
+                MP_FAIL("inflight %d: x[%zu] = %g, expected %g", k, i, x[k][i], want);
+        }
+        free(x[k]);
+    }
+    mp_wait(rel);
+    if (y[5] != N * (N - 1) / 2.0) MP_FAIL("the reliable op beside: %g", y[5]);
+    printf("rank %d: OK exact\n", R);
+}
+
+static void run_lossy(int iters, double push, double pull)
+{
+    size_t n = 1 << 19;
+    float *x = malloc(n * sizeof(float));
+    double *a = malloc(n * sizeof(double));
+    double lost_push = 0, lost_pull = 0, seen_push = 0, seen_pull = 0;
+    uint64_t missing_seen = 0;
+    for (int it = 0; it < iters; it++) {
+        for (size_t i = 0; i < n; i++) x[i] = (float)val(R, i);
+        coh_loss_info_t li;
+        wait_loss(lossy(x, x, n, COH_F32, COH_SUM, push, pull, it % 8), &li);
+        if (li.push_lost > push + 1e-12 || li.pull_lost > pull + 1e-12)
+            MP_FAIL(
+                "iteration %d: lost %.4f of the push (bound %.4f), %.4f of the pull (bound %.4f)",
+                it, li.push_lost, push, li.pull_lost, pull);
+        uint64_t push_missing = 0, own = 0;
+        for (int o = 0; o < N; o++)
+            for (size_t i = split(n, (size_t)N, (size_t)o); i < split(n, (size_t)N, (size_t)o + 1);
+                 i++) {
+                double v = x[i];
+                long mask = (long)fmod(v, 32.0);
+                double k = (v - (double)mask) / 32.0;
+                int pc = __builtin_popcountl((unsigned long)mask);
+                if (mask <= 0 || mask >= (1L << N) || k != (double)pc * (double)(i % 1000))
+                    MP_FAIL("iteration %d: x[%zu] = %.1f is no sum of contributions", it, i, v);
+                if (o != R && mask == (1L << R)) {
+                    own++; /* the pull never came: this rank's own value */
+                    continue;
+                }
+                if (!(mask & (1L << o)))
+                    MP_FAIL("iteration %d: x[%zu] (block of rank %d) lacks its owner: mask %ld", it,
+                            i, o, mask);
+                if (o == R) push_missing += (uint64_t)(N - pc);
+            }
+        if (own * sizeof(float) != li.pull_lost_bytes)
+            MP_FAIL("iteration %d: %llu elements kept their own value, %llu pull bytes lost", it,
+                    (unsigned long long)own, (unsigned long long)li.pull_lost_bytes);
+        if (push_missing * sizeof(float) != li.push_lost_bytes)
+            MP_FAIL("iteration %d: %llu contributions missing, %llu push bytes lost", it,
+                    (unsigned long long)push_missing, (unsigned long long)li.push_lost_bytes);
+        lost_push += (double)li.push_lost_bytes;
+        lost_pull += (double)li.pull_lost_bytes;
+        seen_push += (double)li.push_bytes;
+        seen_pull += (double)li.pull_bytes;
+        missing_seen += push_missing + own;
+        /* An average divides by the contributors of each segment: every
+         * rank's value c gives exactly c, whoever was missing. */
+        for (size_t i = 0; i < n; i++) a[i] = (double)(i % 777) * 0.5;
+        wait_loss(lossy(a, a, n, COH_F64, COH_AVG, push, pull, -1), &li);
+        for (size_t i = 0; i < n; i++)
+            if (a[i] != (double)(i % 777) * 0.5)
+                MP_FAIL("iteration %d: average a[%zu] = %.17g, expected %.17g", it, i, a[i],
+                        (double)(i % 777) * 0.5);
+    }
+    printf("rank %d: OK lossy: lost %.4f%% of the push, %.4f%% of the pull (bounds %.2f%%, "
+           "%.2f%%), %llu elements short\n",
+           R, seen_push ? 100 * lost_push / seen_push : 0,
+           seen_pull ? 100 * lost_pull / seen_pull : 0, 100 * push, 100 * pull,
+           (unsigned long long)missing_seen);
+    free(x);
+    free(a);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: test_udp exact ITERS | lossy ITERS PUSH PULL\n");
+        return 2;
+    }
+    coh_ctx_t *ctx = mp_init(&W, &R, &N);
+    if (N > 5) MP_FAIL("at most 5 ranks (values carry a 5-bit contributor mask)");
+    int iters = atoi(argv[2]);
+    if (!strcmp(argv[1], "exact"))
+        run_exact(iters);
+    else if (!strcmp(argv[1], "lossy") && argc >= 5)
+        run_lossy(iters, atof(argv[3]), atof(argv[4]));
+    else
+        MP_FAIL("unknown mode %s", argv[1]);
+    MP_OK(coh_finalize(ctx));
+    return 0;
+}
