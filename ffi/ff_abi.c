@@ -101,6 +101,7 @@ typedef struct ff_op {
     _Atomic(coh_request_t *) req; /* NULL until submitted */
     ff_type type;
     bool sched_group; /* a sync or a relay allreduce: coh_request_group describes it */
+    bool lossy;       /* an allreduce with a loss bound: coh_request_loss describes it */
     bool has_id;
     int64_t id;
     int rank, size;
@@ -439,6 +440,10 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
      * exchange took; for relay groups, who relayed and what phase 2 did. */
     coh_group_info_t gi;
     bool sync_group = op->sched_group && st == 0 && coh_request_group(req, &gi) == 0;
+    /* A bounded-loss allreduce: what its datagram receives missed. */
+    coh_loss_info_t li;
+    bool loss = op->lossy && st == 0 && coh_request_loss(req, &li) == 0;
+    extra += loss;
     ff_out_t o;
     msgpack_packer pk;
     ff_out_init(&o, &pk);
@@ -473,6 +478,16 @@ static int pack_done(const ff_op_t *op, void **resp, size_t *resp_len)
         msgpack_pack_map(&pk, 2);
         ff_pack_kv_int(&pk, "rank", op->rank);
         ff_pack_kv_int(&pk, "size", op->size);
+    }
+    if (loss) {
+        ff_pack_str(&pk, "loss");
+        msgpack_pack_map(&pk, 6);
+        ff_pack_kv_uint(&pk, "push_bytes", li.push_bytes);
+        ff_pack_kv_uint(&pk, "push_lost_bytes", li.push_lost_bytes);
+        ff_pack_kv_uint(&pk, "pull_bytes", li.pull_bytes);
+        ff_pack_kv_uint(&pk, "pull_lost_bytes", li.pull_lost_bytes);
+        ff_pack_kv_double(&pk, "push_lost", li.push_lost);
+        ff_pack_kv_double(&pk, "pull_lost", li.pull_lost);
     }
     for (int t = 0; t < FF_NTENSORS; t++) {
         if (!op->owned[t] || t == FF_T_SEND) continue;
@@ -536,7 +551,11 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
     case FF_ALLREDUCE: {
         coh_allreduce_opts_t o = {.algo = r->algo == FF_ALGO_RELAY ? COH_ALLREDUCE_RELAY
                                                                    : COH_ALLREDUCE_DEFAULT,
-                                  .iteration = (uint64_t)r->iteration};
+                                  .iteration = (uint64_t)r->iteration,
+                                  .loss_bound = r->loss_bound,
+                                  .pull_loss_bound = r->pull_loss_bound,
+                                  .layer = r->layer,
+                                  .nlayers = r->nlayers};
         if (r->t[FF_T_BUF].kind != FF_TENSOR_NONE)
             st = coh_allreduce_ex(w, NULL, ptr[FF_T_BUF], s->count, r->dtype, r->op, &o, req);
         else
@@ -740,6 +759,7 @@ COH_API int coh_ffi_call(uint64_t h, const void *buf, size_t len, void **resp, s
     atomic_init(&op->refs, 1); /* ours */
     op->type = r.type;
     op->sched_group = r.type == FF_SYNC || (r.type == FF_ALLREDUCE && r.algo == FF_ALGO_RELAY);
+    op->lossy = r.type == FF_ALLREDUCE && (r.loss_bound > 0 || r.pull_loss_bound > 0);
     op->has_id = has_id;
     op->id = r.id;
     op->rank = fc->rank;

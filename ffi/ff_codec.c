@@ -254,13 +254,18 @@ static const field_t req_fields[] = {
     {"weight", FF_F_WEIGHT},
     {"mode", FF_F_MODE},
     {"algo", FF_F_ALGO},
+    {"loss_bound", FF_F_LOSS},
+    {"pull_loss_bound", FF_F_PULL_LOSS},
+    {"layer", FF_F_LAYER},
+    {"nlayers", FF_F_NLAYERS},
 };
 #define NFIELDS ((int)(sizeof(req_fields) / sizeof(req_fields[0])))
 
 #define F_COMMON (FF_F_V | FF_F_TYPE | FF_F_ID | FF_F_ASYNC | FF_F_TIMEOUT)
 static const uint32_t allowed[FF_TYPE_COUNT] = {
     [FF_ALLREDUCE] = F_COMMON | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_BUF | FF_F_SEND |
-                     FF_F_RECV | FF_F_ALGO | FF_F_ITERATION,
+                     FF_F_RECV | FF_F_ALGO | FF_F_ITERATION | FF_F_LOSS | FF_F_PULL_LOSS |
+                     FF_F_LAYER | FF_F_NLAYERS,
     [FF_BROADCAST] = F_COMMON | FF_F_DTYPE | FF_F_ROOT | FF_F_COUNT | FF_F_BUF,
     [FF_ALLGATHER] = F_COMMON | FF_F_DTYPE | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
     [FF_REDUCE_SCATTER] = F_COMMON | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
@@ -341,6 +346,19 @@ static int decode_field(const field_t *fd, const msgpack_object *v, const void *
         if (get_enum(v, f, algo_names, FF_ALGO_COUNT, &k, e) < 0) return e->status;
         r->algo = (ff_algo)k;
         return 0;
+    case FF_F_LOSS:
+    case FF_F_PULL_LOSS: {
+        double *d = fd->bit == FF_F_LOSS ? &r->loss_bound : &r->pull_loss_bound;
+        if (get_double(v, f, d, e) < 0) return e->status;
+        if (!(*d >= 0 && *d < 1))
+            return ff_fail(e, COH_EINVAL, f, "field '%s': %g is not in [0, 1)", f, *d);
+        return 0;
+    }
+    case FF_F_LAYER:
+    case FF_F_NLAYERS:
+        if (get_int(v, f, 0, INT_MAX, &i64, e) < 0) return e->status;
+        *(fd->bit == FF_F_LAYER ? &r->layer : &r->nlayers) = (int)i64;
+        return 0;
     default: return ff_fail(e, COH_EINTERNAL, f, "field '%s': no decoder", f);
     }
 }
@@ -418,6 +436,17 @@ int ff_decode_request(const void *buf, size_t len, ff_req_t *r, ff_err_t *e)
     }
     if (r->type == FF_SYNC && !(r->seen & FF_F_ITERATION)) {
         st = ff_fail(e, COH_EINVAL, "iteration", "missing field 'iteration'");
+        goto out;
+    }
+    /* Loss bounds are the default algorithm's; a layer needs its count. */
+    if (r->type == FF_ALLREDUCE && (r->seen & (FF_F_LOSS | FF_F_PULL_LOSS)) &&
+        r->algo == FF_ALGO_RELAY) {
+        st = ff_fail(e, COH_EINVAL, "loss_bound",
+                     "field 'loss_bound': a relay allreduce is reliable (algo 'default' only)");
+        goto out;
+    }
+    if ((r->seen & FF_F_LAYER) && !(r->seen & FF_F_NLAYERS && r->layer < r->nlayers)) {
+        st = ff_fail(e, COH_EINVAL, "layer", "field 'layer': needs 'nlayers' above it");
         goto out;
     }
     /* An allreduce's iteration is the relay group's step number. */

@@ -144,6 +144,8 @@ typedef struct ff_req {
     double weight;
     ff_sync_mode mode;
     ff_algo algo;
+    double loss_bound, pull_loss_bound; /* allreduce: coh_allreduce_opts_t's */
+    int layer, nlayers;
 } ff_req_t;
 
 /* Field bits of ff_req_t.seen. */
@@ -164,6 +166,10 @@ enum {
     FF_F_WEIGHT = 1u << 13,
     FF_F_MODE = 1u << 14,
     FF_F_ALGO = 1u << 15,
+    FF_F_LOSS = 1u << 16,
+    FF_F_PULL_LOSS = 1u << 17,
+    FF_F_LAYER = 1u << 18,
+    FF_F_NLAYERS = 1u << 19,
 };
 
 /* Decode a request map. Returns 0, or a negative status with err filled

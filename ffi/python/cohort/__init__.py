@@ -97,9 +97,12 @@ get_rank = rank
 get_world_size = world_size
 
 
-def allreduce(arr, op="sum", async_op=False, dtype=None, algo="default", iteration=None):
+def allreduce(arr, op="sum", async_op=False, dtype=None, algo="default", iteration=None,
+              loss_bound=0.0, pull_loss_bound=0.0, layer=None, nlayers=None):
     return get_context().allreduce(arr, op=op, async_op=async_op, dtype=dtype, algo=algo,
-                                   iteration=iteration)
+                                   iteration=iteration, loss_bound=loss_bound,
+                                   pull_loss_bound=pull_loss_bound, layer=layer,
+                                   nlayers=nlayers)
 
 
 all_reduce = allreduce

@@ -52,7 +52,7 @@ class Result:
 
     __slots__ = ("type", "time_us", "abi_us", "rank", "size", "members", "wait_us", "comm_us",
                  "full", "total_weight", "group_id", "relays", "nrelays", "relayed", "phase2",
-                 "phase2_method", "nexcluded", "nsegments", "joined", "response")
+                 "phase2_method", "nexcluded", "nsegments", "joined", "loss", "response")
 
     def __init__(self, resp):
         self.response = resp
@@ -86,6 +86,10 @@ class Result:
         # data joined phase 1 at (-1: none; phase 2 brought the ones before)
         self.nsegments = g.get("nsegments")
         self.joined = g.get("joined")
+        # bounded-loss allreduce (loss_bound > 0): bytes this rank's datagram
+        # receives expected and missed, by stage (push_*, pull_*), and the
+        # missed fractions; None for other collectives.
+        self.loss = resp.get("loss")
 
     def __repr__(self):
         return "Result(type=%r, time_us=%.1f, abi_us=%.1f, group=%r)" % (
@@ -179,6 +183,18 @@ def _flag(v, what, field, name):
         return bool(v)
     raise errors.InvalidArgumentError("%s: %s must be a bool, got %s" % (
         what, name, type(v).__name__), field=field)
+
+
+def _bound(b, what, field):
+    """A loss bound: a number in [0, 1)."""
+    if isinstance(b, (bool, np.bool_)) or not isinstance(b, numbers.Real):
+        raise errors.InvalidArgumentError("%s: %s must be a number, got %s" % (
+            what, field, type(b).__name__), field=field)
+    f = float(b)
+    if not 0 <= f < 1:
+        raise errors.InvalidArgumentError("%s: field '%s': %r is not in [0, 1)" % (
+            what, field, f), field=field)
+    return f
 
 
 def _weight(w, what):
@@ -634,7 +650,8 @@ class Context:
             self._prune_lock.release()
 
     def allreduce(self, arr, op="sum", async_op=False, dtype=None, algo="default",
-                  iteration=None):
+                  iteration=None, loss_bound=0.0, pull_loss_bound=0.0, layer=None,
+                  nlayers=None):
         """Reduce arr over every rank, in place. op: sum, avg, min, max, prod.
         algo: "default" (ring or recursive doubling by size) or "relay" (a
         relay group: the ranks that submitted start, guided by the
@@ -642,7 +659,13 @@ class Context:
         they submit; the same result, integer data bit for bit; the Result
         describes the group as a sync's does). Every rank must use the same
         algo; at most one relay allreduce or sync outstanding per rank.
-        iteration: relay only, the caller's step number (for traces)."""
+        iteration: relay only, the caller's step number (for traces).
+        loss_bound: on rails marked udp (COHORT_NICS=eth0:udp), the allreduce
+        runs in datagrams and each receive of its push stage may miss up to
+        this fraction of its bytes, each of its pull stage pull_loss_bound (0:
+        a quarter of loss_bound); Result.loss says what was lost. 0: every
+        byte (the reliable path). layer of nlayers: the tensor's layer, for
+        the datagrams' DSCP priority (docs/udp.md)."""
         what = "allreduce"
         async_op = _flag(async_op, what, "async", "async_op")
         if not isinstance(algo, str) or algo not in ALLREDUCE_ALGOS:
@@ -658,6 +681,17 @@ class Context:
             req["iteration"] = _integer(iteration, what, "iteration", 0, _INT64_MAX)
         if algo != "default":  # absent: what every library version does
             req["algo"] = algo
+        loss_bound = _bound(loss_bound, what, "loss_bound")
+        pull_loss_bound = _bound(pull_loss_bound, what, "pull_loss_bound")
+        if loss_bound or pull_loss_bound:
+            req["loss_bound"] = loss_bound
+            req["pull_loss_bound"] = pull_loss_bound
+        if nlayers is not None:
+            req["nlayers"] = _integer(nlayers, what, "nlayers", 1, 2**31 - 1)
+            req["layer"] = _integer(0 if layer is None else layer, what, "layer", 0,
+                                    req["nlayers"] - 1)
+        elif layer is not None:
+            raise errors.InvalidArgumentError("%s: layer needs nlayers" % what, field="layer")
         return self._submit(req, (arr,), what, async_op)
 
     all_reduce = allreduce

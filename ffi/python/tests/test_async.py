@@ -257,7 +257,7 @@ def test_waiters_and_pruning_threads(ctx, rank, size):
     assert drain(ctx) == 0
 
 
-def pair(**cfg):
+def pair(nics="lo", **cfg):
     """A world of two contexts in this process, one thread per rank."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -268,7 +268,7 @@ def pair(**cfg):
     def make(r):
         try:
             made[r] = cohort.Context(rank=r, world_size=2, store="127.0.0.1:%d" % port,
-                                     store_fd=-1, nics="lo", **cfg)
+                                     store_fd=-1, nics=nics, **cfg)
         except Exception as e:  # noqa: BLE001 - raised below
             failed.append(e)
 
