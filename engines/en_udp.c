@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -36,10 +37,15 @@
 #include "engines/engine.h"
 #include "gpu/gpu.h"
 
-#define DG_BATCH  64
-#define DG_BURST  2000000ull /* pacer credit after idle: 2 ms */
-#define DG_RANGES 60         /* missing ranges per NACK (fits EN_MAX_ABORT) */
-#define DG_AI     0.05       /* additive increase: 5% of the line rate per period */
+#define DG_BATCH 64
+/* Datagrams a flow sends per turn: the flows of a rail share the line rate
+ * in small interleaved turns (a receiver waits for its slowest pusher). */
+#define DG_QUANTUM 8
+/* Pacer credit after idle: libuv's timers tick in milliseconds and fire
+ * late on a loaded host; a flow may catch up on this much of a stall. */
+#define DG_BURST  5000000ull
+#define DG_RANGES 60   /* missing ranges per NACK (fits EN_MAX_ABORT) */
+#define DG_AI     0.05 /* additive increase: 5% of the line rate per period */
 
 enum { CTL_DONE = 1, CTL_NACK = 2, CTL_FIN = 3, CTL_RATE = 4 };
 #define CTL_HDR 24 /* u8 kind, 3 zero, u32 pass, u64 a, u64 b */
@@ -67,6 +73,7 @@ typedef struct en_dgflow {
     en_rc_t rc;
     en_pacer_t pacer;
     uint64_t period_bytes, period_t0;
+    uint64_t t_start;
     uint8_t tos_lo, tos_hi; /* send: the TOS of an unimportant / important datagram */
     double median;          /* send: ECN threshold (|x| of the tensor's median) */
 } en_dgflow_t;
@@ -101,6 +108,10 @@ struct en_udp {
     uint32_t drop_ppm;
     uint64_t rng;
     struct sockaddr_storage *peer; /* [world] */
+    uint64_t refreshed_ns;
+    en_pacer_t line; /* every flow together, at the line rate */
+    bool debug;      /* COHORT_UDP_DEBUG: per-flow and per-rail figures on stderr */
+    uint8_t *took;   /* [world]: the peer had its turn in this round (pump) */
     en_dgflow_t *sends;
     int nflows; /* live flows of running ops: the timer runs while > 0 */
     dg_keep_t *keep;
@@ -218,8 +229,9 @@ static void timer_cb(uv_timer_t *t)
 static void timer_arm(struct en_udp *u)
 {
     if (u->timer_on || !u->timer_open) return;
-    uint64_t ms = u->period_ns / 1000000ull;
-    uv_timer_start(&u->timer, timer_cb, 1, ms ? ms : 1);
+    /* Every millisecond (libuv's resolution): pacing; the rate reports and
+     * decisions check their own period. */
+    uv_timer_start(&u->timer, timer_cb, 1, 1);
     u->timer_on = true;
 }
 
@@ -254,9 +266,14 @@ static void poll_set(struct en_udp *u, int events)
     uv_poll_start(&u->poll, events, poll_cb);
 }
 
-/* Send what the flow's pacer allows now, up to a batch. Returns false when
- * the socket is full. */
-static bool flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
+/* What stopped a flow's batch. */
+enum { SENT_ALL = 0, SENT_SOCKFULL = 1, SENT_BACKOFF = 2 };
+
+/* Send what the flow's pacer and the rail's line rate allow now, up to a
+ * batch. SENT_SOCKFULL: the socket buffer is full (wait until writable);
+ * SENT_BACKOFF: the interface's queue refused (ENOBUFS: its qdisc is full;
+ * always writable, so wait for the timer). */
+static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
 {
     en_op_t *op = f->op;
     uint8_t hdr[DG_BATCH][EN_DG_HDR];
@@ -269,15 +286,18 @@ static bool flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
     struct sockaddr_storage *to = &u->peer[f->peer];
     int n = 0, ri = f->ri;
     uint32_t rk = f->rk;
-    en_pacer_t pc = f->pacer;
+    en_pacer_t pc = f->pacer, lp = u->line;
     bool v6 = to->ss_family == AF_INET6;
-    while (n < DG_BATCH && ri < f->nrg) {
+    while (n < DG_QUANTUM && ri < f->nrg) {
         if (pc.next_ns + DG_BURST < now) pc.next_ns = now - DG_BURST;
-        if (pc.next_ns > now) break;
+        if (lp.next_ns + DG_BURST < now) lp.next_ns = now - DG_BURST;
+        if (pc.next_ns > now || lp.next_ns > now) break;
         uint32_t s = f->rg[ri].first + rk;
         uint64_t off = (uint64_t)s * u->seg;
         uint32_t len = (uint32_t)(f->len - off < u->seg ? f->len - off : u->seg);
         en_pacer_delay(&pc, now, f->rc.rate_bps, len + EN_DG_HDR + 28, DG_BURST);
+        /* Every flow of the rail together: at most the line rate. */
+        en_pacer_delay(&lp, now, u->line_bps, len + EN_DG_HDR + 28, DG_BURST);
         bool last = ri == f->nrg - 1 && rk + 1 == f->rg[ri].count;
         en_dg_hdr_t h = {.flags = (uint8_t)((f->stage == SC_STAGE_PULL ? EN_DG_PULL : 0) |
                                             (last ? EN_DG_LAST : 0)),
@@ -313,18 +333,20 @@ static bool flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
             rk = 0;
         }
     }
-    if (n == 0) return true;
+    if (n == 0) return SENT_ALL;
     int k = sendmmsg(u->fd, mm, (unsigned)n, MSG_DONTWAIT);
     if (k < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) return false;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return SENT_SOCKFULL;
+        if (errno == ENOBUFS) return SENT_BACKOFF;
         char why[128];
         snprintf(why, sizeof(why), "udp send to rank %d: %s", f->peer, strerror(errno));
         en_exec_fail_op(op, COH_EPEER, true, why);
-        return true;
+        return SENT_ALL;
     }
-    /* Advance by what left; the pacer keeps the batch's accounting (a short
+    /* Advance by what left; the pacers keep the batch's accounting (a short
      * send undercounts nothing that matters). */
     f->pacer = pc;
+    u->line = lp;
     for (int j = 0; j < k; j++) {
         uint64_t len = iov[j][1].iov_len;
         f->period_bytes += len;
@@ -342,28 +364,48 @@ static bool flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
         send_list_remove(u, f);
         send_ctl(op, f, CTL_DONE, f->pass, f->nseg, 0, NULL, 0);
     }
-    return k == n;
+    return k == n ? SENT_ALL : SENT_BACKOFF;
 }
 
 static void pump(struct en_udp *u)
 {
     uint64_t now = bs_now_ns();
-    bool full = false;
-    /* Round robin: every flow gets a batch per round while its pacer lets it. */
-    for (int round = 0; round < 64 && u->sends && !full; round++) {
+    bool full = false, stop = false;
+    /* Round robin over destinations: each peer's flows (a push and a pull
+     * chunk may go to it at once) get one turn per round, so every receiver
+     * gets an even share of this rank's line rate, as it does of the others'. */
+    for (int round = 0; round < 64 && u->sends && !stop; round++) {
         bool any = false;
+        memset(u->took, 0, (size_t)u->rail->world);
         en_dgflow_t *next;
-        for (en_dgflow_t *f = u->sends; f && !full; f = next) {
+        for (en_dgflow_t *f = u->sends; f && !stop; f = next) {
             next = f->snext;
+            if (u->took[f->peer]) continue;
+            u->took[f->peer] = 1;
             en_op_t *op = f->op;
             uint32_t ri = (uint32_t)f->ri, rk = f->rk;
-            op->progressing = true;
-            if (!flow_send(u, f, now)) full = true;
-            op->progressing = false;
+            int r = flow_send(u, f, now);
+            full = r == SENT_SOCKFULL;
+            stop = r != SENT_ALL;
             if ((uint32_t)f->ri != ri || f->rk != rk) any = true;
-            en_exec_kick(op);
+            if (op->state != EN_OP_RUNNING) {
+                /* A send failed it: its flows left the list, and the kick
+                 * may free them. Start the round over. */
+                en_exec_kick(op);
+                next = u->sends;
+                memset(u->took, 0, (size_t)u->rail->world);
+            }
         }
         if (!any) break;
+    }
+    /* The next pump starts with the next flow: round robin across pumps,
+     * or the head would take every pump's first credit. */
+    if (u->sends && u->sends->snext) {
+        en_dgflow_t *h = u->sends, *t = h;
+        while (t->snext) t = t->snext;
+        u->sends = h->snext;
+        h->snext = NULL;
+        t->snext = h;
     }
     poll_set(u, UV_READABLE | (full ? UV_WRITABLE : 0));
     if (u->sends) timer_arm(u);
@@ -492,10 +534,25 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
     en_exec_kick(op);
 }
 
+/* Where each peer's datagrams come from and go: its listener's address on
+ * this rail (a rank that rejoined listens elsewhere now). */
+static void refresh_peers(struct en_udp *u)
+{
+    en_rail_t *rail = u->rail;
+    for (int p = 0; p < rail->world; p++)
+        if (p != rail->rank) en_rail_route(rail, p, rail->index, &u->peer[p]);
+    u->refreshed_ns = bs_now_ns();
+}
+
 static int peer_of(struct en_udp *u, const struct sockaddr_storage *from)
 {
-    for (int p = 0; p < u->rail->world; p++)
-        if (p != u->rail->rank && sa_same(&u->peer[p], from)) return p;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int p = 0; p < u->rail->world; p++)
+            if (p != u->rail->rank && sa_same(&u->peer[p], from)) return p;
+        /* Before this rail's first op the addresses may not be read yet. */
+        if (pass || bs_now_ns() - u->refreshed_ns < 1000000) break;
+        refresh_peers(u);
+    }
     return -1;
 }
 
@@ -543,6 +600,10 @@ static void poll_cb(uv_poll_t *h, int status, int events)
 static void recv_finish(struct en_udp *u, en_dgflow_t *f)
 {
     en_op_t *op = f->op;
+    if (u->debug)
+        fprintf(stderr, "udp rank %d: op %llu recv from %d stage %d: posted %.1f, done %.1f ms\n",
+                u->rail->rank, (unsigned long long)op->seq, f->peer, f->stage,
+                (f->period_t0 - op->t_start_ns) / 1e6, (bs_now_ns() - op->t_start_ns) / 1e6);
     uint64_t got = en_dg_bytes_got(&f->bm, f->len, u->seg);
     f->ended = true;
     u->nflows--;
@@ -608,6 +669,14 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
     if (!f || f->ended) return;
     op->t_progress_ns = bs_now_ns();
     if (kind == CTL_FIN) {
+        if (u->debug)
+            fprintf(stderr,
+                    "udp rank %d: op %llu flow to %d stage %d: %.1f..%.1f ms, %u passes, %llu "
+                    "halvings %llu increases, rate %.0f Mbit/s\n",
+                    u->rail->rank, (unsigned long long)op->seq, f->peer, f->stage,
+                    (f->t_start - op->t_start_ns) / 1e6, (bs_now_ns() - op->t_start_ns) / 1e6,
+                    f->pass + 1, (unsigned long long)f->rc.halvings,
+                    (unsigned long long)f->rc.increases, f->rc.rate_bps / 1e6);
         f->ended = true;
         u->nflows--;
         send_list_remove(u, f);
@@ -680,10 +749,7 @@ int en_udp_op_start(en_op_t *op)
     op->dg = coh_zalloc(sizeof(*op->dg));
     if (op->dg) op->dg->flows = coh_zalloc(sizeof(en_dgflow_t) * (op->plan.nsteps + 1));
     if (!op->dg || !op->dg->flows) return COH_ENOMEM;
-    /* Where each peer's datagrams come from and go (a rank that rejoined
-     * listens elsewhere now). */
-    for (int p = 0; p < rail->world; p++)
-        if (p != rail->rank) en_rail_route(rail, p, rail->index, &u->peer[p]);
+    refresh_peers(u);
     for (uint32_t i = 0; i < op->plan.nsteps; i++) {
         const sc_step_t *s = &op->plan.steps[i];
         bool recv = s->kind == SC_RECV || s->kind == SC_RECV_REDUCE;
@@ -732,7 +798,7 @@ int en_udp_send(en_op_t *op, uint32_t i)
     f->rg[0] = (en_dg_range_t){0, f->nseg};
     f->nrg = 1;
     en_rc_init(&f->rc, u->line_bps, u->delta, DG_AI);
-    f->period_t0 = bs_now_ns();
+    f->period_t0 = f->t_start = bs_now_ns();
     f->pacer.next_ns = 0;
     if (op->nlayers > 0 || op->ecn) {
         int prio = en_tag_prio(op->layer, op->nlayers, 8);
@@ -840,6 +906,7 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
     u->drop_ppm = cfg->test_drop_ppm;
     u->rng = bs_now_ns() ^ ((uint64_t)rail->rank << 32) ^ (uint64_t)rail->index;
     u->keep_limit = rail->stash_limit;
+    u->debug = getenv("COHORT_UDP_DEBUG") != NULL;
     /* Derived from the job token: a stranger without it cannot forge data. */
     u->job = BS_FNV_SEED;
     for (const char *t = rail->token; *t; t++) u->job = bs_fnv64(u->job, (uint8_t)*t);
@@ -847,7 +914,9 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
     u->rxsz = u->seg + EN_DG_HDR + 64;
     u->rxbuf = coh_aligned(u->rxsz * DG_BATCH, 64);
     u->peer = coh_zalloc(sizeof(struct sockaddr_storage) * (size_t)rail->world);
-    if (!u->rxbuf || !u->peer) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    u->took = coh_zalloc((size_t)rail->world);
+    if (!u->rxbuf || !u->peer || !u->took)
+        return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
     const struct sockaddr_storage *a = &rail->bound;
     u->fd = socket(a->ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (u->fd < 0)
@@ -880,6 +949,15 @@ void en_udp_shutdown(en_rail_t *rail)
 {
     struct en_udp *u = rail->udp;
     if (!u) return;
+    if (u->debug)
+        fprintf(stderr,
+                "udp rank %d: sent %llu recv %llu dup %llu bad %llu stranger %llu late %llu kept "
+                "%llu dropped %llu nacks %llu resent %llu\n",
+                rail->rank, (unsigned long long)u->st.dg_sent, (unsigned long long)u->st.dg_recv,
+                (unsigned long long)u->st.dg_dup, (unsigned long long)u->st.dg_bad,
+                (unsigned long long)u->st.dg_stranger, (unsigned long long)u->st.dg_late,
+                (unsigned long long)u->st.dg_kept, (unsigned long long)u->st.dg_dropped,
+                (unsigned long long)u->st.nacks, (unsigned long long)u->st.resent_bytes);
     if (u->poll_open) uv_close((uv_handle_t *)&u->poll, udp_closed);
     if (u->timer_open) uv_close((uv_handle_t *)&u->timer, udp_closed);
     u->poll_open = u->timer_open = u->timer_on = false;
@@ -894,6 +972,7 @@ void en_udp_fini(en_rail_t *rail)
     while (u->keep) keep_drop(u, &u->keep);
     coh_free(u->rxbuf);
     coh_free(u->peer);
+    coh_free(u->took);
     coh_free(u);
     rail->udp = NULL;
 }

@@ -2,7 +2,11 @@
 #include "reactor/rx_addr.h"
 
 #include <netdb.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <stdbool.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +82,32 @@ int rx_resolve_nic(const char *s, struct sockaddr_storage *out)
     uv_free_interface_addresses(ifs, n);
     if (found < 0) return bs_fail(COH_EINVAL, "no network interface or address named \"%s\"", s);
     return 0;
+}
+
+int rx_addr_mtu(const struct sockaddr_storage *a)
+{
+    uv_interface_address_t *ifs;
+    int n, mtu = 1500;
+    if (uv_interface_addresses(&ifs, &n) != 0) return mtu;
+    for (int i = 0; i < n; i++) {
+        bool same = false;
+        if (a->ss_family == AF_INET && ifs[i].address.address4.sin_family == AF_INET)
+            same = ifs[i].address.address4.sin_addr.s_addr ==
+                   ((const struct sockaddr_in *)a)->sin_addr.s_addr;
+        else if (a->ss_family == AF_INET6 && ifs[i].address.address6.sin6_family == AF_INET6)
+            same = !memcmp(&ifs[i].address.address6.sin6_addr,
+                           &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
+        if (!same) continue;
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof(ifr));
+        snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifs[i].name);
+        if (fd >= 0 && ioctl(fd, SIOCGIFMTU, &ifr) == 0 && ifr.ifr_mtu > 0) mtu = ifr.ifr_mtu;
+        if (fd >= 0) close(fd);
+        break;
+    }
+    uv_free_interface_addresses(ifs, n);
+    return mtu;
 }
 
 void rx_format_addr(const struct sockaddr *sa, char *out, size_t cap)

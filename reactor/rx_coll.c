@@ -75,7 +75,7 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
     bool lossy = L->loss[SC_STAGE_PUSH] > 0 || L->loss[SC_STAGE_PULL] > 0;
     if (lossy) /* which slices go by datagram, and in what size */
         for (int s = 0; s < n; s++)
-            sig = bs_fnv64(bs_fnv64(sig, ctx->rail_udp[sl[s].rail]), cfg->udp_seg_bytes);
+            sig = bs_fnv64(bs_fnv64(sig, ctx->rail_udp[sl[s].rail]), ctx->udp_seg[sl[s].rail]);
     for (int s = 0; s < n && st == 0; s++) {
         sc_coll_t c = L->coll;
         c.lo = sl[s].lo;

@@ -112,9 +112,9 @@ typedef enum rx_knob_kind {
       "phase 1 of a relay group runs as up to this many consecutive ops of 256 KiB or more, so "   \
       "a late rank's data joins the ones still to come (the coordinator's setting counts); 1: "    \
       "its data always comes in phase 2")                                                          \
-    X(udp_seg_bytes, RX_K_SIZE, "1424", "COHORT_UDP_SEG_BYTES", 64, 65000,                         \
-      "payload bytes of a bounded-loss data datagram (a multiple of 8; 1424 fills a 1500-byte "    \
-      "MTU)")                                                                                      \
+    X(udp_seg_bytes, RX_K_SIZE, "0", "COHORT_UDP_SEG_BYTES", 0, 65000,                             \
+      "payload bytes of a bounded-loss data datagram (rounded down to 8); 0: what fills the "      \
+      "rail interface's MTU (1424 for 1500 bytes; every rank must get the same)")                  \
     X(udp_rate_mbps, RX_K_INT, "10000", "COHORT_UDP_RATE_MBPS", 1, 10000000,                       \
       "line rate of udp rails: where a flow starts and where a retransmission pass restarts "      \
       "(DLCP Fig. 7)")                                                                             \

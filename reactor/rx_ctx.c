@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include "gpu/gpu.h"
+#include "engines/en_dgram.h"
+#include "reactor/rx_addr.h"
 #include "reactor/rx_ctx.h"
 
 /* ---- registry of live contexts: finalize twice is an error, not a crash ---- */
@@ -612,6 +614,19 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         atomic_store(&ctx->rail_progress[r], bs_now_ns());
     }
     for (int r = 0; r < ctx->nrails; r++) {
+        /* A datagram fills the interface's MTU (less the IP, UDP and cohort
+         * headers): 1424 on Ethernet, 65k on loopback, where a syscall per
+         * 1.4 KB costs more than the copy. */
+        size_t seg = ctx->cfg.udp_seg_bytes;
+        if (!seg) {
+            int ip = ctx->rail_addr[r].ss_family == AF_INET6 ? 48 : 28;
+            seg = (size_t)(rx_addr_mtu(&ctx->rail_addr[r]) - ip - EN_DG_HDR);
+        }
+        if (seg > 65000) seg = 65000;
+        if (seg < 64) seg = 64;
+        ctx->udp_seg[r] = (uint32_t)(seg & ~(size_t)7);
+    }
+    for (int r = 0; r < ctx->nrails; r++) {
         en_rail_cfg_t rc = {.index = r,
                             .rank = ctx->rank,
                             .world = ctx->world,
@@ -630,7 +645,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                             .locals = ctx->rail_locals,
                             .observer = rx_lb_observer(ctx),
                             .udp = ctx->rail_udp[r],
-                            .udpcfg = {.seg_bytes = ctx->cfg.udp_seg_bytes,
+                            .udpcfg = {.seg_bytes = ctx->udp_seg[r],
                                        .rate_mbps = ctx->cfg.udp_rate_mbps,
                                        .delta = ctx->cfg.udp_delta_pct / 100.0,
                                        .period_us = ctx->cfg.udp_period_us,

@@ -26,7 +26,8 @@ struct coh_ctx {
     int spin_us; /* resolved from cfg.spin_us (auto) */
     rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
-    bool rail_udp[RX_MAX_RAILS]; /* COHORT_NICS NIC:udp: a datagram socket beside the rail */
+    bool rail_udp[RX_MAX_RAILS];    /* COHORT_NICS NIC:udp: a datagram socket beside the rail */
+    uint32_t udp_seg[RX_MAX_RAILS]; /* its datagrams' payload (COHORT_UDP_SEG_BYTES or MTU) */
     bool any_udp;
     const struct sockaddr *rail_locals[RX_MAX_RAILS]; /* the same, for the rails' failover */
     _Atomic uint64_t rail_progress[RX_MAX_RAILS];     /* last ACK seen per rail (failover) */

@@ -295,8 +295,6 @@ static void build_allreduce_ring(bld_t *b)
  * per segment, engines/en_udp.c). A pull receive waits for the push that
  * reads the same block.
  */
-#define TAG_PUSH 1u
-#define TAG_PULL 2u
 
 /* A step of one stage after a list of steps (the prologue's dependency, if
  * any, comes through them). */
@@ -315,7 +313,12 @@ static void build_allreduce_direct(bld_t *b)
     uint32_t cp = NONE;
     if (b->in == SC_BUF_SEND)
         cp = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b->lo, b->lo, b->len, 0, NODEPS);
-    uint32_t *sv = coh_malloc(sizeof(uint32_t) * (size_t)n);
+    /* Every block in K chunks: the pull of a chunk starts once its pushes
+     * are in, while later chunks are still pushed (a pipeline, as the ring's
+     * chunks are); each destination gets its chunks in order. */
+    uint32_t K = chunks_for((b->len + (uint64_t)n - 1) / (uint64_t)n, b->c->chunk_elems);
+    if (K > 64) K = 64;
+    uint32_t *sv = coh_malloc(sizeof(uint32_t) * (size_t)n * K); /* [block][chunk]: its push */
     uint32_t *rv = coh_malloc(sizeof(uint32_t) * (size_t)n);
     if (!sv || !rv) {
         coh_free(sv);
@@ -325,58 +328,67 @@ static void build_allreduce_direct(bld_t *b)
     }
     uint64_t mo = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)r);
     uint64_t mc = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)r + 1) - mo;
-    uint32_t nrv = 0;
-    for (int d = 1; d < n; d++) {
-        int p = (r + d) % n;
-        uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p);
-        uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p + 1) - o;
-        sv[p] = c ? add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r + d, TAG_PUSH, o, o, c, 0, DEPS(cp))
-                  : NONE;
-        if (sv[p] != NONE) b->plan->steps[sv[p]].stage = SC_STAGE_PUSH;
-        if (!mc) continue;
-        uint32_t i = add(b, SC_RECV_REDUCE, SC_BUF_RECV, SC_BUF_RECV, r - d, TAG_PUSH, mo, mo, mc,
-                         0, DEPS(cp));
-        if (i != NONE) b->plan->steps[rv[nrv++] = i].stage = SC_STAGE_PUSH;
-    }
-    /* The pulls of this rank's block go after its pushes are reduced (and
-     * divided); a pull received overwrites a block this rank pushed. */
-    const uint32_t *after = rv;
-    uint32_t nafter = nrv, dv = NONE;
-    if (mc && div > 0) {
-        dv = add_after(b,
-                       (sc_step_t){.kind = SC_DIV,
-                                   .src = SC_BUF_RECV,
-                                   .dst = SC_BUF_RECV,
-                                   .peer = -1,
-                                   .stage = SC_STAGE_PUSH,
-                                   .src_off = mo,
-                                   .dst_off = mo,
-                                   .count = mc,
-                                   .factor = div},
-                       rv, nrv);
-        after = &dv;
-        nafter = 1;
-    }
-    for (int d = 1; d < n; d++) {
-        int q = (r - d + n) % n;
-        uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)q);
-        uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)q + 1) - o;
-        if (mc)
-            add_after(b,
-                      (sc_step_t){.kind = SC_SEND,
-                                  .src = SC_BUF_RECV,
-                                  .dst = SC_BUF_RECV,
-                                  .peer = pos_rank(b, r + d),
-                                  .tag = TAG_PULL,
-                                  .stage = SC_STAGE_PULL,
-                                  .src_off = mo,
-                                  .dst_off = mo,
-                                  .count = mc},
-                      after, nafter);
-        if (c) {
-            uint32_t i =
-                add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r - d, TAG_PULL, o, o, c, 0, DEPS(sv[q]));
-            if (i != NONE) b->plan->steps[i].stage = SC_STAGE_PULL;
+    for (uint32_t k = 0; k < K; k++) {
+        uint32_t tpush = 1 + 2 * k, tpull = 2 + 2 * k;
+        uint64_t ko = mo + sc_split(mc, K, k), kc = mo + sc_split(mc, K, k + 1) - ko;
+        uint32_t nrv = 0;
+        for (int d = 1; d < n; d++) {
+            int p = (r + d) % n;
+            uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p);
+            uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p + 1) - o;
+            uint64_t co = o + sc_split(c, K, k), cc = o + sc_split(c, K, k + 1) - co;
+            uint32_t prev = k ? sv[(size_t)p * K + k - 1] : cp;
+            uint32_t i = cc ? add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r + d, tpush, co, co, cc, 0,
+                                  DEPS(prev))
+                            : prev;
+            if (cc && i != NONE) b->plan->steps[i].stage = SC_STAGE_PUSH;
+            sv[(size_t)p * K + k] = i;
+            if (!kc) continue;
+            i = add(b, SC_RECV_REDUCE, SC_BUF_RECV, SC_BUF_RECV, r - d, tpush, ko, ko, kc, 0,
+                    DEPS(cp));
+            if (i != NONE) b->plan->steps[rv[nrv++] = i].stage = SC_STAGE_PUSH;
+        }
+        /* The pulls of this chunk go after its pushes are reduced (and
+         * divided); a pull received overwrites a chunk this rank pushed. */
+        const uint32_t *after = rv;
+        uint32_t nafter = nrv, dv = NONE;
+        if (kc && div > 0) {
+            dv = add_after(b,
+                           (sc_step_t){.kind = SC_DIV,
+                                       .src = SC_BUF_RECV,
+                                       .dst = SC_BUF_RECV,
+                                       .peer = -1,
+                                       .stage = SC_STAGE_PUSH,
+                                       .src_off = ko,
+                                       .dst_off = ko,
+                                       .count = kc,
+                                       .factor = div},
+                           rv, nrv);
+            after = &dv;
+            nafter = 1;
+        }
+        for (int d = 1; d < n; d++) {
+            int q = (r - d + n) % n;
+            uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)q);
+            uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)q + 1) - o;
+            uint64_t co = o + sc_split(c, K, k), cc = o + sc_split(c, K, k + 1) - co;
+            if (kc)
+                add_after(b,
+                          (sc_step_t){.kind = SC_SEND,
+                                      .src = SC_BUF_RECV,
+                                      .dst = SC_BUF_RECV,
+                                      .peer = pos_rank(b, r + d),
+                                      .tag = tpull,
+                                      .stage = SC_STAGE_PULL,
+                                      .src_off = ko,
+                                      .dst_off = ko,
+                                      .count = kc},
+                          after, nafter);
+            if (cc) {
+                uint32_t i = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r - d, tpull, co, co, cc, 0,
+                                 DEPS(sv[(size_t)q * K + k]));
+                if (i != NONE) b->plan->steps[i].stage = SC_STAGE_PULL;
+            }
         }
     }
     coh_free(sv);
