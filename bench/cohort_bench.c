@@ -26,7 +26,7 @@ static struct {
     uint64_t minb, maxb, step;
     double factor;
     int iters, warmup, check, csv, root, pct;
-    double loss_bound;
+    double loss_bound, pull_bound;
     coh_redop op;
     coh_dtype dtype;
     coll_t coll;
@@ -211,7 +211,7 @@ static int run_one(void *send, void *recv, size_t count, coh_request_t **req)
 {
     switch (o.coll) {
     case C_ALLREDUCE: {
-        coh_allreduce_opts_t ao = {.loss_bound = o.loss_bound};
+        coh_allreduce_opts_t ao = {.loss_bound = o.loss_bound, .pull_loss_bound = o.pull_bound};
         return coh_allreduce_ex(W, send, recv, count, o.dtype, o.op, &ao, req);
     }
     case C_BROADCAST: return coh_broadcast(W, recv, count, o.dtype, o.root, req);
@@ -288,6 +288,8 @@ int main(int argc, char **argv)
             o.check = atoi(v);
         } else if (!strcmp(a, "--loss-bound")) {
             o.loss_bound = atof(v);
+        } else if (!strcmp(a, "--pull-bound")) {
+            o.pull_bound = atof(v);
         } else if (!strcmp(a, "-r")) {
             o.root = atoi(v);
         } else if (!strcmp(a, "-o")) {

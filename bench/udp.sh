@@ -10,12 +10,13 @@
 # p50 at 0% loss (the line rate's bound) and to tcp's p50 / p99 at that loss.
 #
 #   bench/udp.sh [--ranks 4] [--rate 400] [--losses "0 1 5"] [--size 16M]
-#                [--iters 30] [--bound 0.01] [--build build]
+#                [--iters 30] [--bound 0.01] [--pull-bound 0] [--build build]
+# (--pull-bound 0: the library's default, a quarter of --bound)
 # udp's rate control: COHORT_UDP_RATE_MBPS defaults to --rate (the line);
 # COHORT_UDP_* from the environment win.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=4 RATE=400 LOSSES="0 1 5" SIZE=16M ITERS=30 BOUND=0.01 BUILD=build
+N=4 RATE=400 LOSSES="0 1 5" SIZE=16M ITERS=30 BOUND=0.01 PULL=0 BUILD=build
 while [ $# -gt 0 ]; do
   case $1 in
     --ranks) N=$2; shift 2 ;;
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
     --size) SIZE=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --bound) BOUND=$2; shift 2 ;;
+    --pull-bound) PULL=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     *) echo "usage: $0 [--ranks N] [--rate MBIT] [--losses 'L ...'] [--size S] [--iters K]" \
             "[--bound B] [--build DIR]" >&2; exit 2 ;;
@@ -36,7 +38,7 @@ done
 export COHORTRUN=$PWD/$BUILD/bin/cohortrun
 export COHORT_UDP_RATE_MBPS=${COHORT_UDP_RATE_MBPS:-$RATE}
 OUT=$(mktemp -d /tmp/cohort-udp.XXXXXX)
-echo "udp.sh: $N ranks, $RATE Mbit/s links, $SIZE allreduces x $ITERS, bound $BOUND," \
+echo "udp.sh: $N ranks, $RATE Mbit/s links, $SIZE allreduces x $ITERS, bound $BOUND (pull $PULL)," \
      "udp line rate $COHORT_UDP_RATE_MBPS Mbit/s; output in $OUT"
 cat > "$OUT/run.sh" <<EOS
 #!/usr/bin/env bash
@@ -45,7 +47,7 @@ c() { "$PWD/tests/cluster/cluster.sh" run "\$COHORT_CLUSTER" --timeout 900 "\$@"
 c -- "$PWD/$BUILD/bin/cohort-bench" -b $SIZE -e $SIZE -n $ITERS -w 2 -c 0 --pct \
   > "$OUT/tcp-\$1.out" 2>&1
 c --nics eth0:udp -- "$PWD/$BUILD/bin/cohort-bench" -b $SIZE -e $SIZE -n $ITERS -w 2 -c 0 --pct \
-  --loss-bound $BOUND > "$OUT/udp-\$1.out" 2>&1
+  --loss-bound $BOUND --pull-bound $PULL > "$OUT/udp-\$1.out" 2>&1
 EOS
 chmod +x "$OUT/run.sh"
 for loss in $LOSSES; do

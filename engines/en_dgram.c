@@ -7,6 +7,7 @@
 
 #include "cohort.h"
 #include "engines/en_frame.h"
+#include "base/base.h"
 #include "base/bs_alloc.h"
 
 /* ---- header ---- */
@@ -24,6 +25,13 @@ void en_dg_encode(const en_dg_hdr_t *h, uint8_t out[EN_DG_HDR])
     en_put64(out + 32, h->offset);
     en_put32(out + 40, h->len);
     en_put32(out + 44, h->segno);
+}
+
+uint64_t en_dg_job(const char *token)
+{
+    uint64_t j = BS_FNV_SEED;
+    for (const char *t = token ? token : ""; *t; t++) j = bs_fnv64(j, (uint8_t)*t);
+    return bs_fnv64(j, 0x75647020u);
 }
 
 int en_dg_decode(const uint8_t *buf, size_t n, uint32_t seg, en_dg_hdr_t *out)

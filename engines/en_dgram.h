@@ -48,6 +48,8 @@ typedef struct en_dg_hdr {
 } en_dg_hdr_t;
 
 void en_dg_encode(const en_dg_hdr_t *h, uint8_t out[EN_DG_HDR]);
+/* The job value of a token: what every data datagram of the job carries. */
+uint64_t en_dg_job(const char *token);
 /* A datagram of n bytes: its header, checked. Returns 0, or COH_EPROTO for
  * a bad magic, version, flags, reserved bytes, a length that is not the
  * payload's, an offset that overflows or is not segno's. seg: the

@@ -27,9 +27,11 @@
  */
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -41,6 +43,7 @@
 /* Datagrams a flow sends per turn: the flows of a rail share the line rate
  * in small interleaved turns (a receiver waits for its slowest pusher). */
 #define DG_QUANTUM 8
+#define DG_QMAX    32 /* the same with UDP GSO: 32 datagrams in a few sends */
 /* Pacer credit after idle: libuv's timers tick in milliseconds and fire
  * late on a loaded host; a flow may catch up on this much of a stall. */
 #define DG_BURST  5000000ull
@@ -112,13 +115,19 @@ struct en_udp {
     en_pacer_t line; /* every flow together, at the line rate */
     bool debug;      /* COHORT_UDP_DEBUG: per-flow and per-rail figures on stderr */
     uint8_t *took;   /* [world]: the peer had its turn in this round (pump) */
+    int gso_max;     /* datagrams per UDP GSO send (1: no GSO) */
+    bool gro;        /* the socket hands over coalesced datagrams (UDP_GRO) */
     en_dgflow_t *sends;
     int nflows; /* live flows of running ops: the timer runs while > 0 */
     dg_keep_t *keep;
     uint64_t keep_bytes, keep_limit;
     uint8_t *rxbuf;
     size_t rxsz;
-    en_udp_stats_t st;
+    /* Counters (en_udp_stats_t's, read from any thread). */
+    struct {
+        _Atomic uint64_t dg_sent, dg_recv, dg_dup, dg_bad, dg_stranger, dg_late, dg_kept,
+            dg_dropped, dg_test_dropped, nacks, resent_bytes;
+    } st;
 };
 
 static uint64_t splitmix(uint64_t *x)
@@ -276,19 +285,23 @@ enum { SENT_ALL = 0, SENT_SOCKFULL = 1, SENT_BACKOFF = 2 };
 static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
 {
     en_op_t *op = f->op;
-    uint8_t hdr[DG_BATCH][EN_DG_HDR];
-    struct iovec iov[DG_BATCH][2];
-    struct mmsghdr mm[DG_BATCH];
+    /* A turn's datagrams go as few messages: consecutive full-size ones
+     * with the same TOS byte make one UDP GSO send (the kernel cuts it at
+     * each header + segment), so the stack is crossed once per group. */
+    uint8_t hdr[DG_QMAX][EN_DG_HDR];
+    struct iovec iov[DG_QMAX][2];
+    struct mmsghdr mm[DG_QMAX];
+    int msg_nd[DG_QMAX];
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
-    } cm[DG_BATCH];
+    } cm[DG_QMAX];
     struct sockaddr_storage *to = &u->peer[f->peer];
-    int n = 0, ri = f->ri;
-    uint32_t rk = f->rk;
+    int n = 0, nm = 0, ri = f->ri, tos_prev = -1;
+    uint32_t rk = f->rk, quantum = u->gso_max > 1 ? DG_QMAX : DG_QUANTUM;
     en_pacer_t pc = f->pacer, lp = u->line;
-    bool v6 = to->ss_family == AF_INET6;
-    while (n < DG_QUANTUM && ri < f->nrg) {
+    bool v6 = to->ss_family == AF_INET6, tagged = f->tos_lo || f->tos_hi, short_prev = false;
+    while ((uint32_t)n < quantum && ri < f->nrg) {
         if (pc.next_ns + DG_BURST < now) pc.next_ns = now - DG_BURST;
         if (lp.next_ns + DG_BURST < now) lp.next_ns = now - DG_BURST;
         if (pc.next_ns > now || lp.next_ns > now) break;
@@ -311,33 +324,63 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
         en_dg_encode(&h, hdr[n]);
         iov[n][0] = (struct iovec){.iov_base = hdr[n], .iov_len = EN_DG_HDR};
         iov[n][1] = (struct iovec){.iov_base = (void *)(f->src + off), .iov_len = len};
-        mm[n] = (struct mmsghdr){
-            .msg_hdr = {
-                .msg_name = to, .msg_namelen = sa_size(to), .msg_iov = iov[n], .msg_iovlen = 2}};
-        if (f->tos_lo || f->tos_hi) {
-            bool imp = op->dtype == COH_F32 || op->dtype == COH_F64
-                           ? en_tag_important(f->src + off, len / op->esize, op->esize, f->median)
-                           : false;
-            int tos = imp ? f->tos_hi : f->tos_lo;
-            struct cmsghdr *c = (struct cmsghdr *)cm[n].buf;
-            c->cmsg_level = v6 ? IPPROTO_IPV6 : IPPROTO_IP;
-            c->cmsg_type = v6 ? IPV6_TCLASS : IP_TOS;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(c), &tos, sizeof(int));
-            mm[n].msg_hdr.msg_control = cm[n].buf;
-            mm[n].msg_hdr.msg_controllen = sizeof(cm[n].buf);
+        int tos = 0;
+        if (tagged) {
+            bool imp = (op->dtype == COH_F32 || op->dtype == COH_F64) &&
+                       en_tag_important(f->src + off, len / op->esize, op->esize, f->median);
+            tos = imp ? f->tos_hi : f->tos_lo;
         }
+        /* A new message: the first, another TOS, a full group, or after a
+         * short segment (only a group's last may be short). */
+        if (nm == 0 || tos != tos_prev || msg_nd[nm - 1] >= u->gso_max || short_prev) {
+            mm[nm] = (struct mmsghdr){.msg_hdr = {.msg_name = to,
+                                                  .msg_namelen = sa_size(to),
+                                                  .msg_iov = &iov[n][0],
+                                                  .msg_iovlen = 0}};
+            msg_nd[nm] = 0;
+            if (tagged) {
+                struct cmsghdr *c = (struct cmsghdr *)cm[nm].buf;
+                c->cmsg_level = v6 ? IPPROTO_IPV6 : IPPROTO_IP;
+                c->cmsg_type = v6 ? IPV6_TCLASS : IP_TOS;
+                c->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(c), &tos, sizeof(int));
+                mm[nm].msg_hdr.msg_control = cm[nm].buf;
+                mm[nm].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
+            }
+            nm++;
+        }
+        mm[nm - 1].msg_hdr.msg_iovlen += 2;
+        msg_nd[nm - 1]++;
+        tos_prev = tos;
+        short_prev = len < u->seg;
         n++;
         if (++rk == f->rg[ri].count) {
             ri++;
             rk = 0;
         }
     }
+    for (int m = 0; m < nm; m++) {
+        if (msg_nd[m] < 2) continue;
+        struct msghdr *mh = &mm[m].msg_hdr;
+        struct cmsghdr *c = (struct cmsghdr *)(cm[m].buf + mh->msg_controllen);
+        uint16_t gso = (uint16_t)(u->seg + EN_DG_HDR);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        memcpy(CMSG_DATA(c), &gso, sizeof(gso));
+        mh->msg_control = cm[m].buf;
+        mh->msg_controllen += CMSG_SPACE(sizeof(uint16_t));
+    }
     if (n == 0) return SENT_ALL;
-    int k = sendmmsg(u->fd, mm, (unsigned)n, MSG_DONTWAIT);
+    int k = sendmmsg(u->fd, mm, (unsigned)nm, MSG_DONTWAIT);
     if (k < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return SENT_SOCKFULL;
         if (errno == ENOBUFS) return SENT_BACKOFF;
+        if (errno == EIO && u->gso_max > 1) {
+            /* The device cannot segment: no GSO from now on. */
+            u->gso_max = 1;
+            return SENT_BACKOFF;
+        }
         char why[128];
         snprintf(why, sizeof(why), "udp send to rank %d: %s", f->peer, strerror(errno));
         en_exec_fail_op(op, COH_EPEER, true, why);
@@ -347,7 +390,9 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
      * send undercounts nothing that matters). */
     f->pacer = pc;
     u->line = lp;
-    for (int j = 0; j < k; j++) {
+    int sent = 0;
+    for (int m = 0; m < k; m++) sent += msg_nd[m];
+    for (int j = 0; j < sent; j++) {
         uint64_t len = iov[j][1].iov_len;
         f->period_bytes += len;
         op->bytes_out += len;
@@ -364,7 +409,7 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
         send_list_remove(u, f);
         send_ctl(op, f, CTL_DONE, f->pass, f->nseg, 0, NULL, 0);
     }
-    return k == n ? SENT_ALL : SENT_BACKOFF;
+    return k == nm ? SENT_ALL : SENT_BACKOFF;
 }
 
 static void pump(struct en_udp *u)
@@ -451,8 +496,11 @@ static void recv_segment(struct en_udp *u, en_dgflow_t *f, const en_dg_hdr_t *h,
 {
     en_op_t *op = f->op;
     int r = en_dg_bitmap_set(&f->bm, h->segno);
-    if (r == 0) {
-        u->st.dg_dup++;
+    if (r <= 0) {
+        if (r == 0)
+            u->st.dg_dup++;
+        else
+            u->st.dg_bad++;
         return;
     }
     if (f->reduce)
@@ -467,6 +515,15 @@ static void recv_segment(struct en_udp *u, en_dgflow_t *f, const en_dg_hdr_t *h,
     /* After DONE: the pass's last datagram, or the last missing one, means
      * nothing more is on its way. */
     if (f->done_seen && ((h->flags & EN_DG_LAST) || f->bm.got == f->nseg)) recv_decide(u, f);
+}
+
+/* The datagram belongs to this receive: its stage, and exactly segment
+ * segno's bytes of it (a datagram never writes outside the posted buffer). */
+static bool dg_fits(const struct en_udp *u, const en_dgflow_t *f, const en_dg_hdr_t *h)
+{
+    return ((h->flags & EN_DG_PULL) != 0) == (f->stage == SC_STAGE_PULL) && h->segno < f->nseg &&
+           h->offset == (uint64_t)h->segno * u->seg && h->offset < f->len &&
+           h->len == (f->len - h->offset < u->seg ? f->len - h->offset : u->seg);
 }
 
 static en_dgflow_t *send_flow(en_op_t *op, int peer, uint32_t tag)
@@ -514,9 +571,7 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
         return;
     }
     en_dgflow_t *f = recv_flow(op, peer, h.step);
-    if (!f || ((h.flags & EN_DG_PULL) != 0) != (f->stage == SC_STAGE_PULL) || h.segno >= f->nseg ||
-        h.offset + h.len > f->len ||
-        h.len != (f->len - h.offset < u->seg ? f->len - h.offset : u->seg)) {
+    if (!f || !dg_fits(u, f, &h)) {
         u->st.dg_bad++;
         return;
     }
@@ -565,13 +620,19 @@ static void poll_cb(uv_poll_t *h, int status, int events)
     struct mmsghdr mm[DG_BATCH];
     struct iovec iov[DG_BATCH];
     struct sockaddr_storage from[DG_BATCH];
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm[DG_BATCH];
     for (int rounds = 0; rounds < 64; rounds++) {
         for (int i = 0; i < DG_BATCH; i++) {
             iov[i] = (struct iovec){.iov_base = u->rxbuf + (size_t)i * u->rxsz, .iov_len = u->rxsz};
             mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &from[i],
                                                  .msg_namelen = sizeof(from[i]),
                                                  .msg_iov = &iov[i],
-                                                 .msg_iovlen = 1}};
+                                                 .msg_iovlen = 1,
+                                                 .msg_control = u->gro ? cm[i].buf : NULL,
+                                                 .msg_controllen = u->gro ? sizeof(cm[i].buf) : 0}};
         }
         int n = recvmmsg(u->fd, mm, DG_BATCH, MSG_DONTWAIT, NULL);
         if (n <= 0) break;
@@ -580,16 +641,30 @@ static void poll_cb(uv_poll_t *h, int status, int events)
                 u->st.dg_bad++;
                 continue;
             }
-            if (u->drop_ppm && splitmix(&u->rng) % 1000000u < u->drop_ppm) {
-                u->st.dg_test_dropped++;
-                continue;
+            /* UDP GRO: several datagrams of one sender back to back, each
+             * gso bytes but the last. */
+            size_t gso = mm[i].msg_len;
+            for (struct cmsghdr *c = u->gro ? CMSG_FIRSTHDR(&mm[i].msg_hdr) : NULL; c;
+                 c = CMSG_NXTHDR(&mm[i].msg_hdr, c))
+                if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+                    int g;
+                    memcpy(&g, CMSG_DATA(c), sizeof(g));
+                    if (g > 0) gso = (size_t)g;
+                }
+            int peer = -2;
+            for (size_t off = 0; off < mm[i].msg_len; off += gso) {
+                size_t len = mm[i].msg_len - off < gso ? mm[i].msg_len - off : gso;
+                if (u->drop_ppm && splitmix(&u->rng) % 1000000u < u->drop_ppm) {
+                    u->st.dg_test_dropped++;
+                    continue;
+                }
+                if (peer == -2) peer = peer_of(u, &from[i]);
+                if (peer < 0) {
+                    u->st.dg_stranger++;
+                    continue;
+                }
+                on_datagram(u, peer, (uint8_t *)iov[i].iov_base + off, len);
             }
-            int peer = peer_of(u, &from[i]);
-            if (peer < 0) {
-                u->st.dg_stranger++;
-                continue;
-            }
-            on_datagram(u, peer, iov[i].iov_base, mm[i].msg_len);
         }
         if (n < DG_BATCH) break;
     }
@@ -824,9 +899,10 @@ int en_udp_post(en_op_t *op, uint32_t i)
         if (!k->ctl && k->comm == op->comm && k->seq == op->seq && k->peer == f->peer &&
             k->tag == op->plan.steps[i].tag) {
             en_dg_hdr_t h;
-            if (en_dg_decode(k->data, k->len, u->seg, &h) == 0 && h.segno < f->nseg &&
-                h.offset + h.len <= f->len)
+            if (en_dg_decode(k->data, k->len, u->seg, &h) == 0 && dg_fits(u, f, &h))
                 recv_segment(u, f, &h, k->data + EN_DG_HDR);
+            else
+                u->st.dg_bad++;
             keep_drop(u, pp);
         } else {
             pp = &k->next;
@@ -908,9 +984,11 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
     u->keep_limit = rail->stash_limit;
     u->debug = getenv("COHORT_UDP_DEBUG") != NULL;
     /* Derived from the job token: a stranger without it cannot forge data. */
-    u->job = BS_FNV_SEED;
-    for (const char *t = rail->token; *t; t++) u->job = bs_fnv64(u->job, (uint8_t)*t);
-    u->job = bs_fnv64(u->job, 0x75647020u);
+    u->job = en_dg_job(rail->token);
+    /* UDP GSO / GRO where the kernel has them (Linux 4.18 / 5.0): a send
+     * of a group of datagrams, a receive of a run of them. */
+    int gso = (int)(u->seg + EN_DG_HDR), one = 1;
+    u->gso_max = 65000 / gso < DG_QMAX ? 65000 / gso : DG_QMAX;
     u->rxsz = u->seg + EN_DG_HDR + 64;
     u->rxbuf = coh_aligned(u->rxsz * DG_BATCH, 64);
     u->peer = coh_zalloc(sizeof(struct sockaddr_storage) * (size_t)rail->world);
@@ -930,6 +1008,17 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
     if (bind(u->fd, (const struct sockaddr *)a, sa_size(a)) != 0)
         return bs_fail(COH_ESYS, "rail %d: udp bind to its listener's address: %s", rail->index,
                        strerror(errno));
+    if (u->gso_max < 2 || setsockopt(u->fd, SOL_UDP, UDP_SEGMENT, &gso, sizeof(gso)) != 0)
+        u->gso_max = 1;
+    else
+        gso = 0, setsockopt(u->fd, SOL_UDP, UDP_SEGMENT, &gso, sizeof(gso)); /* per send */
+    if (setsockopt(u->fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0) {
+        u->gro = true;
+        u->rxsz = 65536;
+        coh_free(u->rxbuf);
+        u->rxbuf = coh_aligned(u->rxsz * DG_BATCH, 64);
+        if (!u->rxbuf) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    }
     uv_poll_init(rail->loop, &u->poll, u->fd);
     u->poll.data = u;
     u->poll_open = true;
@@ -949,15 +1038,18 @@ void en_udp_shutdown(en_rail_t *rail)
 {
     struct en_udp *u = rail->udp;
     if (!u) return;
-    if (u->debug)
+    if (u->debug) {
+        en_udp_stats_t t;
+        en_udp_stats(rail, &t);
         fprintf(stderr,
                 "udp rank %d: sent %llu recv %llu dup %llu bad %llu stranger %llu late %llu kept "
                 "%llu dropped %llu nacks %llu resent %llu\n",
-                rail->rank, (unsigned long long)u->st.dg_sent, (unsigned long long)u->st.dg_recv,
-                (unsigned long long)u->st.dg_dup, (unsigned long long)u->st.dg_bad,
-                (unsigned long long)u->st.dg_stranger, (unsigned long long)u->st.dg_late,
-                (unsigned long long)u->st.dg_kept, (unsigned long long)u->st.dg_dropped,
-                (unsigned long long)u->st.nacks, (unsigned long long)u->st.resent_bytes);
+                rail->rank, (unsigned long long)t.dg_sent, (unsigned long long)t.dg_recv,
+                (unsigned long long)t.dg_dup, (unsigned long long)t.dg_bad,
+                (unsigned long long)t.dg_stranger, (unsigned long long)t.dg_late,
+                (unsigned long long)t.dg_kept, (unsigned long long)t.dg_dropped,
+                (unsigned long long)t.nacks, (unsigned long long)t.resent_bytes);
+    }
     if (u->poll_open) uv_close((uv_handle_t *)&u->poll, udp_closed);
     if (u->timer_open) uv_close((uv_handle_t *)&u->timer, udp_closed);
     u->poll_open = u->timer_open = u->timer_on = false;
@@ -980,5 +1072,17 @@ void en_udp_fini(en_rail_t *rail)
 void en_udp_stats(const en_rail_t *rail, en_udp_stats_t *out)
 {
     memset(out, 0, sizeof(*out));
-    if (rail->udp) *out = rail->udp->st;
+    const struct en_udp *u = rail->udp;
+    if (!u) return;
+    *out = (en_udp_stats_t){.dg_sent = atomic_load(&u->st.dg_sent),
+                            .dg_recv = atomic_load(&u->st.dg_recv),
+                            .dg_dup = atomic_load(&u->st.dg_dup),
+                            .dg_bad = atomic_load(&u->st.dg_bad),
+                            .dg_stranger = atomic_load(&u->st.dg_stranger),
+                            .dg_late = atomic_load(&u->st.dg_late),
+                            .dg_kept = atomic_load(&u->st.dg_kept),
+                            .dg_dropped = atomic_load(&u->st.dg_dropped),
+                            .dg_test_dropped = atomic_load(&u->st.dg_test_dropped),
+                            .nacks = atomic_load(&u->st.nacks),
+                            .resent_bytes = atomic_load(&u->st.resent_bytes)};
 }

@@ -622,7 +622,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         }
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
         ff_pack_str(&pk, "stats");
-        msgpack_pack_map(&pk, 9);
+        msgpack_pack_map(&pk, 19);
         ff_pack_kv_uint(&pk, "bytes_sent", s.bytes_sent);
         ff_pack_kv_uint(&pk, "bytes_received", s.bytes_received);
         ff_pack_kv_uint(&pk, "requests_completed", s.requests_completed);
@@ -632,6 +632,16 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_uint(&pk, "rail_failovers", s.rail_failovers);
         ff_pack_kv_uint(&pk, "rail_returns", s.rail_returns);
         ff_pack_kv_uint(&pk, "rail_resent_bytes", s.rail_resent_bytes);
+        ff_pack_kv_uint(&pk, "dg_sent", s.dg_sent);
+        ff_pack_kv_uint(&pk, "dg_received", s.dg_received);
+        ff_pack_kv_uint(&pk, "dg_duplicate", s.dg_duplicate);
+        ff_pack_kv_uint(&pk, "dg_invalid", s.dg_invalid);
+        ff_pack_kv_uint(&pk, "dg_stranger", s.dg_stranger);
+        ff_pack_kv_uint(&pk, "dg_late", s.dg_late);
+        ff_pack_kv_uint(&pk, "dg_kept", s.dg_kept);
+        ff_pack_kv_uint(&pk, "dg_dropped", s.dg_dropped);
+        ff_pack_kv_uint(&pk, "udp_nacks", s.udp_nacks);
+        ff_pack_kv_uint(&pk, "udp_resent_bytes", s.udp_resent_bytes);
         break;
     }
     case FF_EVENT_CLEAR:

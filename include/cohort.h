@@ -321,6 +321,16 @@ typedef struct coh_stats {
     uint64_t rail_resent_bytes;    /* bytes sent again after a move (what the old socket had
                                       taken but the peer had not read) */
     uint64_t probes;               /* alpha-beta probes this rank took part in (coh_probe) */
+    /* udp rails (bounded loss, docs/udp.md): data datagrams sent and placed;
+     * dropped unused: duplicates, invalid ones (malformed header, unknown op
+     * step, outside the receive), strangers' (not a peer's address, or not
+     * this job's value), late ones (their op or step had ended), and those
+     * that came before their receive but found the stash full (kept: those
+     * that came early and were kept); retransmission requests this rank
+     * sent, and the payload it sent again. */
+    uint64_t dg_sent, dg_received;
+    uint64_t dg_duplicate, dg_invalid, dg_stranger, dg_late, dg_kept, dg_dropped;
+    uint64_t udp_nacks, udp_resent_bytes;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 

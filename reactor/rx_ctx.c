@@ -770,6 +770,18 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
         s->rail_failovers += atomic_load(&en->stat_failovers);
         s->rail_returns += atomic_load(&en->stat_returns);
         s->rail_resent_bytes += atomic_load(&en->stat_resent);
+        en_udp_stats_t us;
+        en_udp_stats(en, &us);
+        s->dg_sent += us.dg_sent;
+        s->dg_received += us.dg_recv;
+        s->dg_duplicate += us.dg_dup;
+        s->dg_invalid += us.dg_bad;
+        s->dg_stranger += us.dg_stranger;
+        s->dg_late += us.dg_late;
+        s->dg_kept += us.dg_kept;
+        s->dg_dropped += us.dg_dropped;
+        s->udp_nacks += us.nacks;
+        s->udp_resent_bytes += us.resent_bytes;
     }
     /* Every listener's refusals: the rails', the store's and the coordinator's. */
     if (ctx->store) s->connections_rejected += rx_store_server_rejected(ctx->store);

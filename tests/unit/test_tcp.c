@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include "engines/en_dgram.h"
 #include "engines/engine.h"
 #include "reactor/reactor.h" /* only for a loop thread: rx_reactor_t */
 
@@ -99,7 +100,7 @@ static int open_fn(rx_reactor_t *rx, void *arg)
     return en_rail_open(rx->owner, &rx->loop);
 }
 
-static fixture_t *start(size_t stash)
+static fixture_t *start_cfg(size_t stash, bool udp)
 {
     fixture_t *f = coh_zalloc(sizeof(*f));
     struct sockaddr_in a;
@@ -111,16 +112,34 @@ static fixture_t *start(size_t stash)
                          .token = TOKEN,
                          .timeout_ms = 2000,
                          .stash_bytes = stash,
-                         .local = (struct sockaddr *)&a};
+                         .local = (struct sockaddr *)&a,
+                         .udp = udp,
+                         .udpcfg = {.seg_bytes = 64,
+                                    .rate_mbps = 1000,
+                                    .delta = 2,
+                                    .period_us = 1000,
+                                    .rcvbuf_bytes = 1 << 20}};
     assert_int_equal(en_rail_init(&f->rail, &cfg), 0);
     assert_int_equal(rx_reactor_start(&f->rx, "test-rail", on_stop, &f->rail), 0);
     assert_int_equal(rx_reactor_call(&f->rx, open_fn, NULL), 0);
     return f;
 }
 
+static fixture_t *start(size_t stash)
+{
+    return start_cfg(stash, false);
+}
+
 static int setup(void **state)
 {
     *state = start(0);
+    return 0;
+}
+
+/* A udp rail (bounded loss): datagrams of 64 bytes, early ones kept. */
+static int setup_udp(void **state)
+{
+    *state = start_cfg(1 << 20, true);
     return 0;
 }
 
@@ -454,6 +473,237 @@ static void test_out_of_order_ops(void **state)
     close(fd);
 }
 
+/* ---- the datagram engine (engines/en_udp.c) against a hand-driven rank 1 ---- */
+
+static en_udp_stats_t udp_stats(fixture_t *f)
+{
+    en_udp_stats_t s;
+    en_udp_stats(&f->rail, &s);
+    return s;
+}
+
+/* Wait until a counter of the rail's udp stats reaches want (and not past). */
+#define WAIT_UDP(f, field, want)                                                                   \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < 300 && udp_stats(f).field < (want); i_++) usleep(10000);             \
+        assert_int_equal(udp_stats(f).field, (want));                                              \
+    } while (0)
+
+static int udp_socket(struct sockaddr_in *bound)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a;
+    uv_ip4_addr("127.0.0.1", 0, &a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t l = sizeof(*bound);
+    getsockname(fd, (struct sockaddr *)bound, &l);
+    return fd;
+}
+
+static void dg_send(fixture_t *f, int fd, const en_dg_hdr_t *h, const float *v, size_t nv)
+{
+    uint8_t b[EN_DG_HDR + 256];
+    en_dg_encode(h, b);
+    memcpy(b + EN_DG_HDR, v, nv * sizeof(float));
+    assert_int_equal(sendto(fd, b, EN_DG_HDR + nv * sizeof(float), 0,
+                            (struct sockaddr *)&f->rail.bound, sizeof(struct sockaddr_in)),
+                     (ssize_t)(EN_DG_HDR + nv * sizeof(float)));
+}
+
+static void dg_recv(int fd, en_dg_hdr_t *h, float *v)
+{
+    uint8_t b[EN_DG_HDR + 256];
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 3000), 1);
+    ssize_t n = recv(fd, b, sizeof(b), 0);
+    assert_int_equal(en_dg_decode(b, (size_t)n, 64, h), 0);
+    memcpy(v, b + EN_DG_HDR, h->len);
+}
+
+/* A DGCTL frame: kind (1 DONE, 3 FIN) of step tag. */
+static void dg_ctl(int fd, uint64_t seq, uint32_t tag, int kind, uint32_t nseg)
+{
+    uint8_t p[24] = {0};
+    p[0] = (uint8_t)kind;
+    en_put64(p + 8, nseg);
+    frame(fd, EN_FRAME_DGCTL, seq, 0, tag, p, sizeof(p));
+}
+
+/* Rank 1's side of one datagram transfer to rank 0: two segments of 16
+ * floats, then DONE; rank 0 answers FIN. */
+static void dg_push(fixture_t *f, int tcp, int us, uint64_t seq, uint32_t tag, bool pull, float x)
+{
+    float v[16];
+    for (int i = 0; i < 16; i++) v[i] = x;
+    for (uint32_t s = 0; s < 2; s++) {
+        en_dg_hdr_t h = {.flags = (uint8_t)(pull ? EN_DG_PULL : 0) | (s ? EN_DG_LAST : 0),
+                         .job = en_dg_job(TOKEN),
+                         .step = tag,
+                         .seq = seq,
+                         .offset = 64u * s,
+                         .len = 64,
+                         .segno = s};
+        dg_send(f, us, &h, v, 16);
+    }
+    dg_ctl(tcp, seq, tag, 1, 2);
+    en_hdr_t h;
+    uint8_t p[EN_MAX_ABORT];
+    do { /* RATE reports may come first */
+        read_frame(tcp, &h, p, sizeof(p));
+        assert_int_equal(h.type, EN_FRAME_DGCTL);
+    } while (p[0] == 4);
+    assert_int_equal(h.tag, tag);
+    assert_int_equal(p[0], 3); /* FIN */
+}
+
+/*
+ * A bounded-loss allreduce of 64 floats between the rail (rank 0) and this
+ * test (rank 1), push and pull in datagrams, while hostile datagrams come
+ * in: each is dropped and counted (invalid, stranger, duplicate, late), none
+ * writes anything, and the result is exact.
+ */
+static void test_udp_bad_datagrams(void **state)
+{
+    fixture_t *f = *state;
+    int tcp = join(f);
+    struct sockaddr_in ua, oa;
+    int us = udp_socket(&ua), other = udp_socket(&oa);
+    struct sockaddr_storage route;
+    memcpy(&route, &ua, sizeof(ua));
+    assert_int_equal(en_rail_set_routes(&f->rail, 1, &route, 1), 0);
+    float buf[64];
+    for (int i = 0; i < 64; i++) buf[i] = 1;
+    sc_coll_t c = {.kind = SC_ALLREDUCE,
+                   .algo = SC_ALGO_DIRECT,
+                   .nranks = 2,
+                   .rank = 0,
+                   .count = 64,
+                   .lo = 0,
+                   .hi = 64,
+                   .chunk_elems = 1 << 20};
+    sc_plan_t plan;
+    sc_plan_init(&plan);
+    assert_int_equal(sc_plan_build(&c, &plan), 0);
+    tdone_t *done = tdone_new();
+    en_op_t *op;
+    assert_int_equal(
+        en_op_new(&done->c, 0, 0, 5, 0, "allreduce(test)", COH_F32, COH_SUM, NULL, buf, &plan, &op),
+        0);
+    sc_plan_free(&plan);
+    en_op_set_loss(op, 1e-9, 1e-9, -1, 0, false);
+    submit(f, op);
+
+    /* Rank 0 pushes block 1 (floats 32..63) to us at once (zero RTT). */
+    float v[16];
+    for (int s = 0; s < 2; s++) {
+        en_dg_hdr_t h;
+        dg_recv(us, &h, v);
+        assert_int_equal(h.job, en_dg_job(TOKEN));
+        assert_int_equal(h.step, 1);
+        assert_int_equal(h.seq, 5);
+        assert_int_equal(h.len, 64);
+        assert_true(v[0] == 1 && v[15] == 1);
+    }
+    en_hdr_t fh;
+    uint8_t p[EN_MAX_ABORT];
+    read_frame(tcp, &fh, p, sizeof(p));
+    assert_int_equal(fh.type, EN_FRAME_DGCTL);
+    assert_int_equal(p[0], 1); /* DONE */
+    dg_ctl(tcp, 5, 1, 3, 0);   /* FIN: its push is in */
+
+    /* Hostile datagrams at rank 0's push receive (block 0, tag 1). */
+    for (int i = 0; i < 16; i++) v[i] = 1000;
+    en_dg_hdr_t good = {.job = en_dg_job(TOKEN), .step = 1, .seq = 5, .len = 64};
+    uint8_t junk[10] = "not cohort";
+    assert_int_equal(sendto(us, junk, sizeof(junk), 0, (struct sockaddr *)&f->rail.bound,
+                            sizeof(struct sockaddr_in)),
+                     (ssize_t)sizeof(junk));
+    WAIT_UDP(f, dg_bad, 1);
+    en_dg_hdr_t h = good;
+    h.job ^= 1; /* not this job's value */
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_stranger, 1);
+    dg_send(f, other, &good, v, 16); /* not from rank 1's address */
+    WAIT_UDP(f, dg_stranger, 2);
+    h = good;
+    h.segno = 5; /* past the receive's two segments */
+    h.offset = 5 * 64;
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_bad, 2);
+    h = good;
+    h.step = 9; /* no such step */
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_bad, 3);
+    h = good;
+    h.flags = EN_DG_PULL; /* the push stage's step */
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_bad, 4);
+    h = good;
+    h.len = 32; /* a full segment is 64 bytes here */
+    dg_send(f, us, &h, v, 8);
+    WAIT_UDP(f, dg_bad, 5);
+    assert_int_equal(udp_stats(f).dg_recv, 0);
+
+    /* Our push of block 0 (2.0 each), one segment twice. */
+    for (int i = 0; i < 16; i++) v[i] = 2;
+    h = good;
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_recv, 1);
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_dup, 1);
+    h.offset = 64;
+    h.segno = 1;
+    h.flags = EN_DG_LAST;
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_recv, 2);
+    dg_ctl(tcp, 5, 1, 1, 2); /* DONE: rank 0 has it all */
+
+    /* Then in any order: FIN of our push, and rank 0's pull of block 0 with
+     * its DONE (which we answer with FIN). */
+    int fins = 0, pulled = 0, dones = 0;
+    while (fins < 1 || pulled < 2 || dones < 1) {
+        struct pollfd pf[2] = {{.fd = tcp, .events = POLLIN}, {.fd = us, .events = POLLIN}};
+        assert_true(poll(pf, 2, 3000) > 0);
+        if (pf[1].revents & POLLIN) {
+            dg_recv(us, &h, v);
+            assert_int_equal(h.step, 2);
+            assert_true(h.flags & EN_DG_PULL);
+            for (int i = 0; i < 16; i++) assert_true(v[i] == 3); /* 1 + 2 */
+            pulled++;
+        }
+        if (pf[0].revents & POLLIN) {
+            read_frame(tcp, &fh, p, sizeof(p));
+            assert_int_equal(fh.type, EN_FRAME_DGCTL);
+            if (p[0] == 4) {
+                /* RATE: what rank 0 receives of our push, each period */
+            } else if (p[0] == 3) {
+                assert_int_equal(fh.tag, 1);
+                fins++;
+            } else {
+                assert_int_equal(p[0], 1); /* DONE of its pull */
+                assert_int_equal(fh.tag, 2);
+                dg_ctl(tcp, 5, 2, 3, 0);
+                dones++;
+            }
+        }
+    }
+    /* Our pull of block 1: 7.0 each. */
+    dg_push(f, tcp, us, 5, 2, true, 7);
+    assert_int_equal(tdone_wait(done, 3000), COH_OK);
+    for (int i = 0; i < 64; i++) assert_true(buf[i] == (i < 32 ? 3 : 7));
+
+    /* A replay after the op: late, nothing written. */
+    h = good;
+    dg_send(f, us, &h, v, 16);
+    WAIT_UDP(f, dg_late, 1);
+    for (int i = 0; i < 64; i++) assert_true(buf[i] == (i < 32 ? 3 : 7));
+    tdone_free(done);
+    close(us);
+    close(other);
+    close(tcp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,6 +717,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_early_frame_matched_by_seq, setup_stash, teardown),
         cmocka_unit_test_setup_teardown(test_out_of_order_ops, setup_stash, teardown),
+        cmocka_unit_test_setup_teardown(test_udp_bad_datagrams, setup_udp, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
