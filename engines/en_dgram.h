@@ -33,9 +33,13 @@
 #define EN_DG_MAX     65507 /* a UDP payload's limit */
 
 /* flags */
-#define EN_DG_PULL  1u /* a gather (pull) stage's data; else push (reduce) */
-#define EN_DG_LAST  2u /* the sender's last datagram of this pass */
-#define EN_DG_FLAGS (EN_DG_PULL | EN_DG_LAST)
+#define EN_DG_PULL 1u /* a gather (pull) stage's data; else push (reduce) */
+#define EN_DG_LAST 2u /* the sender's last datagram of this pass */
+/* A rate report (receiver -> sender, DLCP's every-period report): offset and
+ * segno 0, payload u64 bytes received, u64 over how many ns. Unreliable on
+ * purpose: a lost one skips a period. */
+#define EN_DG_RATE  4u
+#define EN_DG_FLAGS (EN_DG_PULL | EN_DG_LAST | EN_DG_RATE)
 
 typedef struct en_dg_hdr {
     uint8_t flags;

@@ -3,8 +3,10 @@
  * datagram data path. A rail opened with cfg->udp keeps its TCP links (they
  * carry every reliable op and this engine's control messages) and adds one
  * UDP socket, bound to the same address and port as its listener. Ops with a
- * loss bound (en_op_set_loss) run the push/pull allreduce plan
- * (SC_ALGO_DIRECT); their staged sends and receives come here:
+ * loss bound (en_op_set_loss) run the chunked push/pull allreduce plan
+ * (SC_ALGO_DIRECT); their staged sends and receives come here. Sends are
+ * paced per flow and per rail (the line rate), take turns by destination and
+ * go out as UDP GSO groups where the kernel has them (GRO on receipt):
  *
  *   send    the step's bytes go out at once (zero RTT: no rendezvous) as
  *           datagrams of udp_seg_bytes, paced at the flow's rate (DLCP's
@@ -198,6 +200,25 @@ static void pump(struct en_udp *u);
 
 static void recv_decide(struct en_udp *u, en_dgflow_t *f);
 
+/* A rate report goes as a datagram (not on the TCP link, where one lost
+ * segment would hold every DONE and NACK behind it). */
+static void send_rate(struct en_udp *u, const en_op_t *op, const en_dgflow_t *f, uint64_t bytes,
+                      uint64_t ns)
+{
+    uint8_t b[EN_DG_HDR + 16];
+    en_dg_hdr_t h = {.flags = (uint8_t)(EN_DG_RATE | (f->stage == SC_STAGE_PULL ? EN_DG_PULL : 0)),
+                     .job = u->job,
+                     .comm = op->comm,
+                     .step = op->plan.steps[f->step].tag,
+                     .seq = op->seq,
+                     .len = 16};
+    en_dg_encode(&h, b);
+    en_put64(b + EN_DG_HDR, bytes);
+    en_put64(b + EN_DG_HDR + 8, ns);
+    const struct sockaddr_storage *to = &u->peer[f->peer];
+    (void)sendto(u->fd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to, sa_size(to));
+}
+
 /* Each period: receivers report their rate, and decide the passes whose
  * stragglers' grace is over. */
 static void report_rates(struct en_udp *u, uint64_t now)
@@ -211,7 +232,7 @@ static void report_rates(struct en_udp *u, uint64_t now)
             if (f->done_seen && now >= f->decide_ns) recv_decide(u, f);
             if (f->ended || !f->period_bytes) continue;
             if (now - f->period_t0 < u->period_ns) continue;
-            send_ctl(op, f, CTL_RATE, 0, f->period_bytes, now - f->period_t0, NULL, 0);
+            send_rate(u, op, f, f->period_bytes, now - f->period_t0);
             f->period_bytes = 0;
             f->period_t0 = now;
         }
@@ -526,6 +547,18 @@ static bool dg_fits(const struct en_udp *u, const en_dgflow_t *f, const en_dg_hd
            h->len == (f->len - h->offset < u->seg ? f->len - h->offset : u->seg);
 }
 
+/* The receiver got `bytes` of this flow over `ns`: DLCP's rate control
+ * compares that with what was sent since the last report. */
+static void rate_report(en_dgflow_t *f, uint64_t bytes, uint64_t ns)
+{
+    uint64_t now = bs_now_ns(), dt = now - f->period_t0;
+    if (ns > 0 && dt > 0 && f->period_bytes > 0)
+        en_rc_report(&f->rc, (double)f->period_bytes * 8e9 / (double)dt,
+                     (double)bytes * 8e9 / (double)ns);
+    f->period_bytes = 0;
+    f->period_t0 = now;
+}
+
 static en_dgflow_t *send_flow(en_op_t *op, int peer, uint32_t tag)
 {
     if (!op->dg) return NULL;
@@ -560,7 +593,7 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
     }
     en_op_t *op = en_exec_find_op(rail, h.comm, h.seq);
     if (!op) {
-        if (en_exec_ended(rail, h.comm, h.seq))
+        if (en_exec_ended(rail, h.comm, h.seq) || (h.flags & EN_DG_RATE))
             u->st.dg_late++;
         else
             keep_add(u, h.comm, h.seq, peer, h.step, false, buf, n); /* its op comes later */
@@ -568,6 +601,14 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
     }
     if (op->state != EN_OP_RUNNING) {
         u->st.dg_late++;
+        return;
+    }
+    if (h.flags & EN_DG_RATE) {
+        en_dgflow_t *sf = send_flow(op, peer, h.step);
+        if (sf && !sf->ended && h.len == 16 && n == EN_DG_HDR + 16)
+            rate_report(sf, en_get64(buf + EN_DG_HDR), en_get64(buf + EN_DG_HDR + 8));
+        else if (!sf || h.len != 16)
+            u->st.dg_bad++;
         return;
     }
     en_dgflow_t *f = recv_flow(op, peer, h.step);
@@ -757,12 +798,7 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
         send_list_remove(u, f);
         en_exec_step_done(op, f->step);
     } else if (kind == CTL_RATE) {
-        uint64_t now = bs_now_ns(), dt = now - f->period_t0;
-        if (b > 0 && dt > 0 && f->period_bytes > 0)
-            en_rc_report(&f->rc, (double)f->period_bytes * 8e9 / (double)dt,
-                         (double)a * 8e9 / (double)b);
-        f->period_bytes = 0;
-        f->period_t0 = now;
+        rate_report(f, a, b);
     } else if (kind == CTL_NACK) {
         size_t nr = (len - CTL_HDR) / 8;
         en_dg_range_t *rg = coh_malloc(sizeof(*rg) * (nr ? nr : 1));
@@ -1008,10 +1044,13 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
     if (bind(u->fd, (const struct sockaddr *)a, sa_size(a)) != 0)
         return bs_fail(COH_ESYS, "rail %d: udp bind to its listener's address: %s", rail->index,
                        strerror(errno));
+    /* Probe GSO with the socket option, then clear it: each send says its
+     * own segment size (a group of one needs none). */
+    int off = 0;
     if (u->gso_max < 2 || setsockopt(u->fd, SOL_UDP, UDP_SEGMENT, &gso, sizeof(gso)) != 0)
         u->gso_max = 1;
     else
-        gso = 0, setsockopt(u->fd, SOL_UDP, UDP_SEGMENT, &gso, sizeof(gso)); /* per send */
+        setsockopt(u->fd, SOL_UDP, UDP_SEGMENT, &off, sizeof(off));
     if (setsockopt(u->fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0) {
         u->gro = true;
         u->rxsz = 65536;
