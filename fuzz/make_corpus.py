@@ -57,6 +57,10 @@ def ffi():
         "allreduce_algo_default": {"type": "allreduce", "dtype": "u8", "algo": "default",
                                    "buf": b"abcd"},
         "allreduce_algo_bad": {"type": "allreduce", "dtype": "f32", "algo": "ring", "buf": addr},
+        "allreduce_loss": {"type": "allreduce", "dtype": "f32", "op": "avg", "loss_bound": 0.01,
+                           "pull_loss_bound": 0.002, "layer": 3, "nlayers": 12, "buf": addr},
+        "allreduce_loss_bad": {"type": "allreduce", "dtype": "f32", "loss_bound": 1.5,
+                               "layer": 4, "buf": addr},
         "info": {"type": "info", "id": -7},
         "stats": {"type": "stats"},
         "event_clear": {"type": "event_clear", "v": 1},
@@ -251,6 +255,8 @@ def dgram():
     write(t, "bad_version", dg(version=2))
     write(t, "bad_flags", dg(flags=0x80))
     write(t, "no_segment_size", dg(seg=0, payload=b"q"))
+    # a rate report (EN_DG_RATE): u64 bytes, u64 ns
+    write(t, "rate", dg(flags=4, payload=struct.pack("<QQ", 123456, 1000000)))
 
 
 if __name__ == "__main__":
