@@ -38,8 +38,11 @@
 /* A rate report (receiver -> sender, DLCP's every-period report): offset and
  * segno 0, payload u64 bytes received, u64 over how many ns. Unreliable on
  * purpose: a lost one skips a period. */
-#define EN_DG_RATE  4u
-#define EN_DG_FLAGS (EN_DG_PULL | EN_DG_LAST | EN_DG_RATE)
+#define EN_DG_RATE 4u
+/* A copy of a control message of the TCP link (DONE, NACK, FIN; the same
+ * payload): it usually arrives first; the TCP copy is the reliable one. */
+#define EN_DG_CTL   8u
+#define EN_DG_FLAGS (EN_DG_PULL | EN_DG_LAST | EN_DG_RATE | EN_DG_CTL)
 
 typedef struct en_dg_hdr {
     uint8_t flags;

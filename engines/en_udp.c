@@ -49,6 +49,7 @@
 /* Pacer credit after idle: libuv's timers tick in milliseconds and fire
  * late on a loaded host; a flow may catch up on this much of a stall. */
 #define DG_BURST  5000000ull
+#define DG_WINDOW 4    /* rate reports per rate-control decision */
 #define DG_RANGES 60   /* missing ranges per NACK (fits EN_MAX_ABORT) */
 #define DG_AI     0.05 /* additive increase: 5% of the line rate per period */
 
@@ -74,10 +75,13 @@ typedef struct en_dgflow {
     uint32_t rk;
     uint32_t pass;
     bool done_seen;     /* recv: the sender finished a pass */
+    uint32_t done_next; /* recv: the pass whose DONE comes next (earlier ones are copies) */
     uint64_t decide_ns; /* recv: then decide at the latest (stragglers' grace) */
     en_rc_t rc;
     en_pacer_t pacer;
     uint64_t period_bytes, period_t0;
+    uint64_t w_sent, w_sent_ns, w_recv, w_recv_ns; /* send: the rate window */
+    int w_n;
     uint64_t t_start;
     uint8_t tos_lo, tos_hi; /* send: the TOS of an unimportant / important datagram */
     double median;          /* send: ECN threshold (|x| of the tensor's median) */
@@ -191,6 +195,24 @@ static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass,
     w->payload = w->ctl;
     w->len = len;
     w->done = ctl_sent;
+    /* A copy goes as a datagram first: one lost TCP segment costs a 200 ms
+     * retransmission timeout, which would be the tail of a lossy link. The
+     * TCP copy is the reliable one; both are idempotent (pass numbers). */
+    struct en_udp *u = rail->udp;
+    if (u && len <= u->seg) {
+        uint8_t dg[EN_DG_HDR + EN_MAX_ABORT];
+        en_dg_hdr_t dh = {.flags = EN_DG_CTL,
+                          .job = u->job,
+                          .comm = op->comm,
+                          .step = h.tag,
+                          .seq = op->seq,
+                          .len = (uint32_t)len};
+        en_dg_encode(&dh, dg);
+        memcpy(dg + EN_DG_HDR, p, len);
+        const struct sockaddr_storage *to = &u->peer[f->peer];
+        (void)sendto(u->fd, dg, EN_DG_HDR + len, MSG_DONTWAIT, (const struct sockaddr *)to,
+                     sa_size(to));
+    }
     if (rail->ops->tr_send(c, w) != 0) coh_free(w);
 }
 
@@ -552,9 +574,20 @@ static bool dg_fits(const struct en_udp *u, const en_dgflow_t *f, const en_dg_hd
 static void rate_report(en_dgflow_t *f, uint64_t bytes, uint64_t ns)
 {
     uint64_t now = bs_now_ns(), dt = now - f->period_t0;
-    if (ns > 0 && dt > 0 && f->period_bytes > 0)
-        en_rc_report(&f->rc, (double)f->period_bytes * 8e9 / (double)dt,
-                     (double)bytes * 8e9 / (double)ns);
+    if (ns > 0 && dt > 0 && f->period_bytes > 0) {
+        /* Both rates over the last DG_WINDOW reports: one period's are
+         * noisy on a loaded host (a loop that read late sees a burst). */
+        f->w_sent += f->period_bytes;
+        f->w_sent_ns += dt;
+        f->w_recv += bytes;
+        f->w_recv_ns += ns;
+        if (++f->w_n >= DG_WINDOW) {
+            en_rc_report(&f->rc, (double)f->w_sent * 8e9 / (double)f->w_sent_ns,
+                         (double)f->w_recv * 8e9 / (double)f->w_recv_ns);
+            f->w_sent = f->w_sent_ns = f->w_recv = f->w_recv_ns = 0;
+            f->w_n = 0;
+        }
+    }
     f->period_bytes = 0;
     f->period_t0 = now;
 }
@@ -578,6 +611,9 @@ static en_dgflow_t *recv_flow(en_op_t *op, int peer, uint32_t tag)
     return &op->dg->flows[i];
 }
 
+static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const uint8_t *p,
+                   size_t len);
+
 /* A datagram from peer (its source address checked). */
 static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n)
 {
@@ -595,12 +631,27 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
     if (!op) {
         if (en_exec_ended(rail, h.comm, h.seq) || (h.flags & EN_DG_RATE))
             u->st.dg_late++;
-        else
+        else if (h.flags & EN_DG_CTL) {
+            if (h.len >= CTL_HDR && buf[EN_DG_HDR] == CTL_DONE)
+                keep_add(u, h.comm, h.seq, peer, h.step, true, buf + EN_DG_HDR, h.len);
+        } else
             keep_add(u, h.comm, h.seq, peer, h.step, false, buf, n); /* its op comes later */
         return;
     }
     if (op->state != EN_OP_RUNNING) {
         u->st.dg_late++;
+        return;
+    }
+    if (h.flags & EN_DG_CTL) {
+        const uint8_t *cp = buf + EN_DG_HDR;
+        if (h.len < CTL_HDR || (h.len - CTL_HDR) % 8 || cp[0] < CTL_DONE || cp[0] > CTL_FIN) {
+            u->st.dg_bad++;
+            return;
+        }
+        op->progressing = true;
+        on_ctl(u, op, peer, h.step, cp, h.len);
+        op->progressing = false;
+        en_exec_kick(op);
         return;
     }
     if (h.flags & EN_DG_RATE) {
@@ -776,7 +827,9 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
     uint64_t a = en_get64(p + 8), b = en_get64(p + 16);
     if (kind == CTL_DONE) {
         en_dgflow_t *f = recv_flow(op, peer, tag);
-        if (!f || f->ended) return;
+        /* Each pass's DONE once (it comes by datagram and by TCP). */
+        if (!f || f->ended || pass < f->done_next) return;
+        f->done_next = pass + 1;
         f->pass = pass;
         recv_done_seen(u, f); /* not posted yet: decided once it is, after its grace */
         return;
@@ -800,6 +853,7 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
     } else if (kind == CTL_RATE) {
         rate_report(f, a, b);
     } else if (kind == CTL_NACK) {
+        if (pass != f->pass) return; /* a copy, or about a pass already redone */
         size_t nr = (len - CTL_HDR) / 8;
         en_dg_range_t *rg = coh_malloc(sizeof(*rg) * (nr ? nr : 1));
         if (!rg) return;
