@@ -14,8 +14,13 @@
  *   recv    a bitmap of the segments that arrived; each is copied or reduced
  *           into place once. At DONE: the bound met -> FIN (the step ends on
  *           both sides), else NACK with the missing ranges, which the sender
- *           sends again (at line rate) and closes with DONE
- *   rate    every udp_period_us the receiver reports what it received (RATE)
+ *           sends again (at line rate) and closes with DONE. DONE, NACK and
+ *           FIN also go ahead as datagrams (EN_DG_CTL): a lost TCP segment
+ *           waits 200 ms for its retransmission; both copies are idempotent
+ *   rate    every udp_period_us the receiver reports what it received, as a
+ *           datagram (EN_DG_RATE); the sender decides over 4 reports
+ *
+ * Threading: the rail's loop thread, except en_udp_stats and en_udp_fini.
  *
  * Datagrams are checked before they touch memory: the job value, a peer's
  * address, the header (en_dg_decode), the op and step, the stage and the
@@ -24,8 +29,6 @@
  * bounded stash, as frames are (en_exec.c). A missing push segment is absent
  * from the sum (the owner divides by the contributors per segment), a
  * missing pull segment leaves the receiver's own value in place.
- *
- * Threading: the rail's loop thread.
  */
 #include <errno.h>
 #include <netinet/in.h>
