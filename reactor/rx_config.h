@@ -116,8 +116,8 @@ typedef enum rx_knob_kind {
       "payload bytes of a bounded-loss data datagram (rounded down to 8); 0: what fills the "      \
       "rail interface's MTU (1424 for 1500 bytes; every rank must get the same)")                  \
     X(udp_rate_mbps, RX_K_INT, "10000", "COHORT_UDP_RATE_MBPS", 1, 10000000,                       \
-      "line rate of udp rails (set it to the NIC's): all of a rail's flows together stay "       \
-      "below it; a flow starts there and a retransmission pass restarts there (DLCP Fig. 7)")   \
+      "line rate of udp rails (set it to the NIC's): all of a rail's flows together stay "         \
+      "below it; a flow starts there and a retransmission pass restarts there (DLCP Fig. 7)")      \
     X(udp_period_us, RX_K_INT, "1000", "COHORT_UDP_PERIOD_US", 100, 1000000,                       \
       "a udp receiver reports its receiving rate to the sender this often")                        \
     X(udp_delta_pct, RX_K_INT, "200", "COHORT_UDP_DELTA_PCT", 100, 10000,                          \
@@ -137,8 +137,8 @@ typedef enum rx_knob_kind {
     X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
       "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
       "data joined has ended (between a relay group's phases)")                                    \
-    X(test_udp_drop, RX_K_INT, "0", "COHORT_TEST_UDP_DROP_PPM", 0, 1000000,                       \
-      "tests only: udp rails drop this many of every million data datagrams that arrive "        \
+    X(test_udp_drop, RX_K_INT, "0", "COHORT_TEST_UDP_DROP_PPM", 0, 1000000,                        \
+      "tests only: udp rails drop this many of every million data datagrams that arrive "          \
       "(random loss without a network namespace)")
 
 typedef struct rx_knob {
