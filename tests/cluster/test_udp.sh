@@ -4,7 +4,9 @@
 # at random (numgen) at 0.5%, 1% and 5%: every op completes, each rank's lost
 # fraction stays within its bounds, the values that arrived are exact and
 # the short ones account exactly for the lost bytes (test_udp lossy; at 5%
-# drops under a 1% bound every op asks for segments again). At 1% a counter
+# drops under a 1% bound every op asks for segments again). Last, 5% of
+# every packet, TCP too: the control messages' datagram copies and their
+# TCP copies must agree (idempotent by pass). At 1% a counter
 # on the hub's bridges sees the datagrams leave with DSCP class selectors
 # CS1..CS5 (layers 1..5 of 8) and both ECN-capable and not. About 40 s.
 #   test_udp.sh TEST_UDP
@@ -56,11 +58,12 @@ if [ "\$3" = 1 ]; then
 fi
 EOS
 chmod +x "$out/run.sh"
-for spec in "0.5 0.05 0.02 0" "1 0.05 0.02 1" "5 0.01 0.005 0"; do
-  read -r loss push pull tags <<<"$spec"
-  echo "== ${loss}% drops, bounds push $push pull $pull"
+for spec in "0.5 0.05 0.02 0 udp" "1 0.05 0.02 1 udp" "5 0.01 0.005 0 udp" "5 0.02 0.01 0 all"; do
+  read -r loss push pull tags proto <<<"$spec"
+  echo "== ${loss}% drops ($proto), bounds push $push pull $pull"
   set +e
-  "$here/cluster.sh" with ud+ 4 --rates 400 --loss "$loss" -- "$out/run.sh" "$push" "$pull" "$tags"
+  "$here/cluster.sh" with ud+ 4 --rates 400 --loss "$loss" --loss-proto "$proto" -- \
+    "$out/run.sh" "$push" "$pull" "$tags"
   rc=$?
   set -e
   [ $rc = 77 ] && exit 77
