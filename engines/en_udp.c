@@ -42,6 +42,7 @@
 
 #include "engines/en_dgram.h"
 #include "engines/engine.h"
+#include "sched/sc_rng.h"
 #include "gpu/gpu.h"
 
 #define DG_BATCH 64
@@ -56,8 +57,8 @@
 #define DG_RANGES 60   /* missing ranges per NACK (fits EN_MAX_ABORT) */
 #define DG_AI     0.05 /* additive increase: 5% of the line rate per period */
 
-enum { CTL_DONE = 1, CTL_NACK = 2, CTL_FIN = 3, CTL_RATE = 4 };
-#define CTL_HDR 24 /* u8 kind, 3 zero, u32 pass, u64 a, u64 b */
+enum { CTL_DONE = 1, CTL_NACK = 2, CTL_FIN = 3 }; /* rate reports: EN_DG_RATE datagrams */
+#define CTL_HDR 24                                /* u8 kind, 3 zero, u32 pass, u64 a, u64 b */
 
 typedef struct en_dgflow {
     struct en_dgflow *snext; /* the rail's sending flows */
@@ -138,14 +139,6 @@ struct en_udp {
             dg_dropped, dg_test_dropped, nacks, resent_bytes;
     } st;
 };
-
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static socklen_t sa_size(const struct sockaddr_storage *a)
 {
@@ -749,7 +742,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
             int peer = -2;
             for (size_t off = 0; off < mm[i].msg_len; off += gso) {
                 size_t len = mm[i].msg_len - off < gso ? mm[i].msg_len - off : gso;
-                if (u->drop_ppm && splitmix(&u->rng) % 1000000u < u->drop_ppm) {
+                if (u->drop_ppm && sc_splitmix64(&u->rng) % 1000000u < u->drop_ppm) {
                     u->st.dg_test_dropped++;
                     continue;
                 }
@@ -827,7 +820,6 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
 {
     int kind = p[0];
     uint32_t pass = en_get32(p + 4);
-    uint64_t a = en_get64(p + 8), b = en_get64(p + 16);
     if (kind == CTL_DONE) {
         en_dgflow_t *f = recv_flow(op, peer, tag);
         /* Each pass's DONE once (it comes by datagram and by TCP). */
@@ -853,8 +845,6 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
         u->nflows--;
         send_list_remove(u, f);
         en_exec_step_done(op, f->step);
-    } else if (kind == CTL_RATE) {
-        rate_report(f, a, b);
     } else if (kind == CTL_NACK) {
         if (pass != f->pass) return; /* a copy, or about a pass already redone */
         size_t nr = (len - CTL_HDR) / 8;
@@ -885,7 +875,7 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
 int en_udp_ctl(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, const uint8_t *p, size_t len)
 {
     struct en_udp *u = rail->udp;
-    if (len < CTL_HDR || (len - CTL_HDR) % 8 || p[0] < CTL_DONE || p[0] > CTL_RATE)
+    if (len < CTL_HDR || (len - CTL_HDR) % 8 || p[0] < CTL_DONE || p[0] > CTL_FIN)
         return COH_EPROTO;
     if (!u) return 0;
     en_op_t *op = en_exec_find_op(rail, h->comm, h->seq);

@@ -46,6 +46,16 @@ static const rx_knob_t *env_knob(const char *name)
     return NULL;
 }
 
+static int knob_parse(const rx_knob_t *k, const char *text, const char *where, void *out);
+
+int rx_env_knob_int(const char *name, int *out)
+{
+    const rx_knob_t *k = env_knob(name);
+    if (!k || k->kind != RX_K_INT) return bs_fail(COH_EINVAL, "no int knob %s", name);
+    const char *v = getenv(k->env);
+    return knob_parse(k, v && *v ? v : k->deflt, v && *v ? k->env : "default", out);
+}
+
 static bool in_range(long long v, const rx_knob_t *k)
 {
     return v >= k->lo && (v < 0 || (unsigned long long)v <= k->hi);

@@ -162,6 +162,10 @@ const rx_knob_t *rx_knob_find(const char *name);
  * (not copied). where names the source in the error ("COHORT_TIMEOUT_MS",
  * "field 'timeout_ms'"). Returns 0 or COH_EINVAL with coh_last_error set. */
 int rx_knob_set(coh_config_t *cfg, const rx_knob_t *k, const char *text, const char *where);
+/* An environment-only int knob (RX_ENV_MAP) from its variable, parsed and
+ * bounded by the table; its default when unset. COH_EINVAL when it does
+ * not parse. */
+int rx_env_knob_int(const char *name, int *out);
 /* Check every field of cfg against the table, then the fields that depend
  * on each other (rank < world_size, coordinator < world_size, a store for
  * a world > 1). */

@@ -190,9 +190,8 @@ static char *dupstr(const char *s)
 /* COHORT_TEST_UDP_DROP_PPM (tests only): random datagram loss on loopback. */
 static uint32_t test_udp_drop_ppm(void)
 {
-    const char *v = getenv("COHORT_TEST_UDP_DROP_PPM");
-    long x = v ? strtol(v, NULL, 10) : 0;
-    return x < 0 ? 0 : x > 1000000 ? 1000000u : (uint32_t)x;
+    int ppm = 0;
+    return rx_env_knob_int("test_udp_drop", &ppm) == 0 ? (uint32_t)ppm : 0;
 }
 
 static int parse_nics(struct coh_ctx *ctx)
