@@ -605,7 +605,16 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             int fd;
             BS_CHECK_GOTO(store_fd_pick(ctx, &fd), st, fail);
             ctx->cfg.store_fd = fd;
-            BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, store_start_fn, ctx), st, fail);
+            /* A later init binds COHORT_STORE again, and the previous one's
+             * listener can hold the port a moment longer (CI saw mp.lb.*
+             * fail with EADDRINUSE at the second init): retry for up to 2 s
+             * before failing with the bind's error. */
+            st = rx_reactor_call(&ctx->ctrl, store_start_fn, ctx);
+            for (int tries = 0; st < 0 && fd < 0 && tries < 40; tries++) {
+                usleep(50000);
+                st = rx_reactor_call(&ctx->ctrl, store_start_fn, ctx);
+            }
+            if (st < 0) goto fail;
         }
     }
     for (int r = 0; r < ctx->nrails; r++) {
