@@ -240,7 +240,9 @@ COH_API int coh_request_loss(const coh_request_t *req, coh_loss_info_t *info)
     if (!req || !info) return bs_fail(COH_EINVAL, "coh_request_loss: NULL argument");
     if (!is_done(req)) return COH_EAGAIN;
     *info = (coh_loss_info_t){0};
-    for (int s = 0; s < req->nslices && !req->deferred; s++) {
+    /* Done: every slice ended, so even a deferred request's slices (launched
+     * by another thread, rx_lb.c) were written before its completion. */
+    for (int s = 0; s < req->nslices; s++) {
         const rx_slice_t *sl = &req->slice[s];
         info->push_bytes += sl->stage_bytes[SC_STAGE_PUSH];
         info->push_lost_bytes += sl->lost_bytes[SC_STAGE_PUSH];
