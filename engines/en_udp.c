@@ -60,6 +60,15 @@
 enum { CTL_DONE = 1, CTL_NACK = 2, CTL_FIN = 3 }; /* rate reports: EN_DG_RATE datagrams */
 #define CTL_HDR 24                                /* u8 kind, 3 zero, u32 pass, u64 a, u64 b */
 
+/* A flow on one path: DLCP's rate control runs per path, so a congested
+ * rail sheds its share to the others. */
+typedef struct dg_fpath {
+    en_rc_t rc;
+    en_pacer_t pacer;
+    uint64_t period_bytes; /* since the last report: sent (send), received (recv) */
+    uint64_t w_sent, w_recv;
+} dg_fpath_t;
+
 typedef struct en_dgflow {
     struct en_dgflow *snext; /* the rail's sending flows */
     en_op_t *op;
@@ -81,10 +90,16 @@ typedef struct en_dgflow {
     bool done_seen;     /* recv: the sender finished a pass */
     uint32_t done_next; /* recv: the pass whose DONE comes next (earlier ones are copies) */
     uint64_t decide_ns; /* recv: then decide at the latest (stragglers' grace) */
-    en_rc_t rc;
-    en_pacer_t pacer;
-    uint64_t period_bytes, period_t0;
-    uint64_t w_sent, w_sent_ns, w_recv, w_recv_ns; /* send: the rate window */
+    /* Paths (spraying: one per udp rail of the group). send: those this
+     * pass used; recv: those the pass used (its DONE says) and those closed
+     * (their DONE copy or the pass's LAST datagram came on them: in order
+     * on one path, so nothing more of the pass is on its way there). */
+    uint8_t pmask, done_mask, pdone;
+    uint32_t pdone_pass;
+    uint8_t pnext; /* send: the path that goes first next turn */
+    dg_fpath_t fp[EN_DG_PATHS];
+    uint64_t period_t0;
+    uint64_t w_sent_ns, w_recv_ns; /* send: the rate window */
     int w_n;
     uint64_t t_start;
     uint8_t tos_lo, tos_hi; /* send: the TOS of an unimportant / important datagram */
@@ -100,18 +115,36 @@ typedef struct dg_keep {
     struct dg_keep *next;
     uint32_t comm, tag;
     uint64_t seq;
-    int peer;
+    int peer, path;
     bool ctl;
     size_t len;
     uint8_t data[];
 } dg_keep_t;
 
+/* A socket the rail's flows send on and read (spraying: each udp rail's of
+ * the group, read and written by the lead; else the rail's own). */
+typedef struct dg_path {
+    struct en_udp *u;     /* the engine that runs it */
+    struct en_udp *owner; /* its rail's: counts what went through it */
+    int idx, fd;
+    bool open, poll_open;
+    int events;
+    uv_poll_t poll;
+    en_pacer_t line;               /* every flow on it together: at most the line rate */
+    double line_bps;               /* its rail's line rate (NIC:udp@MBPS) */
+    struct sockaddr_storage *peer; /* [world]: each peer's address on this path */
+    int gso_max;                   /* datagrams per UDP GSO send (1: no GSO) */
+    bool gro;                      /* the socket hands over coalesced datagrams (UDP_GRO) */
+} dg_path_t;
+
 struct en_udp {
     en_rail_t *rail;
-    int fd;
-    uv_poll_t poll;
-    bool poll_open;
-    int events;
+    int fd; /* this rail's socket (closed by this engine, used by the lead's) */
+    en_udp_group_t *group;
+    int gidx;
+    bool lent; /* a group member, not its lead: the lead runs the socket */
+    dg_path_t path[EN_DG_PATHS];
+    int npaths;
     uv_timer_t timer;
     bool timer_open, timer_on;
     uint64_t job;
@@ -120,13 +153,11 @@ struct en_udp {
     uint64_t period_ns;
     uint32_t drop_ppm;
     uint64_t rng;
-    struct sockaddr_storage *peer; /* [world] */
     uint64_t refreshed_ns;
-    en_pacer_t line; /* every flow together, at the line rate */
-    bool debug;      /* COHORT_UDP_DEBUG: per-flow and per-rail figures on stderr */
-    uint8_t *took;   /* [world]: the peer had its turn in this round (pump) */
-    int gso_max;     /* datagrams per UDP GSO send (1: no GSO) */
-    bool gro;        /* the socket hands over coalesced datagrams (UDP_GRO) */
+    bool debug;    /* COHORT_UDP_DEBUG: per-flow and per-rail figures on stderr */
+    uint8_t *took; /* [world]: the peer had its turn in this round (pump) */
+    int gso_max;   /* this socket's: datagrams per UDP GSO send (1: no GSO) */
+    bool gro;      /* this socket's: UDP_GRO */
     en_dgflow_t *sends;
     int nflows; /* live flows of running ops: the timer runs while > 0 */
     dg_keep_t *keep;
@@ -164,8 +195,9 @@ static void ctl_sent(en_wreq_t *w, int status)
     coh_free(w);
 }
 
+/* The datagram copies go on the paths in mask (where they exist). */
 static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass, uint64_t a,
-                     uint64_t b, const en_dg_range_t *rg, int nrg)
+                     uint64_t b, const en_dg_range_t *rg, int nrg, unsigned mask)
 {
     en_rail_t *rail = op->rail;
     en_conn_t *c = rail->peers[f->peer];
@@ -205,9 +237,12 @@ static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass,
                           .len = (uint32_t)len};
         en_dg_encode(&dh, dg);
         memcpy(dg + EN_DG_HDR, p, len);
-        const struct sockaddr_storage *to = &u->peer[f->peer];
-        (void)sendto(u->fd, dg, EN_DG_HDR + len, MSG_DONTWAIT, (const struct sockaddr *)to,
-                     sa_size(to));
+        for (int k = 0; k < u->npaths; k++) {
+            if (!(mask & (1u << k)) || !u->path[k].open) continue;
+            const struct sockaddr_storage *to = &u->path[k].peer[f->peer];
+            (void)sendto(u->path[k].fd, dg, EN_DG_HDR + len, MSG_DONTWAIT,
+                         (const struct sockaddr *)to, sa_size(to));
+        }
     }
     if (rail->ops->tr_send(c, w) != 0) coh_free(w);
 }
@@ -220,21 +255,44 @@ static void recv_decide(struct en_udp *u, en_dgflow_t *f);
 
 /* A rate report goes as a datagram (not on the TCP link, where one lost
  * segment would hold every DONE and NACK behind it). */
-static void send_rate(struct en_udp *u, const en_op_t *op, const en_dgflow_t *f, uint64_t bytes,
-                      uint64_t ns)
+/* A rate report's payload: path 0's bytes, the period (ns), then the other
+ * paths' bytes. */
+static uint32_t rate_len(const struct en_udp *u)
 {
-    uint8_t b[EN_DG_HDR + 16];
+    return 16 + 8 * (uint32_t)(u->npaths - 1);
+}
+
+static void send_rate(struct en_udp *u, const en_op_t *op, en_dgflow_t *f, uint64_t ns)
+{
+    uint8_t b[EN_DG_HDR + 16 + 8 * EN_DG_PATHS];
     en_dg_hdr_t h = {.flags = (uint8_t)(EN_DG_RATE | (f->stage == SC_STAGE_PULL ? EN_DG_PULL : 0)),
                      .job = u->job,
                      .comm = op->comm,
                      .step = op->plan.steps[f->step].tag,
                      .seq = op->seq,
-                     .len = 16};
+                     .len = rate_len(u)};
     en_dg_encode(&h, b);
-    en_put64(b + EN_DG_HDR, bytes);
+    en_put64(b + EN_DG_HDR, f->fp[0].period_bytes);
     en_put64(b + EN_DG_HDR + 8, ns);
-    const struct sockaddr_storage *to = &u->peer[f->peer];
-    (void)sendto(u->fd, b, sizeof(b), MSG_DONTWAIT, (const struct sockaddr *)to, sa_size(to));
+    /* On the path that carried the most: it evidently works. */
+    int best = 0;
+    for (int k = 1; k < u->npaths; k++) {
+        en_put64(b + EN_DG_HDR + 8 + 8 * (size_t)k, f->fp[k].period_bytes);
+        if (f->fp[k].period_bytes > f->fp[best].period_bytes) best = k;
+    }
+    for (int k = 0; k < u->npaths; k++) f->fp[k].period_bytes = 0;
+    const dg_path_t *pt = &u->path[best];
+    if (!pt->open) return;
+    const struct sockaddr_storage *to = &pt->peer[f->peer];
+    (void)sendto(pt->fd, b, EN_DG_HDR + h.len, MSG_DONTWAIT, (const struct sockaddr *)to,
+                 sa_size(to));
+}
+
+static uint64_t period_bytes(const struct en_udp *u, const en_dgflow_t *f)
+{
+    uint64_t b = 0;
+    for (int k = 0; k < u->npaths; k++) b += f->fp[k].period_bytes;
+    return b;
 }
 
 /* Each period: receivers report their rate, and decide the passes whose
@@ -248,10 +306,9 @@ static void report_rates(struct en_udp *u, uint64_t now)
             en_dgflow_t *f = &op->dg->flows[i];
             if (!f->recv || !f->posted || f->ended) continue;
             if (f->done_seen && now >= f->decide_ns) recv_decide(u, f);
-            if (f->ended || !f->period_bytes) continue;
+            if (f->ended || !period_bytes(u, f)) continue;
             if (now - f->period_t0 < u->period_ns) continue;
-            send_rate(u, op, f, f->period_bytes, now - f->period_t0);
-            f->period_bytes = 0;
+            send_rate(u, op, f, now - f->period_t0);
             f->period_t0 = now;
         }
         op->progressing = false;
@@ -307,21 +364,21 @@ static void send_list_add(struct en_udp *u, en_dgflow_t *f)
 
 static void poll_cb(uv_poll_t *h, int status, int events);
 
-static void poll_set(struct en_udp *u, int events)
+static void poll_set(dg_path_t *pt, int events)
 {
-    if (!u->poll_open || events == u->events) return;
-    u->events = events;
-    uv_poll_start(&u->poll, events, poll_cb);
+    if (!pt->poll_open || events == pt->events) return;
+    pt->events = events;
+    uv_poll_start(&pt->poll, events, poll_cb);
 }
 
 /* What stopped a flow's batch. */
 enum { SENT_ALL = 0, SENT_SOCKFULL = 1, SENT_BACKOFF = 2 };
 
-/* Send what the flow's pacer and the rail's line rate allow now, up to a
- * batch. SENT_SOCKFULL: the socket buffer is full (wait until writable);
- * SENT_BACKOFF: the interface's queue refused (ENOBUFS: its qdisc is full;
- * always writable, so wait for the timer). */
-static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
+/* Send on path pt what the flow's pacer there and the path's line rate
+ * allow now, up to a batch. SENT_SOCKFULL: the socket buffer is full (wait
+ * until writable); SENT_BACKOFF: the interface's queue refused (ENOBUFS: its
+ * qdisc is full; always writable, so wait for the timer). */
+static int flow_send(struct en_udp *u, en_dgflow_t *f, dg_path_t *pt, uint64_t now)
 {
     en_op_t *op = f->op;
     /* A turn's datagrams go as few messages: consecutive full-size ones
@@ -335,10 +392,13 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
         char buf[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
     } cm[DG_QMAX];
-    struct sockaddr_storage *to = &u->peer[f->peer];
+    struct sockaddr_storage *to = &pt->peer[f->peer];
+    dg_fpath_t *fp = &f->fp[pt->idx];
     int n = 0, nm = 0, ri = f->ri, tos_prev = -1;
-    uint32_t rk = f->rk, quantum = u->gso_max > 1 ? DG_QMAX : DG_QUANTUM;
-    en_pacer_t pc = f->pacer, lp = u->line;
+    /* Spraying takes turns over the paths in small quanta, so even a short
+     * flow spreads over them. */
+    uint32_t rk = f->rk, quantum = pt->gso_max > 1 && u->npaths == 1 ? DG_QMAX : DG_QUANTUM;
+    en_pacer_t pc = fp->pacer, lp = pt->line;
     bool v6 = to->ss_family == AF_INET6, tagged = f->tos_lo || f->tos_hi, short_prev = false;
     while ((uint32_t)n < quantum && ri < f->nrg) {
         if (pc.next_ns + DG_BURST < now) pc.next_ns = now - DG_BURST;
@@ -347,9 +407,9 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
         uint32_t s = f->rg[ri].first + rk;
         uint64_t off = (uint64_t)s * u->seg;
         uint32_t len = (uint32_t)(f->len - off < u->seg ? f->len - off : u->seg);
-        en_pacer_delay(&pc, now, f->rc.rate_bps, len + EN_DG_HDR + 28, DG_BURST);
+        en_pacer_delay(&pc, now, fp->rc.rate_bps, len + EN_DG_HDR + 28, DG_BURST);
         /* Every flow of the rail together: at most the line rate. */
-        en_pacer_delay(&lp, now, u->line_bps, len + EN_DG_HDR + 28, DG_BURST);
+        en_pacer_delay(&lp, now, pt->line_bps, len + EN_DG_HDR + 28, DG_BURST);
         bool last = ri == f->nrg - 1 && rk + 1 == f->rg[ri].count;
         en_dg_hdr_t h = {.flags = (uint8_t)((f->stage == SC_STAGE_PULL ? EN_DG_PULL : 0) |
                                             (last ? EN_DG_LAST : 0)),
@@ -371,7 +431,7 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
         }
         /* A new message: the first, another TOS, a full group, or after a
          * short segment (only a group's last may be short). */
-        if (nm == 0 || tos != tos_prev || msg_nd[nm - 1] >= u->gso_max || short_prev) {
+        if (nm == 0 || tos != tos_prev || msg_nd[nm - 1] >= pt->gso_max || short_prev) {
             mm[nm] = (struct mmsghdr){.msg_hdr = {.msg_name = to,
                                                   .msg_namelen = sa_size(to),
                                                   .msg_iov = &iov[n][0],
@@ -411,13 +471,13 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
         mh->msg_controllen += CMSG_SPACE(sizeof(uint16_t));
     }
     if (n == 0) return SENT_ALL;
-    int k = sendmmsg(u->fd, mm, (unsigned)nm, MSG_DONTWAIT);
+    int k = sendmmsg(pt->fd, mm, (unsigned)nm, MSG_DONTWAIT);
     if (k < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return SENT_SOCKFULL;
         if (errno == ENOBUFS) return SENT_BACKOFF;
-        if (errno == EIO && u->gso_max > 1) {
+        if (errno == EIO && pt->gso_max > 1) {
             /* The device cannot segment: no GSO from now on. */
-            u->gso_max = 1;
+            pt->gso_max = 1;
             return SENT_BACKOFF;
         }
         char why[128];
@@ -427,15 +487,16 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
     }
     /* Advance by what left; the pacers keep the batch's accounting (a short
      * send undercounts nothing that matters). */
-    f->pacer = pc;
-    u->line = lp;
+    fp->pacer = pc;
+    pt->line = lp;
     int sent = 0;
     for (int m = 0; m < k; m++) sent += msg_nd[m];
+    if (sent) f->pmask |= (uint8_t)(1u << pt->idx);
     for (int j = 0; j < sent; j++) {
         uint64_t len = iov[j][1].iov_len;
-        f->period_bytes += len;
+        fp->period_bytes += len;
         op->bytes_out += len;
-        u->st.dg_sent++;
+        pt->owner->st.dg_sent++;
         if (f->pass) u->st.resent_bytes += len;
         if (++f->rk == f->rg[f->ri].count) {
             f->ri++;
@@ -446,7 +507,7 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
     if (f->ri == f->nrg) {
         /* The pass is out: the receiver decides. */
         send_list_remove(u, f);
-        send_ctl(op, f, CTL_DONE, f->pass, f->nseg, 0, NULL, 0);
+        send_ctl(op, f, CTL_DONE, f->pass, f->nseg, f->pmask, NULL, 0, f->pmask);
     }
     return k == nm ? SENT_ALL : SENT_BACKOFF;
 }
@@ -454,23 +515,34 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, uint64_t now)
 static void pump(struct en_udp *u)
 {
     uint64_t now = bs_now_ns();
-    bool full = false, stop = false;
+    /* Paths that cannot take more now: their socket is full (wait until
+     * writable), or their interface's queue refused (wait for the timer). */
+    unsigned full = 0, stopped = 0, all = 0;
+    for (int k = 0; k < u->npaths; k++)
+        if (u->path[k].open) all |= 1u << k;
     /* Round robin over destinations: each peer's flows (a push and a pull
      * chunk may go to it at once) get one turn per round, so every receiver
-     * gets an even share of this rank's line rate, as it does of the others'. */
-    for (int round = 0; round < 64 && u->sends && !stop; round++) {
+     * gets an even share of this rank's line rate, as it does of the others'.
+     * A turn sprays: a batch on each path that has credit, the first path
+     * taking turns too. */
+    for (int round = 0; round < 64 && u->sends && stopped != all; round++) {
         bool any = false;
         memset(u->took, 0, (size_t)u->rail->world);
         en_dgflow_t *next;
-        for (en_dgflow_t *f = u->sends; f && !stop; f = next) {
+        for (en_dgflow_t *f = u->sends; f && stopped != all; f = next) {
             next = f->snext;
             if (u->took[f->peer]) continue;
             u->took[f->peer] = 1;
             en_op_t *op = f->op;
             uint32_t ri = (uint32_t)f->ri, rk = f->rk;
-            int r = flow_send(u, f, now);
-            full = r == SENT_SOCKFULL;
-            stop = r != SENT_ALL;
+            int first = f->pnext++ % u->npaths;
+            for (int j = 0; j < u->npaths && f->sending && op->state == EN_OP_RUNNING; j++) {
+                int k = (first + j) % u->npaths;
+                if (!(all & ~stopped & (1u << k))) continue;
+                int r = flow_send(u, f, &u->path[k], now);
+                if (r == SENT_SOCKFULL) full |= 1u << k;
+                if (r != SENT_ALL) stopped |= 1u << k;
+            }
             if ((uint32_t)f->ri != ri || f->rk != rk) any = true;
             if (op->state != EN_OP_RUNNING) {
                 /* A send failed it: its flows left the list, and the kick
@@ -491,7 +563,8 @@ static void pump(struct en_udp *u)
         h->snext = NULL;
         t->snext = h;
     }
-    poll_set(u, UV_READABLE | (full ? UV_WRITABLE : 0));
+    for (int k = 0; k < u->npaths; k++)
+        poll_set(&u->path[k], UV_READABLE | ((full >> k) & 1 ? UV_WRITABLE : 0));
     if (u->sends) timer_arm(u);
 }
 
@@ -505,8 +578,8 @@ static void keep_drop(struct en_udp *u, dg_keep_t **pp)
     coh_free(k);
 }
 
-static void keep_add(struct en_udp *u, uint32_t comm, uint64_t seq, int peer, uint32_t tag,
-                     bool ctl, const uint8_t *data, size_t len)
+static void keep_add(struct en_udp *u, uint32_t comm, uint64_t seq, int peer, int path,
+                     uint32_t tag, bool ctl, const uint8_t *data, size_t len)
 {
     if (u->keep_bytes + len > u->keep_limit) {
         u->st.dg_dropped++;
@@ -517,7 +590,8 @@ static void keep_add(struct en_udp *u, uint32_t comm, uint64_t seq, int peer, ui
         u->st.dg_dropped++;
         return;
     }
-    *k = (dg_keep_t){.comm = comm, .seq = seq, .peer = peer, .tag = tag, .ctl = ctl, .len = len};
+    *k = (dg_keep_t){
+        .comm = comm, .seq = seq, .peer = peer, .path = path, .tag = tag, .ctl = ctl, .len = len};
     memcpy(k->data, data, len);
     /* Appended: control messages of a step replay in the order they came. */
     dg_keep_t **pp = &u->keep;
@@ -529,13 +603,22 @@ static void keep_add(struct en_udp *u, uint32_t comm, uint64_t seq, int peer, ui
 
 static void recv_decide(struct en_udp *u, en_dgflow_t *f);
 
-/* One checked segment into its posted receive. */
-static void recv_segment(struct en_udp *u, en_dgflow_t *f, const en_dg_hdr_t *h,
+/* Every path the sender's pass used is closed (see en_dgflow_t). */
+static bool paths_closed(const en_dgflow_t *f)
+{
+    return f->done_mask && (f->pdone & f->done_mask) == f->done_mask;
+}
+
+/* One checked segment, which came on path, into its posted receive. */
+static void recv_segment(struct en_udp *u, en_dgflow_t *f, int path, const en_dg_hdr_t *h,
                          const uint8_t *payload)
 {
     en_op_t *op = f->op;
+    /* The pass's last datagram: nothing more of it comes on its path. */
+    if (h->flags & EN_DG_LAST) f->pdone |= (uint8_t)(1u << path);
     int r = en_dg_bitmap_set(&f->bm, h->segno);
     if (r <= 0) {
+        if (f->done_seen && paths_closed(f)) recv_decide(u, f);
         if (r == 0)
             u->st.dg_dup++;
         else
@@ -547,13 +630,13 @@ static void recv_segment(struct en_udp *u, en_dgflow_t *f, const en_dg_hdr_t *h,
                        h->len / op->esize);
     else
         memcpy(f->dst + h->offset, payload, h->len);
-    u->st.dg_recv++;
-    f->period_bytes += h->len;
+    u->path[path].owner->st.dg_recv++;
+    f->fp[path].period_bytes += h->len;
     op->bytes_in += h->len;
     op->t_progress_ns = bs_now_ns();
-    /* After DONE: the pass's last datagram, or the last missing one, means
+    /* After DONE: every path closed, or the last missing segment, means
      * nothing more is on its way. */
-    if (f->done_seen && ((h->flags & EN_DG_LAST) || f->bm.got == f->nseg)) recv_decide(u, f);
+    if (f->done_seen && (paths_closed(f) || f->bm.got == f->nseg)) recv_decide(u, f);
 }
 
 /* The datagram belongs to this receive: its stage, and exactly segment
@@ -565,26 +648,34 @@ static bool dg_fits(const struct en_udp *u, const en_dgflow_t *f, const en_dg_hd
            h->len == (f->len - h->offset < u->seg ? f->len - h->offset : u->seg);
 }
 
-/* The receiver got `bytes` of this flow over `ns`: DLCP's rate control
- * compares that with what was sent since the last report. */
-static void rate_report(en_dgflow_t *f, uint64_t bytes, uint64_t ns)
+/* The receiver got bytes[k] of this flow on each path k over ns: DLCP's
+ * rate control compares that, path by path, with what was sent there since
+ * the last report. */
+static void rate_report(struct en_udp *u, en_dgflow_t *f, const uint64_t *bytes, uint64_t ns)
 {
     uint64_t now = bs_now_ns(), dt = now - f->period_t0;
-    if (ns > 0 && dt > 0 && f->period_bytes > 0) {
+    if (ns > 0 && dt > 0 && period_bytes(u, f) > 0) {
         /* Both rates over the last DG_WINDOW reports: one period's are
          * noisy on a loaded host (a loop that read late sees a burst). */
-        f->w_sent += f->period_bytes;
+        for (int k = 0; k < u->npaths; k++) {
+            f->fp[k].w_sent += f->fp[k].period_bytes;
+            f->fp[k].w_recv += bytes[k];
+        }
         f->w_sent_ns += dt;
-        f->w_recv += bytes;
         f->w_recv_ns += ns;
         if (++f->w_n >= DG_WINDOW) {
-            en_rc_report(&f->rc, (double)f->w_sent * 8e9 / (double)f->w_sent_ns,
-                         (double)f->w_recv * 8e9 / (double)f->w_recv_ns);
-            f->w_sent = f->w_sent_ns = f->w_recv = f->w_recv_ns = 0;
+            for (int k = 0; k < u->npaths; k++) {
+                dg_fpath_t *fp = &f->fp[k];
+                if (fp->w_sent) /* a path this window did not use says nothing */
+                    en_rc_report(&fp->rc, (double)fp->w_sent * 8e9 / (double)f->w_sent_ns,
+                                 (double)fp->w_recv * 8e9 / (double)f->w_recv_ns);
+                fp->w_sent = fp->w_recv = 0;
+            }
+            f->w_sent_ns = f->w_recv_ns = 0;
             f->w_n = 0;
         }
     }
-    f->period_bytes = 0;
+    for (int k = 0; k < u->npaths; k++) f->fp[k].period_bytes = 0;
     f->period_t0 = now;
 }
 
@@ -607,11 +698,11 @@ static en_dgflow_t *recv_flow(en_op_t *op, int peer, uint32_t tag)
     return &op->dg->flows[i];
 }
 
-static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const uint8_t *p,
-                   size_t len);
+static void on_ctl(struct en_udp *u, en_op_t *op, int peer, int path, uint32_t tag,
+                   const uint8_t *p, size_t len);
 
-/* A datagram from peer (its source address checked). */
-static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n)
+/* A datagram from peer (its source address on path checked). */
+static void on_datagram(struct en_udp *u, int path, int peer, const uint8_t *buf, size_t n)
 {
     en_rail_t *rail = u->rail;
     en_dg_hdr_t h;
@@ -629,9 +720,9 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
             u->st.dg_late++;
         else if (h.flags & EN_DG_CTL) {
             if (h.len >= CTL_HDR && buf[EN_DG_HDR] == CTL_DONE)
-                keep_add(u, h.comm, h.seq, peer, h.step, true, buf + EN_DG_HDR, h.len);
+                keep_add(u, h.comm, h.seq, peer, path, h.step, true, buf + EN_DG_HDR, h.len);
         } else
-            keep_add(u, h.comm, h.seq, peer, h.step, false, buf, n); /* its op comes later */
+            keep_add(u, h.comm, h.seq, peer, path, h.step, false, buf, n); /* its op comes later */
         return;
     }
     if (op->state != EN_OP_RUNNING) {
@@ -645,17 +736,22 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
             return;
         }
         op->progressing = true;
-        on_ctl(u, op, peer, h.step, cp, h.len);
+        on_ctl(u, op, peer, path, h.step, cp, h.len);
         op->progressing = false;
         en_exec_kick(op);
         return;
     }
     if (h.flags & EN_DG_RATE) {
         en_dgflow_t *sf = send_flow(op, peer, h.step);
-        if (sf && !sf->ended && h.len == 16 && n == EN_DG_HDR + 16)
-            rate_report(sf, en_get64(buf + EN_DG_HDR), en_get64(buf + EN_DG_HDR + 8));
-        else if (!sf || h.len != 16)
+        if (sf && !sf->ended && h.len == rate_len(u) && n == EN_DG_HDR + h.len) {
+            uint64_t bytes[EN_DG_PATHS];
+            bytes[0] = en_get64(buf + EN_DG_HDR);
+            for (int k = 1; k < u->npaths; k++)
+                bytes[k] = en_get64(buf + EN_DG_HDR + 8 + 8 * (size_t)k);
+            rate_report(u, sf, bytes, en_get64(buf + EN_DG_HDR + 8));
+        } else if (!sf || h.len != rate_len(u)) {
             u->st.dg_bad++;
+        }
         return;
     }
     en_dgflow_t *f = recv_flow(op, peer, h.step);
@@ -668,11 +764,11 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
         return;
     }
     if (!f->posted) {
-        keep_add(u, h.comm, h.seq, peer, h.step, false, buf, n);
+        keep_add(u, h.comm, h.seq, peer, path, h.step, false, buf, n);
         return;
     }
     op->progressing = true;
-    recv_segment(u, f, &h, buf + EN_DG_HDR);
+    recv_segment(u, f, path, &h, buf + EN_DG_HDR);
     op->progressing = false;
     en_exec_kick(op);
 }
@@ -682,16 +778,23 @@ static void on_datagram(struct en_udp *u, int peer, const uint8_t *buf, size_t n
 static void refresh_peers(struct en_udp *u)
 {
     en_rail_t *rail = u->rail;
-    for (int p = 0; p < rail->world; p++)
-        if (p != rail->rank) en_rail_route(rail, p, rail->index, &u->peer[p]);
+    for (int k = 0; k < u->npaths; k++) {
+        dg_path_t *pt = &u->path[k];
+        if (!pt->open) continue;
+        /* A member's own route table (its rail's listener on its interface);
+         * the lead's routes via that interface lead to the lead's port. */
+        en_rail_t *r = pt->owner->rail;
+        for (int p = 0; p < rail->world; p++)
+            if (p != rail->rank) en_rail_route(r, p, r->index, &pt->peer[p]);
+    }
     u->refreshed_ns = bs_now_ns();
 }
 
-static int peer_of(struct en_udp *u, const struct sockaddr_storage *from)
+static int peer_of(struct en_udp *u, const dg_path_t *pt, const struct sockaddr_storage *from)
 {
     for (int pass = 0; pass < 2; pass++) {
         for (int p = 0; p < u->rail->world; p++)
-            if (p != u->rail->rank && sa_same(&u->peer[p], from)) return p;
+            if (p != u->rail->rank && sa_same(&pt->peer[p], from)) return p;
         /* Before this rail's first op the addresses may not be read yet. */
         if (pass || bs_now_ns() - u->refreshed_ns < 1000000) break;
         refresh_peers(u);
@@ -701,7 +804,8 @@ static int peer_of(struct en_udp *u, const struct sockaddr_storage *from)
 
 static void poll_cb(uv_poll_t *h, int status, int events)
 {
-    struct en_udp *u = h->data;
+    dg_path_t *pt = h->data;
+    struct en_udp *u = pt->u;
     if (status < 0) return;
     if (events & UV_WRITABLE) pump(u);
     if (!(events & UV_READABLE)) return;
@@ -715,14 +819,15 @@ static void poll_cb(uv_poll_t *h, int status, int events)
     for (int rounds = 0; rounds < 64; rounds++) {
         for (int i = 0; i < DG_BATCH; i++) {
             iov[i] = (struct iovec){.iov_base = u->rxbuf + (size_t)i * u->rxsz, .iov_len = u->rxsz};
-            mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &from[i],
-                                                 .msg_namelen = sizeof(from[i]),
-                                                 .msg_iov = &iov[i],
-                                                 .msg_iovlen = 1,
-                                                 .msg_control = u->gro ? cm[i].buf : NULL,
-                                                 .msg_controllen = u->gro ? sizeof(cm[i].buf) : 0}};
+            mm[i] =
+                (struct mmsghdr){.msg_hdr = {.msg_name = &from[i],
+                                             .msg_namelen = sizeof(from[i]),
+                                             .msg_iov = &iov[i],
+                                             .msg_iovlen = 1,
+                                             .msg_control = pt->gro ? cm[i].buf : NULL,
+                                             .msg_controllen = pt->gro ? sizeof(cm[i].buf) : 0}};
         }
-        int n = recvmmsg(u->fd, mm, DG_BATCH, MSG_DONTWAIT, NULL);
+        int n = recvmmsg(pt->fd, mm, DG_BATCH, MSG_DONTWAIT, NULL);
         if (n <= 0) break;
         for (int i = 0; i < n; i++) {
             if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
@@ -732,7 +837,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
             /* UDP GRO: several datagrams of one sender back to back, each
              * gso bytes but the last. */
             size_t gso = mm[i].msg_len;
-            for (struct cmsghdr *c = u->gro ? CMSG_FIRSTHDR(&mm[i].msg_hdr) : NULL; c;
+            for (struct cmsghdr *c = pt->gro ? CMSG_FIRSTHDR(&mm[i].msg_hdr) : NULL; c;
                  c = CMSG_NXTHDR(&mm[i].msg_hdr, c))
                 if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
                     int g;
@@ -746,12 +851,12 @@ static void poll_cb(uv_poll_t *h, int status, int events)
                     u->st.dg_test_dropped++;
                     continue;
                 }
-                if (peer == -2) peer = peer_of(u, &from[i]);
+                if (peer == -2) peer = peer_of(u, pt, &from[i]);
                 if (peer < 0) {
                     u->st.dg_stranger++;
                     continue;
                 }
-                on_datagram(u, peer, (uint8_t *)iov[i].iov_base + off, len);
+                on_datagram(u, pt->idx, peer, (uint8_t *)iov[i].iov_base + off, len);
             }
         }
         if (n < DG_BATCH) break;
@@ -780,7 +885,7 @@ static void recv_finish(struct en_udp *u, en_dgflow_t *f)
     }
     op->lost_bytes[f->stage] += f->len - got;
     op->stage_bytes[f->stage] += f->len;
-    send_ctl(op, f, CTL_FIN, f->pass, got, 0, NULL, 0);
+    send_ctl(op, f, CTL_FIN, f->pass, got, 0, NULL, 0, ~0u);
     en_exec_step_done(op, f->step);
 }
 
@@ -790,7 +895,17 @@ static void recv_nack(struct en_udp *u, en_dgflow_t *f)
     int n = en_dg_missing(&f->bm, rg, DG_RANGES);
     if (n > DG_RANGES) n = DG_RANGES;
     u->st.nacks++;
-    send_ctl(f->op, f, CTL_NACK, f->pass, 0, 0, rg, n);
+    if (u->debug)
+        fprintf(stderr,
+                "udp rank %d: op %llu NACK to %d stage %d pass %u: got %u of %u, mask %x closed "
+                "%x, %d ranges first %u+%u\n",
+                u->rail->rank, (unsigned long long)f->op->seq, f->peer, f->stage, f->pass,
+                f->bm.got, f->nseg, f->done_mask, f->pdone, n, n ? rg[0].first : 0,
+                n ? rg[0].count : 0);
+    /* The next pass closes its paths anew. */
+    f->pdone = 0;
+    f->pdone_pass = f->pass + 1;
+    send_ctl(f->op, f, CTL_NACK, f->pass, 0, 0, rg, n, ~0u);
 }
 
 /* The sender's pass is over and nothing more is expected: the bound met
@@ -807,25 +922,38 @@ static void recv_decide(struct en_udp *u, en_dgflow_t *f)
 }
 
 /* DONE came (its TCP link may overtake the datagrams): decide at once when
- * everything is here, else once the stragglers had a period to land. */
+ * everything is here or every path the pass used is closed, else once the
+ * stragglers had a period to land. */
 static void recv_done_seen(struct en_udp *u, en_dgflow_t *f)
 {
     f->done_seen = true;
     f->decide_ns = bs_now_ns() + u->period_ns;
-    if (f->posted && f->bm.got == f->nseg) recv_decide(u, f);
+    if (f->posted && (f->bm.got == f->nseg || paths_closed(f))) recv_decide(u, f);
 }
 
-static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const uint8_t *p,
-                   size_t len)
+/* A control message from peer, by TCP (path -1) or as a datagram on path. */
+static void on_ctl(struct en_udp *u, en_op_t *op, int peer, int path, uint32_t tag,
+                   const uint8_t *p, size_t len)
 {
     int kind = p[0];
     uint32_t pass = en_get32(p + 4);
     if (kind == CTL_DONE) {
         en_dgflow_t *f = recv_flow(op, peer, tag);
-        /* Each pass's DONE once (it comes by datagram and by TCP). */
-        if (!f || f->ended || pass < f->done_next) return;
+        if (!f || f->ended) return;
+        /* A datagram copy closes its path: it left after the pass's data
+         * there. The TCP copy closes none. */
+        if (pass == f->pdone_pass && path >= 0) f->pdone |= (uint8_t)(1u << path);
+        if (pass < f->done_next) {
+            /* Each pass's DONE once (it comes by datagram and by TCP); a
+             * later copy may close the last path. */
+            if (f->done_seen && f->posted && paths_closed(f)) recv_decide(u, f);
+            return;
+        }
         f->done_next = pass + 1;
         f->pass = pass;
+        /* The paths the pass used (none said: the rail's own). */
+        uint64_t mask = en_get64(p + 16);
+        f->done_mask = (uint8_t)(mask ? mask : 1);
         recv_done_seen(u, f); /* not posted yet: decided once it is, after its grace */
         return;
     }
@@ -836,11 +964,11 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
         if (u->debug)
             fprintf(stderr,
                     "udp rank %d: op %llu flow to %d stage %d: %.1f..%.1f ms, %u passes, %llu "
-                    "halvings %llu increases, rate %.0f Mbit/s\n",
+                    "halvings %llu increases, rate %.0f Mbit/s (path 0)\n",
                     u->rail->rank, (unsigned long long)op->seq, f->peer, f->stage,
                     (f->t_start - op->t_start_ns) / 1e6, (bs_now_ns() - op->t_start_ns) / 1e6,
-                    f->pass + 1, (unsigned long long)f->rc.halvings,
-                    (unsigned long long)f->rc.increases, f->rc.rate_bps / 1e6);
+                    f->pass + 1, (unsigned long long)f->fp[0].rc.halvings,
+                    (unsigned long long)f->fp[0].rc.increases, f->fp[0].rc.rate_bps / 1e6);
         f->ended = true;
         u->nflows--;
         send_list_remove(u, f);
@@ -866,7 +994,8 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, uint32_t tag, const 
         f->ri = 0;
         f->rk = 0;
         f->pass++;
-        en_rc_retransmit(&f->rc);
+        f->pmask = 0;
+        for (int j = 0; j < u->npaths; j++) en_rc_retransmit(&f->fp[j].rc);
         send_list_add(u, f);
         pump(u);
     }
@@ -882,12 +1011,12 @@ int en_udp_ctl(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, const uint8_t *
     if (!op) {
         /* The receiver's op comes later: keep the sender's DONE for it. */
         if (p[0] == CTL_DONE && !en_exec_ended(rail, h->comm, h->seq))
-            keep_add(u, h->comm, h->seq, c->peer, h->tag, true, p, len);
+            keep_add(u, h->comm, h->seq, c->peer, -1, h->tag, true, p, len);
         return 0;
     }
     if (op->state != EN_OP_RUNNING || !op->dg) return 0;
     op->progressing = true;
-    on_ctl(u, op, c->peer, h->tag, p, len);
+    on_ctl(u, op, c->peer, -1, h->tag, p, len);
     op->progressing = false;
     en_exec_kick(op);
     return 0;
@@ -895,9 +1024,12 @@ int en_udp_ctl(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, const uint8_t *
 
 /* ---- ops ---- */
 
+static void adopt_paths(struct en_udp *u);
+
 bool en_udp_usable(const en_rail_t *rail, const en_op_t *op)
 {
-    return rail->udp && (op->loss[SC_STAGE_PUSH] > 0 || op->loss[SC_STAGE_PULL] > 0);
+    return rail->udp && !rail->udp->lent &&
+           (op->loss[SC_STAGE_PUSH] > 0 || op->loss[SC_STAGE_PULL] > 0);
 }
 
 int en_udp_op_start(en_op_t *op)
@@ -907,6 +1039,7 @@ int en_udp_op_start(en_op_t *op)
     op->dg = coh_zalloc(sizeof(*op->dg));
     if (op->dg) op->dg->flows = coh_zalloc(sizeof(en_dgflow_t) * (op->plan.nsteps + 1));
     if (!op->dg || !op->dg->flows) return COH_ENOMEM;
+    if (u->group) adopt_paths(u);
     refresh_peers(u);
     for (uint32_t i = 0; i < op->plan.nsteps; i++) {
         const sc_step_t *s = &op->plan.steps[i];
@@ -934,7 +1067,7 @@ int en_udp_op_start(en_op_t *op)
     for (dg_keep_t **pp = &u->keep; *pp;) {
         dg_keep_t *k = *pp;
         if (k->ctl && k->comm == op->comm && k->seq == op->seq) {
-            on_ctl(u, op, k->peer, k->tag, k->data, k->len);
+            on_ctl(u, op, k->peer, k->path, k->tag, k->data, k->len);
             keep_drop(u, pp);
         } else {
             pp = &k->next;
@@ -949,15 +1082,22 @@ int en_udp_send(en_op_t *op, uint32_t i)
     struct en_udp *u = op->rail->udp;
     en_dgflow_t *f = &op->dg->flows[i];
     if (!f->op) return 1; /* not a datagram step */
-    if (u->peer[f->peer].ss_family == 0)
+    if (u->path[0].peer[f->peer].ss_family == 0)
         return bs_fail(COH_EPEER, "no udp address for rank %d", f->peer);
     f->rg = coh_malloc(sizeof(en_dg_range_t));
     if (!f->rg) return COH_ENOMEM;
     f->rg[0] = (en_dg_range_t){0, f->nseg};
     f->nrg = 1;
-    en_rc_init(&f->rc, u->line_bps, u->delta, DG_AI);
+    /* Every path starts at line rate; one the peer has no address on
+     * (spraying: its rail failed to resolve) stays unused. */
+    for (int k = 0; k < u->npaths; k++) {
+        en_rc_init(&f->fp[k].rc, u->path[k].line_bps, u->delta, DG_AI);
+        f->fp[k].pacer.next_ns = 0;
+    }
+    f->pmask = 0;
+    /* Flows of one datagram would all take path 0 first: start apart. */
+    f->pnext = (uint8_t)((op->seq + i) % (uint64_t)u->npaths);
     f->period_t0 = f->t_start = bs_now_ns();
-    f->pacer.next_ns = 0;
     if (op->nlayers > 0 || op->ecn) {
         int prio = en_tag_prio(op->layer, op->nlayers, 8);
         f->tos_lo = en_tag_tos(prio, false);
@@ -977,13 +1117,17 @@ int en_udp_post(en_op_t *op, uint32_t i)
     if (!f->op) return 1;
     f->posted = true;
     f->period_t0 = bs_now_ns();
-    for (dg_keep_t **pp = &u->keep; *pp && !f->ended;) {
+    /* Decide after the whole stash is in, not at its first segment (a DONE
+     * may be here already, its paths closed). */
+    bool done_seen = f->done_seen;
+    f->done_seen = false;
+    for (dg_keep_t **pp = &u->keep; *pp;) {
         dg_keep_t *k = *pp;
         if (!k->ctl && k->comm == op->comm && k->seq == op->seq && k->peer == f->peer &&
             k->tag == op->plan.steps[i].tag) {
             en_dg_hdr_t h;
             if (en_dg_decode(k->data, k->len, u->seg, &h) == 0 && dg_fits(u, f, &h))
-                recv_segment(u, f, &h, k->data + EN_DG_HDR);
+                recv_segment(u, f, k->path, &h, k->data + EN_DG_HDR);
             else
                 u->st.dg_bad++;
             keep_drop(u, pp);
@@ -991,7 +1135,8 @@ int en_udp_post(en_op_t *op, uint32_t i)
             pp = &k->next;
         }
     }
-    if (f->done_seen && f->bm.got == f->nseg) recv_decide(u, f);
+    f->done_seen = done_seen;
+    if (f->done_seen && (f->bm.got == f->nseg || paths_closed(f))) recv_decide(u, f);
     return 0;
 }
 
@@ -1049,7 +1194,36 @@ void en_udp_op_free(en_op_t *op)
     op->dg = NULL;
 }
 
-/* ---- the rail's socket ---- */
+/* ---- the rail's socket, and the group's ---- */
+
+/* Path k: the socket of owner (this engine's own, or a group member's). */
+static void path_attach(struct en_udp *u, int k, struct en_udp *owner)
+{
+    dg_path_t *pt = &u->path[k];
+    pt->u = u;
+    pt->owner = owner;
+    pt->idx = k;
+    pt->fd = owner->fd;
+    pt->line_bps = owner->line_bps;
+    pt->gso_max = owner->gso_max;
+    pt->gro = owner->gro && u->gro; /* the receive buffers are sized by u's */
+    if (owner->gro && !u->gro) setsockopt(pt->fd, SOL_UDP, UDP_GRO, &(int){0}, sizeof(int));
+    uv_poll_init(u->rail->loop, &pt->poll, pt->fd);
+    pt->poll.data = pt;
+    pt->poll_open = pt->open = true;
+    poll_set(pt, UV_READABLE);
+}
+
+/* The group's members that opened their socket since (they open after the
+ * lead, each on its own rail's thread, before the context runs ops). */
+static void adopt_paths(struct en_udp *u)
+{
+    for (int k = 1; k < u->npaths; k++) {
+        if (u->path[k].open) continue;
+        struct en_udp *m = atomic_load(&u->group->udp[k]);
+        if (m) path_attach(u, k, m);
+    }
+}
 
 int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
 {
@@ -1072,12 +1246,16 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
      * of a group of datagrams, a receive of a run of them. */
     int gso = (int)(u->seg + EN_DG_HDR), one = 1;
     u->gso_max = 65000 / gso < DG_QMAX ? 65000 / gso : DG_QMAX;
-    u->rxsz = u->seg + EN_DG_HDR + 64;
-    u->rxbuf = coh_aligned(u->rxsz * DG_BATCH, 64);
-    u->peer = coh_zalloc(sizeof(struct sockaddr_storage) * (size_t)rail->world);
+    u->group = cfg->group && cfg->group->n > 1 && cfg->gidx >= 0 ? cfg->group : NULL;
+    u->gidx = u->group ? cfg->gidx : 0;
+    u->lent = u->gidx > 0;
+    u->npaths = u->group && !u->lent ? u->group->n : 1;
+    for (int k = 0; k < u->npaths; k++) {
+        u->path[k].peer = coh_zalloc(sizeof(struct sockaddr_storage) * (size_t)rail->world);
+        if (!u->path[k].peer) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    }
     u->took = coh_zalloc((size_t)rail->world);
-    if (!u->rxbuf || !u->peer || !u->took)
-        return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    if (!u->took) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
     const struct sockaddr_storage *a = &rail->bound;
     u->fd = socket(a->ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (u->fd < 0)
@@ -1098,17 +1276,18 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
         u->gso_max = 1;
     else
         setsockopt(u->fd, SOL_UDP, UDP_SEGMENT, &off, sizeof(off));
-    if (setsockopt(u->fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0) {
-        u->gro = true;
-        u->rxsz = 65536;
-        coh_free(u->rxbuf);
-        u->rxbuf = coh_aligned(u->rxsz * DG_BATCH, 64);
-        if (!u->rxbuf) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    u->gro = setsockopt(u->fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
+    if (u->lent) {
+        /* The lead reads and writes this socket from now on (it adopts it
+         * at its next op): it is where peers send this rail's datagrams. */
+        atomic_store(&u->group->udp[u->gidx], u);
+        return 0;
     }
-    uv_poll_init(rail->loop, &u->poll, u->fd);
-    u->poll.data = u;
-    u->poll_open = true;
-    poll_set(u, UV_READABLE);
+    u->rxsz = u->gro ? 65536 : u->seg + EN_DG_HDR + 64;
+    u->rxbuf = coh_aligned(u->rxsz * DG_BATCH, 64);
+    if (!u->rxbuf) return bs_fail(COH_ENOMEM, "rail %d: out of memory", rail->index);
+    path_attach(u, 0, u);
+    if (u->group) atomic_store(&u->group->udp[0], u);
     uv_timer_init(rail->loop, &u->timer);
     u->timer.data = u;
     u->timer_open = true;
@@ -1136,9 +1315,13 @@ void en_udp_shutdown(en_rail_t *rail)
                 (unsigned long long)t.dg_kept, (unsigned long long)t.dg_dropped,
                 (unsigned long long)t.nacks, (unsigned long long)t.resent_bytes);
     }
-    if (u->poll_open) uv_close((uv_handle_t *)&u->poll, udp_closed);
+    for (int k = 0; k < u->npaths; k++)
+        if (u->path[k].poll_open) {
+            uv_close((uv_handle_t *)&u->path[k].poll, udp_closed);
+            u->path[k].poll_open = false;
+        }
     if (u->timer_open) uv_close((uv_handle_t *)&u->timer, udp_closed);
-    u->poll_open = u->timer_open = u->timer_on = false;
+    u->timer_open = u->timer_on = false;
     while (u->keep) keep_drop(u, &u->keep);
 }
 
@@ -1149,7 +1332,7 @@ void en_udp_fini(en_rail_t *rail)
     if (u->fd >= 0) close(u->fd);
     while (u->keep) keep_drop(u, &u->keep);
     coh_free(u->rxbuf);
-    coh_free(u->peer);
+    for (int k = 0; k < u->npaths; k++) coh_free(u->path[k].peer);
     coh_free(u->took);
     coh_free(u);
     rail->udp = NULL;

@@ -308,13 +308,27 @@ void en_op_set_loss(en_op_t *op, double push, double pull, int layer, int nlayer
 
 #define EN_FIN_MAX 1024
 
+/* Spraying (docs/udp.md): with several udp rails, one bounded-loss op's
+ * datagrams go over all of them. The group's first rail (the lead) runs the
+ * ops and reads and writes every member's socket; the others only open
+ * theirs (bound to their listener's address, where peers expect it) and
+ * hand it over. Shared by the rank's rails; members publish in order. */
+#define EN_DG_PATHS 4
+typedef struct en_udp_group {
+    int n;                                   /* members (paths), 0: no spraying */
+    int rail[EN_DG_PATHS];                   /* their rail indices, ascending: path k is rail[k] */
+    struct en_udp *_Atomic udp[EN_DG_PATHS]; /* a member's engine, once its socket is open */
+} en_udp_group_t;
+
 /* A udp rail's datagram engine (engines/en_udp.c). */
 typedef struct en_udp_cfg {
-    size_t seg_bytes;    /* payload per datagram (rounded down to 8) */
-    double rate_mbps;    /* line rate: where flows start */
-    double delta;        /* sending > delta x receiving: halve */
-    int period_us;       /* receivers report their rate this often */
-    size_t rcvbuf_bytes; /* SO_RCVBUF */
+    en_udp_group_t *group; /* NULL: the rail sprays nothing */
+    int gidx;              /* this rail's path in group (0: the lead), -1: none */
+    size_t seg_bytes;      /* payload per datagram (rounded down to 8) */
+    double rate_mbps;      /* line rate: where flows start */
+    double delta;          /* sending > delta x receiving: halve */
+    int period_us;         /* receivers report their rate this often */
+    size_t rcvbuf_bytes;   /* SO_RCVBUF */
     uint32_t test_drop_ppm;
 } en_udp_cfg_t;
 

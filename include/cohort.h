@@ -176,6 +176,9 @@ typedef struct coh_config {
     int udp_delta_pct;       /* COHORT_UDP_DELTA_PCT: sending above this percentage of the
                                 receiving rate is congestion (200: DLCP's delta 2) */
     size_t udp_rcvbuf_bytes; /* COHORT_UDP_RCVBUF_BYTES: SO_RCVBUF of a udp rail (8 MiB) */
+    int udp_spray;           /* COHORT_UDP_SPRAY: with several udp rails (same datagram size),
+                                a bounded-loss allreduce sprays its datagrams over all of them,
+                                rate-controlled per rail (1); 0: each carries its own slice */
     char _storage[320];      /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -333,6 +336,11 @@ typedef struct coh_stats {
     uint64_t udp_nacks, udp_resent_bytes;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
+/* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went
+ * through its interface. Sprayed datagrams count on the rail whose socket
+ * carried them; the request and probe counts and the store's and the
+ * coordinator's refusals are the context's and stay 0 here. */
+COH_API int coh_ctx_rail_stats(coh_ctx_t *ctx, int rail, coh_stats_t *stats);
 
 /* The newest rail balancer table this rank has (the one world ops of the
  * latest epoch it knows are split with; the same text on every rank for

@@ -50,6 +50,33 @@ static int check(coh_comm_t *comm, const coll_args_t *a, coh_request_t **req, co
     return 0;
 }
 
+/* Spraying (COHORT_UDP_SPRAY): the slices on the group's rails become one,
+ * on the lead, whose datagrams go over all of them. The other slices keep
+ * their sizes and order; the ranges are laid out again from 0. */
+static int spray_merge(const struct coh_ctx *ctx, sc_slice_t *sl, int n)
+{
+    sc_slice_t out[RX_MAX_RAILS];
+    int m = 0, lead = -1;
+    for (int s = 0; s < n; s++) {
+        uint64_t len = sl[s].hi - sl[s].lo;
+        if (rx_udp_path(ctx, sl[s].rail) < 0) {
+            out[m++] = (sc_slice_t){.rail = sl[s].rail, .lo = 0, .hi = len};
+        } else if (lead < 0) {
+            lead = m;
+            out[m++] = (sc_slice_t){.rail = ctx->udp_group.rail[0], .lo = 0, .hi = len};
+        } else {
+            out[lead].hi += len;
+        }
+    }
+    uint64_t at = sl[0].lo;
+    for (int s = 0; s < m; s++) {
+        uint64_t len = out[s].hi;
+        sl[s] = (sc_slice_t){.rail = out[s].rail, .lo = at, .hi = at + len};
+        at += len;
+    }
+    return m;
+}
+
 int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
 {
     const coh_config_t *cfg = &ctx->cfg;
@@ -65,6 +92,8 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
     else
         n = sc_rail_split(&in, sl);
     if (n < 0) return bs_fail(n, "%s: cannot split over %d rails", L->desc, ctx->nrails);
+    bool lossy = L->loss[SC_STAGE_PUSH] > 0 || L->loss[SC_STAGE_PULL] > 0;
+    if (lossy && ctx->udp_group.n > 1) n = spray_merge(ctx, sl, n);
     /* Ranks that split differently would exchange mismatched frames: the
      * split (slice count and boundaries) is part of the signature. */
     uint64_t sig = bs_fnv64(L->sig, (uint64_t)n);
@@ -72,10 +101,12 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
         sig = bs_fnv64(bs_fnv64(bs_fnv64(sig, (uint64_t)sl[s].rail), sl[s].lo), sl[s].hi);
     en_op_t *ops[RX_MAX_RAILS] = {0};
     int st = 0;
-    bool lossy = L->loss[SC_STAGE_PUSH] > 0 || L->loss[SC_STAGE_PULL] > 0;
-    if (lossy) /* which slices go by datagram, and in what size */
+    if (lossy) { /* which slices go by datagram, in what size, sprayed over what */
         for (int s = 0; s < n; s++)
             sig = bs_fnv64(bs_fnv64(sig, ctx->rail_udp[sl[s].rail]), ctx->udp_seg[sl[s].rail]);
+        for (int k = 0; k < ctx->udp_group.n; k++)
+            sig = bs_fnv64(sig, (uint64_t)ctx->udp_group.rail[k] + 1);
+    }
     for (int s = 0; s < n && st == 0; s++) {
         sc_coll_t c = L->coll;
         c.lo = sl[s].lo;

@@ -46,7 +46,7 @@ typedef enum rx_knob_kind {
     X(nics, RX_K_STR, "lo", "COHORT_NICS", 1, RX_STR_MAX,                                          \
       "comma list of interfaces or addresses, one rail (reactor) each; every rank needs the "      \
       "same count; NIC:udp makes a rail bounded-loss capable (ops with a loss bound send their "   \
-      "data there as datagrams; docs/udp.md)")                                                     \
+      "data there as datagrams; docs/udp.md), NIC:udp@MBPS also gives its line rate")              \
     X(timeout_ms, RX_K_INT, "10000", "COHORT_TIMEOUT_MS", 1, INT_MAX,                              \
       "an op fails after this long without progress")                                              \
     X(connect_timeout_ms, RX_K_INT, "60000", "COHORT_CONNECT_TIMEOUT_MS", 1, INT_MAX,              \
@@ -123,7 +123,11 @@ typedef enum rx_knob_kind {
     X(udp_delta_pct, RX_K_INT, "200", "COHORT_UDP_DELTA_PCT", 100, 10000,                          \
       "a udp flow sending above this percentage of its receiving rate halves its rate")            \
     X(udp_rcvbuf_bytes, RX_K_SIZE, "8M", "COHORT_UDP_RCVBUF_BYTES", 65536, 1ull << 30,             \
-      "receive buffer of a udp rail's socket")
+      "receive buffer of a udp rail's socket")                                                     \
+    X(udp_spray, RX_K_INT, "1", "COHORT_UDP_SPRAY", 0, 1,                                          \
+      "with several udp rails of the same datagram size, a bounded-loss allreduce sprays its "     \
+      "datagrams over all of them (up to 4), rate-controlled per rail; 0: each carries its own "   \
+      "slice (every rank must get the same)")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

@@ -71,6 +71,13 @@ static bool reg_take(struct coh_ctx *ctx)
     return found;
 }
 
+int rx_udp_path(const struct coh_ctx *ctx, int r)
+{
+    for (int k = 0; k < ctx->udp_group.n; k++)
+        if (ctx->udp_group.rail[k] == r) return k;
+    return -1;
+}
+
 bool rx_ctx_alive(struct coh_ctx *ctx)
 {
     uv_once(&reg_once, reg_init);
@@ -207,6 +214,23 @@ static int parse_nics(struct coh_ctx *ctx)
             st = bs_fail(COH_EINVAL, "COHORT_NICS lists more than %d rails", RX_MAX_RAILS);
             break;
         }
+        /* NIC:udp@MBPS: a udp rail's own line rate (an IPv6 literal has
+         * no '@'). */
+        ctx->udp_rate[n] = 0;
+        char *at = strrchr(tok, '@');
+        if (at) {
+            char *end;
+            long r = strtol(at + 1, &end, 10);
+            if (end == at + 1 || *end || r < 1 || r > 10000000) {
+                st = bs_fail(COH_EINVAL,
+                             "COHORT_NICS: '%s': the rate after '@' must be 1..1e7 "
+                             "Mbit/s",
+                             tok);
+                break;
+            }
+            ctx->udp_rate[n] = (int)r;
+            *at = 0;
+        }
         /* NIC:udp / NIC:tcp picks the rail's kind (an IPv6 literal never
          * ends so). */
         size_t tl = strlen(tok);
@@ -216,6 +240,12 @@ static int parse_nics(struct coh_ctx *ctx)
             tok[tl - 4] = 0;
         } else if (tl > 4 && !strcmp(tok + tl - 4, ":tcp")) {
             tok[tl - 4] = 0;
+        }
+        if (ctx->udp_rate[n] && !ctx->rail_udp[n]) {
+            st = bs_fail(COH_EINVAL,
+                         "COHORT_NICS: '%s@%d': a line rate is for udp rails (NIC:udp@MBPS)", tok,
+                         ctx->udp_rate[n]);
+            break;
         }
         st = rx_resolve_nic(tok, &ctx->rail_addr[n]);
         if (st < 0) break;
@@ -634,31 +664,44 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         if (seg < 64) seg = 64;
         ctx->udp_seg[r] = (uint32_t)(seg & ~(size_t)7);
     }
+    /* Spraying: the udp rails with the first one's datagram size (a flow's
+     * segments are numbered in one size), up to EN_DG_PATHS of them. */
+    ctx->udp_group = (en_udp_group_t){0};
+    for (int r = 0; ctx->cfg.udp_spray && r < ctx->nrails; r++) {
+        en_udp_group_t *g = &ctx->udp_group;
+        if (ctx->rail_udp[r] && g->n < EN_DG_PATHS &&
+            (g->n == 0 || ctx->udp_seg[r] == ctx->udp_seg[g->rail[0]]))
+            g->rail[g->n++] = r;
+    }
+    if (ctx->udp_group.n < 2) ctx->udp_group.n = 0;
     for (int r = 0; r < ctx->nrails; r++) {
-        en_rail_cfg_t rc = {.index = r,
-                            .rank = ctx->rank,
-                            .world = ctx->world,
-                            .nrails = ctx->nrails,
-                            .token = ctx->token_s,
-                            .timeout_ms = ctx->cfg.timeout_ms,
-                            .max_inflight = ctx->cfg.max_inflight,
-                            .sockbuf_bytes = ctx->cfg.sockbuf_bytes,
-                            .stash_bytes = ctx->cfg.stash_bytes,
-                            .local = (struct sockaddr *)&ctx->rail_addr[r],
-                            .failover = ctx->cfg.rail_failover != 0,
-                            .stall_ms = ctx->cfg.rail_stall_ms,
-                            .probe_ms = ctx->cfg.rail_probe_ms,
-                            .rejoin = ctx->cfg.rejoin != 0,
-                            .progress_ns = ctx->rail_progress,
-                            .locals = ctx->rail_locals,
-                            .observer = rx_lb_observer(ctx),
-                            .udp = ctx->rail_udp[r],
-                            .udpcfg = {.seg_bytes = ctx->udp_seg[r],
-                                       .rate_mbps = ctx->cfg.udp_rate_mbps,
-                                       .delta = ctx->cfg.udp_delta_pct / 100.0,
-                                       .period_us = ctx->cfg.udp_period_us,
-                                       .rcvbuf_bytes = ctx->cfg.udp_rcvbuf_bytes,
-                                       .test_drop_ppm = test_udp_drop_ppm()}};
+        en_rail_cfg_t rc = {
+            .index = r,
+            .rank = ctx->rank,
+            .world = ctx->world,
+            .nrails = ctx->nrails,
+            .token = ctx->token_s,
+            .timeout_ms = ctx->cfg.timeout_ms,
+            .max_inflight = ctx->cfg.max_inflight,
+            .sockbuf_bytes = ctx->cfg.sockbuf_bytes,
+            .stash_bytes = ctx->cfg.stash_bytes,
+            .local = (struct sockaddr *)&ctx->rail_addr[r],
+            .failover = ctx->cfg.rail_failover != 0,
+            .stall_ms = ctx->cfg.rail_stall_ms,
+            .probe_ms = ctx->cfg.rail_probe_ms,
+            .rejoin = ctx->cfg.rejoin != 0,
+            .progress_ns = ctx->rail_progress,
+            .locals = ctx->rail_locals,
+            .observer = rx_lb_observer(ctx),
+            .udp = ctx->rail_udp[r],
+            .udpcfg = {.group = &ctx->udp_group,
+                       .gidx = rx_udp_path(ctx, r),
+                       .seg_bytes = ctx->udp_seg[r],
+                       .rate_mbps = ctx->udp_rate[r] ? ctx->udp_rate[r] : ctx->cfg.udp_rate_mbps,
+                       .delta = ctx->cfg.udp_delta_pct / 100.0,
+                       .period_us = ctx->cfg.udp_period_us,
+                       .rcvbuf_bytes = ctx->cfg.udp_rcvbuf_bytes,
+                       .test_drop_ppm = test_udp_drop_ppm()}};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];
@@ -764,33 +807,47 @@ COH_API int coh_ctx_event_clear(coh_ctx_t *ctx)
     return 0;
 }
 
+/* Adds rail en's counters to s. */
+static void rail_stats_add(const en_rail_t *en, coh_stats_t *s)
+{
+    s->bytes_sent += atomic_load(&en->stat_bytes_out);
+    s->bytes_received += atomic_load(&en->stat_bytes_in);
+    s->connections_rejected += atomic_load(&en->stat_rejected);
+    s->frames_invalid += atomic_load(&en->stat_bad_frames);
+    s->rail_failovers += atomic_load(&en->stat_failovers);
+    s->rail_returns += atomic_load(&en->stat_returns);
+    s->rail_resent_bytes += atomic_load(&en->stat_resent);
+    en_udp_stats_t us;
+    en_udp_stats(en, &us);
+    s->dg_sent += us.dg_sent;
+    s->dg_received += us.dg_recv;
+    s->dg_duplicate += us.dg_dup;
+    s->dg_invalid += us.dg_bad;
+    s->dg_stranger += us.dg_stranger;
+    s->dg_late += us.dg_late;
+    s->dg_kept += us.dg_kept;
+    s->dg_dropped += us.dg_dropped;
+    s->udp_nacks += us.nacks;
+    s->udp_resent_bytes += us.resent_bytes;
+}
+
+COH_API int coh_ctx_rail_stats(coh_ctx_t *ctx, int rail, coh_stats_t *s)
+{
+    BS_CHECK(ctx_ok(ctx, "coh_ctx_rail_stats"));
+    if (!s) return bs_fail(COH_EINVAL, "coh_ctx_rail_stats: stats is NULL");
+    if (rail < 0 || rail >= ctx->nrails)
+        return bs_fail(COH_EINVAL, "coh_ctx_rail_stats: rail %d of %d", rail, ctx->nrails);
+    memset(s, 0, sizeof(*s));
+    rail_stats_add(&ctx->rails[rail].en, s);
+    return 0;
+}
+
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
 {
     BS_CHECK(ctx_ok(ctx, "coh_ctx_stats"));
     if (!s) return bs_fail(COH_EINVAL, "coh_ctx_stats: stats is NULL");
     memset(s, 0, sizeof(*s));
-    for (int r = 0; r < ctx->nrails; r++) {
-        const en_rail_t *en = &ctx->rails[r].en;
-        s->bytes_sent += atomic_load(&en->stat_bytes_out);
-        s->bytes_received += atomic_load(&en->stat_bytes_in);
-        s->connections_rejected += atomic_load(&en->stat_rejected);
-        s->frames_invalid += atomic_load(&en->stat_bad_frames);
-        s->rail_failovers += atomic_load(&en->stat_failovers);
-        s->rail_returns += atomic_load(&en->stat_returns);
-        s->rail_resent_bytes += atomic_load(&en->stat_resent);
-        en_udp_stats_t us;
-        en_udp_stats(en, &us);
-        s->dg_sent += us.dg_sent;
-        s->dg_received += us.dg_recv;
-        s->dg_duplicate += us.dg_dup;
-        s->dg_invalid += us.dg_bad;
-        s->dg_stranger += us.dg_stranger;
-        s->dg_late += us.dg_late;
-        s->dg_kept += us.dg_kept;
-        s->dg_dropped += us.dg_dropped;
-        s->udp_nacks += us.nacks;
-        s->udp_resent_bytes += us.resent_bytes;
-    }
+    for (int r = 0; r < ctx->nrails; r++) rail_stats_add(&ctx->rails[r].en, s);
     /* Every listener's refusals: the rails', the store's and the coordinator's. */
     if (ctx->store) s->connections_rejected += rx_store_server_rejected(ctx->store);
     s->connections_rejected += rx_coord_rejected(ctx->coord);

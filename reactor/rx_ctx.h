@@ -28,7 +28,9 @@ struct coh_ctx {
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     bool rail_udp[RX_MAX_RAILS];    /* COHORT_NICS NIC:udp: a datagram socket beside the rail */
     uint32_t udp_seg[RX_MAX_RAILS]; /* its datagrams' payload (COHORT_UDP_SEG_BYTES or MTU) */
+    int udp_rate[RX_MAX_RAILS];     /* NIC:udp@MBPS: its line rate (0: COHORT_UDP_RATE_MBPS) */
     bool any_udp;
+    en_udp_group_t udp_group; /* udp rails a bounded-loss op sprays over (COHORT_UDP_SPRAY) */
     const struct sockaddr *rail_locals[RX_MAX_RAILS]; /* the same, for the rails' failover */
     _Atomic uint64_t rail_progress[RX_MAX_RAILS];     /* last ACK seen per rail (failover) */
     rx_reactor_t ctrl;                                /* control reactor: the store (rank 0) */
@@ -121,6 +123,8 @@ void rx_ctx_free_comms(struct coh_ctx *ctx);
 void rx_ctx_notify(struct coh_ctx *ctx, int failed);
 /* Is ctx a live context? (registry check for use-after-finalize) */
 bool rx_ctx_alive(struct coh_ctx *ctx);
+/* Rail r's path in the spraying group (0: the lead), or -1. */
+int rx_udp_path(const struct coh_ctx *ctx, int r);
 void rx_member_close(struct coh_ctx *ctx);
 /* The context's memory lives until finalize and every request are done with
  * it: a waiter may touch its rails after its request completed. */

@@ -8,7 +8,10 @@
 # every packet, TCP too: the control messages' datagram copies and their
 # TCP copies must agree (idempotent by pass). At 1% a counter
 # on the hub's bridges sees the datagrams leave with DSCP class selectors
-# CS1..CS5 (layers 1..5 of 8) and both ECN-capable and not. About 40 s.
+# CS1..CS5 (layers 1..5 of 8) and both ECN-capable and not. Then spraying:
+# two udp rails of 400 and 100 Mbit/s (NIC:udp@MBPS), 1% drops: every op's
+# datagrams go over both, and the slow rail carries a share near its rate's
+# (5% to 35% of what each rank sent; equal turns would be 50%). About 50 s.
 #   test_udp.sh TEST_UDP
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,7 +21,7 @@ out=$(mktemp -d /tmp/cohort-ud.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 cat > "$out/run.sh" <<EOS
 #!/usr/bin/env bash
-# run.sh PUSH PULL TAGS(0|1)
+# run.sh PUSH PULL TAGS(0|1) NICS
 set -uo pipefail
 hub="\$COHORT_CLUSTER-hub"
 if [ "\$3" = 1 ]; then
@@ -37,14 +40,21 @@ table bridge cohort_tags {
 }
 EON
 fi
-"$here/cluster.sh" run "\$COHORT_CLUSTER" --nics eth0:udp --timeout 120 -- \\
+"$here/cluster.sh" run "\$COHORT_CLUSTER" --nics "\$4" --timeout 120 -- \\
   "$prog" lossy 6 "\$1" "\$2" > "$out/run.log" 2>&1
 rc=\$?
 n=\$(grep -cE "rank [0-9]+: OK lossy" "$out/run.log")
 if [ \$rc != 0 ] || [ "\$n" != 4 ]; then
   tail -30 "$out/run.log"; echo "FAIL: exit \$rc, \$n ranks OK"; exit 1
 fi
-grep -E "OK lossy" "$out/run.log"
+grep -E "OK lossy|by rail" "$out/run.log"
+if [[ "\$4" == *,* ]]; then
+  # Each rank's datagrams by rail (sent/received): the slow rail's share.
+  grep -E "datagrams by rail" "$out/run.log" | sed 's/.*rail: //; s|/[0-9]*||g' |
+    awk '{ s = \$1 + \$2; f = \$2 / s; printf "slow rail: %.1f%% of %d datagrams\\n", 100 * f, s;
+           if (f < 0.05 || f > 0.35) bad = 1 } END { exit bad }' ||
+    { echo "FAIL: the slow rail's share is off its rate's"; exit 1; }
+fi
 for ns in \$(ip netns list | awk '{print \$1}' | grep "^\$COHORT_CLUSTER-[0-9]"); do
   echo "\$ns: \$(ip netns exec "\$ns" nft list table inet cohort_loss | grep -o 'packets [0-9]*') dropped"
 done
@@ -58,12 +68,16 @@ if [ "\$3" = 1 ]; then
 fi
 EOS
 chmod +x "$out/run.sh"
-for spec in "0.5 0.05 0.02 0 udp" "1 0.05 0.02 1 udp" "5 0.01 0.005 0 udp" "5 0.02 0.01 0 all"; do
-  read -r loss push pull tags proto <<<"$spec"
-  echo "== ${loss}% drops ($proto), bounds push $push pull $pull"
+for spec in "0.5 0.05 0.02 0 udp" "1 0.05 0.02 1 udp" "5 0.01 0.005 0 udp" "5 0.02 0.01 0 all" \
+  "1 0.05 0.02 0 udp 2"; do
+  read -r loss push pull tags proto nics <<<"$spec"
+  nics=${nics:-1}
+  rates=400 names=eth0:udp
+  [ "$nics" = 2 ] && rates=400:100 names=eth0:udp@400,eth1:udp@100
+  echo "== ${loss}% drops ($proto), bounds push $push pull $pull, --nics $names"
   set +e
-  "$here/cluster.sh" with ud+ 4 --rates 400 --loss "$loss" --loss-proto "$proto" -- \
-    "$out/run.sh" "$push" "$pull" "$tags"
+  "$here/cluster.sh" with ud+ 4 --nics "$nics" --rates "$rates" --loss "$loss" --loss-proto "$proto" -- \
+    "$out/run.sh" "$push" "$pull" "$tags" "$names"
   rc=$?
   set -e
   [ $rc = 77 ] && exit 77

@@ -5,6 +5,9 @@
  *   test_udp exact ITERS   bounds of 1e-9 (every byte, asked again if need be):
  *                          results equal the reliable allreduce's,
  *                          every byte arrived, the datagram path was used
+ *   test_udp spray ITERS   small ops (one slice each): sprayed (several udp
+ *                          rails, COHORT_UDP_SPRAY on), every op's datagrams
+ *                          leave on every udp rail; else on one rail
  *   test_udp lossy ITERS PUSH PULL
  *                          with COHORT_TEST_UDP_DROP_PPM: every op completes;
  *                          each value decodes to a set of contributors (rank r
@@ -21,6 +24,61 @@
 
 static int R, N;
 static coh_comm_t *W;
+static coh_ctx_t *CTX;
+
+/* COHORT_NICS's udp and tcp rails, and whether the udp ones spray. */
+static int n_udp, n_tcp;
+static bool spray;
+
+static void read_nics(void)
+{
+    const char *e = getenv("COHORT_NICS");
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", e ? e : "lo");
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *at = strchr(t, '@'); /* NIC:udp@MBPS */
+        if (at) *at = 0;
+        size_t l = strlen(t);
+        if (l > 4 && !strcmp(t + l - 4, ":udp"))
+            n_udp++;
+        else
+            n_tcp++;
+    }
+    const char *sp = getenv("COHORT_UDP_SPRAY");
+    spray = n_udp > 1 && !(sp && !strcmp(sp, "0"));
+}
+
+/* Spraying: every udp rail carried a share of the datagrams (each at least
+ * a tenth: the lead takes turns over the paths), and the tcp rails none. */
+static void check_spray(void)
+{
+    int nr;
+    MP_OK(coh_ctx_nrails(CTX, &nr));
+    uint64_t sent[16] = {0}, recv[16] = {0}, total = 0, rtotal = 0;
+    for (int r = 0; r < nr && r < 16; r++) {
+        coh_stats_t st;
+        MP_OK(coh_ctx_rail_stats(CTX, r, &st));
+        sent[r] = st.dg_sent;
+        recv[r] = st.dg_received;
+        total += sent[r];
+        rtotal += recv[r];
+    }
+    if (!total || !rtotal)
+        MP_FAIL("no datagrams sent (%llu) or received (%llu)", (unsigned long long)total,
+                (unsigned long long)rtotal);
+    for (int r = 0; r < nr && r < n_udp; r++)
+        if (sent[r] * 10 < total || recv[r] * 10 < rtotal)
+            MP_FAIL("rail %d sent %llu of %llu datagrams, received %llu of %llu", r,
+                    (unsigned long long)sent[r], (unsigned long long)total,
+                    (unsigned long long)recv[r], (unsigned long long)rtotal);
+    for (int r = n_udp; r < nr && r < 16; r++)
+        if (sent[r] || recv[r])
+            MP_FAIL("tcp rail %d sent %llu datagrams", r, (unsigned long long)sent[r]);
+    printf("rank %d: datagrams by rail:", R);
+    for (int r = 0; r < nr && r < 16; r++)
+        printf(" %llu/%llu", (unsigned long long)sent[r], (unsigned long long)recv[r]);
+    printf(" (sent/received)\n");
+}
 
 static coh_request_t *lossy(const void *in, void *out, size_t count, coh_dtype dt, coh_redop op,
                             double push, double pull, int layer)
@@ -96,7 +154,7 @@ static void run_exact(int iters)
                      * beside, the share of the op on the udp rail). */
                     size_t mine =
                         split(n, (size_t)N, (size_t)R + 1) - split(n, (size_t)N, (size_t)R);
-                    bool mixed = getenv("COHORT_NICS") && strchr(getenv("COHORT_NICS"), ',');
+                    bool mixed = n_tcp > 0 || (n_udp > 1 && !spray);
                     if (mixed ? li.pull_bytes > (n - mine) * es + es * N ||
                                     li.push_bytes > (mine + 1) * es * (N - 1)
                               : li.pull_bytes != (n - mine) * es ||
@@ -137,6 +195,44 @@ static void run_exact(int iters)
     mp_wait(rel);
     if (y[5] != N * (N - 1) / 2.0) MP_FAIL("the reliable op beside: %g", y[5]);
     printf("rank %d: OK exact\n", R);
+}
+
+/* Ops below COHORT_RAIL_MIN_BYTES: one slice, on one rail. Sprayed, each
+ * op's datagrams still leave on every udp rail; not sprayed, on one. */
+static void run_spray(int iters)
+{
+    int nr;
+    MP_OK(coh_ctx_nrails(CTX, &nr));
+    size_t n = 48 * 1024;
+    float *x = malloc(n * sizeof(float));
+    for (int it = 0; it < iters; it++) {
+        uint64_t before[16], d[16];
+        for (int r = 0; r < nr && r < 16; r++) {
+            coh_stats_t st;
+            MP_OK(coh_ctx_rail_stats(CTX, r, &st));
+            before[r] = st.dg_sent;
+        }
+        for (size_t i = 0; i < n; i++) x[i] = (float)(val(R, i) + it);
+        coh_loss_info_t li;
+        wait_loss(lossy(x, x, n, COH_F32, COH_SUM, 1e-9, 1e-9, -1), &li);
+        for (size_t i = 0; i < n; i++) {
+            double want = 0;
+            for (int r = 0; r < N; r++) want += val(r, i) + it;
+            if (x[i] != (float)want) MP_FAIL("op %d: x[%zu] = %g, expected %g", it, i, x[i], want);
+        }
+        int used = 0;
+        for (int r = 0; r < nr && r < 16; r++) {
+            coh_stats_t st;
+            MP_OK(coh_ctx_rail_stats(CTX, r, &st));
+            d[r] = st.dg_sent - before[r];
+            used += d[r] > 0;
+        }
+        if (spray ? used != n_udp : used != 1)
+            MP_FAIL("op %d: datagrams left on %d rails (%llu, %llu, ...), expected %d", it, used,
+                    (unsigned long long)d[0], (unsigned long long)d[1], spray ? n_udp : 1);
+    }
+    printf("rank %d: OK %s: %d small ops\n", R, spray ? "sprayed" : "one rail each", iters);
+    free(x);
 }
 
 static void run_lossy(int iters, double push, double pull)
@@ -205,18 +301,25 @@ static void run_lossy(int iters, double push, double pull)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: test_udp exact ITERS | lossy ITERS PUSH PULL\n");
+        fprintf(stderr, "usage: test_udp exact ITERS | spray ITERS | lossy ITERS PUSH PULL\n");
         return 2;
     }
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
+    CTX = ctx;
+    read_nics();
     if (N > 5) MP_FAIL("at most 5 ranks (values carry a 5-bit contributor mask)");
     int iters = atoi(argv[2]);
     if (!strcmp(argv[1], "exact"))
         run_exact(iters);
+    else if (!strcmp(argv[1], "spray"))
+        run_spray(iters);
     else if (!strcmp(argv[1], "lossy") && argc >= 5)
         run_lossy(iters, atof(argv[3]), atof(argv[4]));
     else
         MP_FAIL("unknown mode %s", argv[1]);
+    /* Which rails carried the datagrams: the udp rails' test (the tcp
+     * rails' slices and the rails' order follow COHORT_NICS). */
+    if (spray && !n_tcp && strcmp(argv[1], "spray")) check_spray();
     MP_OK(coh_finalize(ctx));
     return 0;
 }
