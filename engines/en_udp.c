@@ -18,7 +18,7 @@
  *           FIN also go ahead as datagrams (EN_DG_CTL): a lost TCP segment
  *           waits 200 ms for its retransmission; both copies are idempotent
  *   rate    every udp_period_us the receiver reports what it received, as a
- *           datagram (EN_DG_RATE); the sender decides over 4 reports
+ *           datagram (EN_DG_RATE); the sender decides over 8 reports
  *
  * Threading: the rail's loop thread, except en_udp_stats and en_udp_fini.
  *
@@ -53,7 +53,7 @@
 /* Pacer credit after idle: libuv's timers tick in milliseconds and fire
  * late on a loaded host; a flow may catch up on this much of a stall. */
 #define DG_BURST  5000000ull
-#define DG_WINDOW 4    /* rate reports per rate-control decision */
+#define DG_WINDOW 8    /* rate reports per rate-control decision (docs/udp.md) */
 #define DG_RANGES 60   /* missing ranges per NACK (fits EN_MAX_ABORT) */
 #define DG_AI     0.05 /* additive increase: 5% of the line rate per period */
 
