@@ -132,16 +132,41 @@ Reduce `a` over every rank, in place. `algo="relay"` runs it as a relay group
 integer data bit for bit); its response's "group" describes the group as a
 sync's does (members, full, relays, relayed, phase2, phase2_method, nexcluded).
 `iteration` (relay only) is the step number, for traces.
+
+`loss_bound` > 0 (bounded loss, docs/udp.md): on rails marked udp
+(`COHORT_NICS=eth0:udp`) each receive of the push stage may miss up to this
+fraction of its bytes, of the pull stage `pull_loss_bound` (0: a quarter of
+`loss_bound`); the response's "loss" says what was lost. `layer` of `nlayers`
+sets the datagrams' DSCP priority.
 """
 function allreduce!(ctx::Context, a::Array{T}; op::AbstractString = "sum", async::Bool = false,
                     algo::AbstractString = "default",
-                    iteration::Union{Nothing,Integer} = nothing) where {T}
+                    iteration::Union{Nothing,Integer} = nothing,
+                    loss_bound::Real = 0.0, pull_loss_bound::Real = 0.0,
+                    layer::Union{Nothing,Integer} = nothing,
+                    nlayers::Union{Nothing,Integer} = nothing) where {T}
     algo in ALLREDUCE_ALGOS ||
         throw(ArgumentError("cohort: unknown algo \"$algo\" (one of $(join(ALLREDUCE_ALGOS, ", ")))"))
+    for (name, b) in (("loss_bound", loss_bound), ("pull_loss_bound", pull_loss_bound))
+        0 <= b < 1 || throw(ArgumentError("cohort: $name must be in [0, 1) ($b)"))
+    end
     req = Dict{String,Any}("type" => "allreduce", "dtype" => dtype_name(T), "op" => op,
                            "buf" => tensor(a))
     algo == "default" || (req["algo"] = algo)
     iteration === nothing || (req["iteration"] = iteration)
+    if loss_bound > 0 || pull_loss_bound > 0
+        req["loss_bound"] = Float64(loss_bound)
+        req["pull_loss_bound"] = Float64(pull_loss_bound)
+    end
+    if nlayers !== nothing
+        nlayers >= 1 || throw(ArgumentError("cohort: nlayers must be >= 1 ($nlayers)"))
+        l = layer === nothing ? 0 : layer
+        0 <= l < nlayers || throw(ArgumentError("cohort: layer $l of $nlayers"))
+        req["nlayers"] = nlayers
+        req["layer"] = l
+    elseif layer !== nothing
+        throw(ArgumentError("cohort: layer needs nlayers"))
+    end
     submit(ctx, req, a, async)
 end
 

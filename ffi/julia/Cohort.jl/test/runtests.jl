@@ -70,6 +70,18 @@ end
         @test_throws CohortError Cohort.allreduce!(ctx, a; iteration = 1)  # relay only
     end
 
+    @testset "bounded-loss allreduce, world of one" begin
+        a = Float32[1, 2, 3]
+        r = Cohort.allreduce!(ctx, a; loss_bound = 0.01, layer = 2, nlayers = 8)
+        @test a == Float32[1, 2, 3]
+        @test haskey(r, "loss")
+        @test r["loss"]["push_lost_bytes"] == 0
+        @test_throws ArgumentError Cohort.allreduce!(ctx, a; loss_bound = 1.5)
+        @test_throws ArgumentError Cohort.allreduce!(ctx, a; loss_bound = 0.01, layer = 8,
+                                                     nlayers = 8)
+        @test_throws ArgumentError Cohort.allreduce!(ctx, a; layer = 1)
+    end
+
     close(ctx)                            # Base.close, extended
     close(ctx)                            # a second close does nothing
     @test_throws CohortError Cohort.barrier(ctx)
