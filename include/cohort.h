@@ -176,6 +176,8 @@ typedef struct coh_config {
     int udp_delta_pct;       /* COHORT_UDP_DELTA_PCT: sending above this percentage of the
                                 receiving rate is congestion (200: DLCP's delta 2) */
     size_t udp_rcvbuf_bytes; /* COHORT_UDP_RCVBUF_BYTES: SO_RCVBUF of a udp rail (8 MiB) */
+    size_t udp_chunk_bytes;  /* COHORT_UDP_CHUNK_BYTES: a bounded-loss allreduce pipelines each
+                                block in chunks of this size (128 KiB) */
     int udp_spray;           /* COHORT_UDP_SPRAY: with several udp rails (same datagram size),
                                 a bounded-loss allreduce sprays its datagrams over all of them,
                                 rate-controlled per rail (1); 0: each carries its own slice */

@@ -172,7 +172,11 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     size_t es = a->kind == SC_BARRIER ? 1 : coh_dtype_size(a->dtype);
     size_t per_rank =
         (a->kind == SC_ALLGATHER || a->kind == SC_REDUCE_SCATTER) ? (size_t)comm->size : 1;
-    uint64_t chunk_elems = cfg->chunk_bytes / es ? cfg->chunk_bytes / es : 1;
+    /* Bounded loss pipelines in its own chunks (COHORT_UDP_CHUNK_BYTES). */
+    size_t chunk_bytes = a->loss[SC_STAGE_PUSH] > 0 || a->loss[SC_STAGE_PULL] > 0
+                             ? cfg->udp_chunk_bytes
+                             : cfg->chunk_bytes;
+    uint64_t chunk_elems = chunk_bytes / es ? chunk_bytes / es : 1;
     uint64_t small_elems = cfg->small_bytes / es;
     uint64_t seq = atomic_fetch_add(&comm->next_seq, 1);
     /* The signature covers everything that shapes the plan, so ranks that
