@@ -53,7 +53,7 @@ chmod +x "$OUT/run.sh"
 for loss in $LOSSES; do
   tests/cluster/cluster.sh with ub+ "$N" --rates "$RATE" --loss "$loss" --loss-proto all -- \
     "$OUT/run.sh" "$loss" > "$OUT/cluster-$loss.log" 2>&1 ||
-    { echo "udp.sh: the run at $loss% failed:"; tail -20 "$OUT/cluster-$loss.log" \
+    { echo "udp.sh: the run at $loss% failed:"; tail -n 20 "$OUT/cluster-$loss.log" \
         "$OUT"/*-"$loss".out; exit 1; }
 done
 printf "%-6s %6s %9s %9s %9s %9s %8s %9s %9s %9s\n" transport loss p50_ms p90_ms p99_ms max_ms \

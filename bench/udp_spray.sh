@@ -60,7 +60,7 @@ for pair in $PAIRS; do
     tag=$r0-$r1-$loss
     tests/cluster/cluster.sh with us+ "$N" --nics 2 --rates "$pair" --loss "$loss" --loss-proto all \
       -- "$OUT/run.sh" "$tag" "$r0" "$r1" > "$OUT/cluster-$tag.log" 2>&1 ||
-      { echo "udp_spray.sh: the run $tag failed:"; tail -5 "$OUT/cluster-$tag.log" "$OUT"/*-"$tag".out
+      { echo "udp_spray.sh: the run $tag failed:"; tail -n 5 "$OUT/cluster-$tag.log" "$OUT"/*-"$tag".out
         exit 1; }
     t1=""
     for m in tcp1 tcp2 udp1 slice spray; do

@@ -30,6 +30,8 @@ done
 [ "$(id -u)" = 0 ] || { echo "udp_train.sh: needs root (network namespaces)" >&2; exit 2; }
 export COHORTRUN=$PWD/$BUILD/bin/cohortrun
 export COHORT_UDP_RATE_MBPS=${COHORT_UDP_RATE_MBPS:-$RATE}
+# At 10% drops a TCP link can back off past the default 10 s without progress.
+export COHORT_TIMEOUT_MS=${COHORT_TIMEOUT_MS:-120000}
 OUT=$(mktemp -d /tmp/cohort-udptrain.XXXXXX)
 echo "udp_train.sh: $N ranks, $RATE Mbit/s links, model $MODEL_KB KiB; output in $OUT"
 read -r -a B <<<"$BOUNDS"
@@ -48,7 +50,7 @@ EOS
   chmod +x "$OUT/run-$loss.sh"
   tests/cluster/cluster.sh with ut+ "$N" --rates "$RATE" --loss "$loss" --loss-proto all -- \
     "$OUT/run-$loss.sh" > "$OUT/cluster-$loss.log" 2>&1 ||
-    { echo "udp_train.sh: the run at $loss% failed:"; tail -20 "$OUT/cluster-$loss.log" \
+    { echo "udp_train.sh: the run at $loss% failed:"; tail -n 20 "$OUT/cluster-$loss.log" \
         "$OUT"/*-"$loss".out; exit 1; }
 done
 printf "%-9s %5s %6s %8s %-26s %8s %s\n" transport loss bound wall_s "final model" sync_ms lost
