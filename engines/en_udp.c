@@ -610,7 +610,15 @@ static bool paths_closed(const en_dgflow_t *f)
     return f->done_mask && (f->pdone & f->done_mask) == f->done_mask;
 }
 
-/* One checked segment, which came on path, into its posted receive. */
+/* After DONE: every path closed, or the last missing segment, means
+ * nothing more is on its way. */
+static void recv_check(struct en_udp *u, en_dgflow_t *f)
+{
+    if (f->done_seen && f->posted && (paths_closed(f) || f->bm.got == f->nseg)) recv_decide(u, f);
+}
+
+/* One checked segment, which came on path, into its posted receive (the
+ * caller decides: recv_check). */
 static void recv_segment(struct en_udp *u, en_dgflow_t *f, int path, const en_dg_hdr_t *h,
                          const uint8_t *payload)
 {
@@ -619,7 +627,6 @@ static void recv_segment(struct en_udp *u, en_dgflow_t *f, int path, const en_dg
     if (h->flags & EN_DG_LAST) f->pdone |= (uint8_t)(1u << path);
     int r = en_dg_bitmap_set(&f->bm, h->segno);
     if (r <= 0) {
-        if (f->done_seen && paths_closed(f)) recv_decide(u, f);
         if (r == 0)
             u->st.dg_dup++;
         else
@@ -635,9 +642,6 @@ static void recv_segment(struct en_udp *u, en_dgflow_t *f, int path, const en_dg
     f->fp[path].period_bytes += h->len;
     op->bytes_in += h->len;
     op->t_progress_ns = bs_now_ns();
-    /* After DONE: every path closed, or the last missing segment, means
-     * nothing more is on its way. */
-    if (f->done_seen && (paths_closed(f) || f->bm.got == f->nseg)) recv_decide(u, f);
 }
 
 /* The datagram belongs to this receive: its stage, and exactly segment
@@ -770,6 +774,7 @@ static void on_datagram(struct en_udp *u, int path, int peer, const uint8_t *buf
     }
     op->progressing = true;
     recv_segment(u, f, path, &h, buf + EN_DG_HDR);
+    recv_check(u, f);
     op->progressing = false;
     en_exec_kick(op);
 }
@@ -937,7 +942,7 @@ static void recv_done_seen(struct en_udp *u, en_dgflow_t *f)
 {
     f->done_seen = true;
     f->decide_ns = bs_now_ns() + u->period_ns;
-    if (f->posted && (f->bm.got == f->nseg || paths_closed(f))) recv_decide(u, f);
+    recv_check(u, f);
 }
 
 /* A control message from peer, by TCP (path -1) or as a datagram on path. */
@@ -955,7 +960,7 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, int path, uint32_t t
         if (pass < f->done_next) {
             /* Each pass's DONE once (it comes by datagram and by TCP); a
              * later copy may close the last path. */
-            if (f->done_seen && f->posted && paths_closed(f)) recv_decide(u, f);
+            recv_check(u, f);
             return;
         }
         f->done_next = pass + 1;
@@ -1129,8 +1134,6 @@ int en_udp_post(en_op_t *op, uint32_t i)
     f->period_t0 = bs_now_ns();
     /* Decide after the whole stash is in, not at its first segment (a DONE
      * may be here already, its paths closed). */
-    bool done_seen = f->done_seen;
-    f->done_seen = false;
     for (dg_keep_t **pp = &u->keep; *pp;) {
         dg_keep_t *k = *pp;
         if (!k->ctl && k->comm == op->comm && k->seq == op->seq && k->peer == f->peer &&
@@ -1145,8 +1148,7 @@ int en_udp_post(en_op_t *op, uint32_t i)
             pp = &k->next;
         }
     }
-    f->done_seen = done_seen;
-    if (f->done_seen && (f->bm.got == f->nseg || paths_closed(f))) recv_decide(u, f);
+    recv_check(u, f);
     return 0;
 }
 

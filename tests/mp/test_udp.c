@@ -51,16 +51,26 @@ static void read_nics(void)
 
 /* Spraying: every udp rail carried a share of the datagrams (each at least
  * a tenth: the lead takes turns over the paths), and the tcp rails none. */
-static void check_spray(void)
+/* Each rail's datagrams sent and received (recv may be NULL); returns the
+ * rails (at most 16). */
+static int rail_datagrams(uint64_t sent[16], uint64_t *recv)
 {
     int nr;
     MP_OK(coh_ctx_nrails(CTX, &nr));
-    uint64_t sent[16] = {0}, recv[16] = {0}, total = 0, rtotal = 0;
     for (int r = 0; r < nr && r < 16; r++) {
         coh_stats_t st;
         MP_OK(coh_ctx_rail_stats(CTX, r, &st));
         sent[r] = st.dg_sent;
-        recv[r] = st.dg_received;
+        if (recv) recv[r] = st.dg_received;
+    }
+    return nr < 16 ? nr : 16;
+}
+
+static void check_spray(void)
+{
+    uint64_t sent[16] = {0}, recv[16] = {0}, total = 0, rtotal = 0;
+    int nr = rail_datagrams(sent, recv);
+    for (int r = 0; r < nr; r++) {
         total += sent[r];
         rtotal += recv[r];
     }
@@ -202,17 +212,11 @@ static void run_exact(int iters)
  * op's datagrams still leave on every udp rail; not sprayed, on one. */
 static void run_spray(int iters)
 {
-    int nr;
-    MP_OK(coh_ctx_nrails(CTX, &nr));
     size_t n = 48 * 1024;
     float *x = malloc(n * sizeof(float));
     for (int it = 0; it < iters; it++) {
-        uint64_t before[16], d[16];
-        for (int r = 0; r < nr && r < 16; r++) {
-            coh_stats_t st;
-            MP_OK(coh_ctx_rail_stats(CTX, r, &st));
-            before[r] = st.dg_sent;
-        }
+        uint64_t before[16] = {0}, after[16] = {0}, d[16] = {0};
+        int nr = rail_datagrams(before, NULL);
         for (size_t i = 0; i < n; i++) x[i] = (float)(val(R, i) + it);
         coh_loss_info_t li;
         wait_loss(lossy(x, x, n, COH_F32, COH_SUM, 1e-9, 1e-9, -1), &li);
@@ -222,10 +226,9 @@ static void run_spray(int iters)
             if (x[i] != (float)want) MP_FAIL("op %d: x[%zu] = %g, expected %g", it, i, x[i], want);
         }
         int used = 0;
-        for (int r = 0; r < nr && r < 16; r++) {
-            coh_stats_t st;
-            MP_OK(coh_ctx_rail_stats(CTX, r, &st));
-            d[r] = st.dg_sent - before[r];
+        rail_datagrams(after, NULL);
+        for (int r = 0; r < nr; r++) {
+            d[r] = after[r] - before[r];
             used += d[r] > 0;
         }
         if (spray ? used != n_udp : used != 1)
