@@ -136,9 +136,11 @@ en_op_t *en_exec_find_op(en_rail_t *rail, uint32_t comm, uint64_t seq)
     return NULL;
 }
 
-bool en_exec_ended(en_rail_t *rail, uint32_t comm, uint64_t seq)
+bool en_exec_ended(en_rail_t *rail, uint32_t comm, uint64_t seq, int *status)
 {
-    return fin_find(rail, comm, seq) != NULL;
+    const struct en_fin *f = fin_find(rail, comm, seq);
+    if (f && status) *status = f->status;
+    return f != NULL;
 }
 
 /* ---- frames that arrived before their receive ---- */

@@ -58,7 +58,16 @@
 #define DG_AI     0.05 /* additive increase: 5% of the line rate per period */
 
 enum { CTL_DONE = 1, CTL_NACK = 2, CTL_FIN = 3 }; /* rate reports: EN_DG_RATE datagrams */
-#define CTL_HDR 24                                /* u8 kind, 3 zero, u32 pass, u64 a, u64 b */
+#define CTL_HDR 24 /* u8 kind, u8 flags, 2 zero, u32 pass, u64 a, u64 b */
+/* flags: a datagram DONE sent again because no answer came; the receiver
+ * answers it again (FIN, or the NACK of that pass). */
+#define CTL_AGAIN 1
+/* A sender with no answer to its DONE sends it again as a datagram after
+ * this, doubling up to DG_AGAIN_MAX: both copies of a control message (the
+ * datagram and the TCP segment) lost costs a TCP retransmission timeout of
+ * 200 ms or more otherwise, which at 5% drops hit nearly every op. */
+#define DG_AGAIN_MIN_NS (2ull * 1000000ull)
+#define DG_AGAIN_MAX_NS (128ull * 1000000ull)
 
 /* A flow on one path: DLCP's rate control runs per path, so a congested
  * rail sheds its share to the others. */
@@ -87,7 +96,8 @@ typedef struct en_dgflow {
     int nrg, ri;
     uint32_t rk;
     uint32_t pass;
-    bool done_seen;     /* recv: the sender finished a pass */
+    uint64_t again_ns, again_gap; /* send: DONE out, no answer yet: send it again then */
+    bool done_seen;               /* recv: the sender finished a pass */
     uint32_t done_next; /* recv: the pass whose DONE comes next (earlier ones are copies) */
     uint64_t decide_ns; /* recv: then decide at the latest (stragglers' grace) */
     /* Paths (spraying: one per udp rail of the group). send: those this
@@ -153,6 +163,7 @@ struct en_udp {
     double line_bps, delta;
     uint64_t period_ns;
     uint32_t drop_ppm;
+    bool ctl_dgram_only; /* tests only: control messages go as datagrams alone */
     uint64_t rng;
     uint64_t refreshed_ns;
     bool debug;    /* COHORT_UDP_DEBUG: per-flow and per-rail figures on stderr */
@@ -168,7 +179,7 @@ struct en_udp {
     /* Counters (en_udp_stats_t's, read from any thread). */
     struct {
         _Atomic uint64_t dg_sent, dg_recv, dg_dup, dg_bad, dg_stranger, dg_late, dg_kept,
-            dg_dropped, dg_test_dropped, nacks, resent_bytes;
+            dg_dropped, dg_test_dropped, nacks, resent_bytes, ctl_again;
     } st;
 };
 
@@ -196,6 +207,46 @@ static void ctl_sent(en_wreq_t *w, int status)
     coh_free(w);
 }
 
+/* A control message's payload into p (CTL_HDR + 8 per range): its length. */
+static size_t ctl_encode(uint8_t *p, int kind, int flags, uint32_t pass, uint64_t a, uint64_t b,
+                         const en_dg_range_t *rg, int nrg)
+{
+    memset(p, 0, CTL_HDR);
+    p[0] = (uint8_t)kind;
+    p[1] = (uint8_t)flags;
+    en_put32(p + 4, pass);
+    en_put64(p + 8, a);
+    en_put64(p + 16, b);
+    size_t len = CTL_HDR;
+    for (int i = 0; i < nrg; i++, len += 8) {
+        en_put32(p + len, rg[i].first);
+        en_put32(p + len + 4, rg[i].count);
+    }
+    return len;
+}
+
+/* A control message as a datagram to peer, on the paths in mask that exist. */
+static void ctl_datagram(struct en_udp *u, uint32_t comm, uint64_t seq, uint32_t tag, int peer,
+                         const uint8_t *p, size_t len, unsigned mask)
+{
+    if (len > u->seg) return;
+    uint8_t dg[EN_DG_HDR + EN_MAX_ABORT];
+    en_dg_hdr_t dh = {.flags = EN_DG_CTL,
+                      .job = u->job,
+                      .comm = comm,
+                      .step = tag,
+                      .seq = seq,
+                      .len = (uint32_t)len};
+    en_dg_encode(&dh, dg);
+    memcpy(dg + EN_DG_HDR, p, len);
+    for (int k = 0; k < u->npaths; k++) {
+        if (!(mask & (1u << k)) || !u->path[k].open) continue;
+        const struct sockaddr_storage *to = &u->path[k].peer[peer];
+        (void)sendto(u->path[k].fd, dg, EN_DG_HDR + len, MSG_DONTWAIT, (const struct sockaddr *)to,
+                     sa_size(to));
+    }
+}
+
 /* The datagram copies go on the paths in mask (where they exist). */
 static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass, uint64_t a,
                      uint64_t b, const en_dg_range_t *rg, int nrg, unsigned mask)
@@ -206,15 +257,7 @@ static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass,
     en_wreq_t *w = coh_zalloc(sizeof(*w));
     if (!w) return; /* the peer asks again, or the op times out */
     uint8_t *p = w->ctl;
-    p[0] = (uint8_t)kind;
-    en_put32(p + 4, pass);
-    en_put64(p + 8, a);
-    en_put64(p + 16, b);
-    size_t len = CTL_HDR;
-    for (int i = 0; i < nrg; i++, len += 8) {
-        en_put32(p + len, rg[i].first);
-        en_put32(p + len + 4, rg[i].count);
-    }
+    size_t len = ctl_encode(p, kind, 0, pass, a, b, rg, nrg);
     en_hdr_t h = {.type = EN_FRAME_DGCTL,
                   .comm = op->comm,
                   .tag = op->plan.steps[f->step].tag,
@@ -228,24 +271,23 @@ static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass,
      * retransmission timeout, which would be the tail of a lossy link. The
      * TCP copy is the reliable one; both are idempotent (pass numbers). */
     struct en_udp *u = rail->udp;
-    if (u && len <= u->seg) {
-        uint8_t dg[EN_DG_HDR + EN_MAX_ABORT];
-        en_dg_hdr_t dh = {.flags = EN_DG_CTL,
-                          .job = u->job,
-                          .comm = op->comm,
-                          .step = h.tag,
-                          .seq = op->seq,
-                          .len = (uint32_t)len};
-        en_dg_encode(&dh, dg);
-        memcpy(dg + EN_DG_HDR, p, len);
-        for (int k = 0; k < u->npaths; k++) {
-            if (!(mask & (1u << k)) || !u->path[k].open) continue;
-            const struct sockaddr_storage *to = &u->path[k].peer[f->peer];
-            (void)sendto(u->path[k].fd, dg, EN_DG_HDR + len, MSG_DONTWAIT,
-                         (const struct sockaddr *)to, sa_size(to));
-        }
+    if (u) ctl_datagram(u, op->comm, op->seq, h.tag, f->peer, p, len, mask);
+    if (u && u->ctl_dgram_only) {
+        coh_free(w);
+        return;
     }
     if (rail->ops->tr_send(c, w) != 0) coh_free(w);
+}
+
+/* A control message again, as a datagram alone on every path (the TCP
+ * copy of the first is on its way, reliably, if late). */
+static void ctl_again(struct en_udp *u, const en_op_t *op, const en_dgflow_t *f, int kind,
+                      uint32_t pass, uint64_t a, const en_dg_range_t *rg, int nrg)
+{
+    uint8_t p[EN_MAX_ABORT];
+    size_t len = ctl_encode(p, kind, CTL_AGAIN, pass, a, 0, rg, nrg);
+    u->st.ctl_again++;
+    ctl_datagram(u, op->comm, op->seq, op->plan.steps[f->step].tag, f->peer, p, len, ~0u);
 }
 
 /* ---- the timer: pacing, rate reports ---- */
@@ -305,6 +347,13 @@ static void report_rates(struct en_udp *u, uint64_t now)
         op->progressing = true;
         for (uint32_t i = 0; i < op->plan.nsteps && op->state == EN_OP_RUNNING; i++) {
             en_dgflow_t *f = &op->dg->flows[i];
+            if (f->op && !f->recv && !f->ended && f->again_ns && now >= f->again_ns) {
+                /* No FIN or NACK for this pass yet: one of them, or DONE, is lost. */
+                ctl_again(u, op, f, CTL_DONE, f->pass, f->nseg, NULL, 0);
+                f->again_gap =
+                    2 * f->again_gap < DG_AGAIN_MAX_NS ? 2 * f->again_gap : DG_AGAIN_MAX_NS;
+                f->again_ns = now + f->again_gap;
+            }
             if (!f->recv || !f->posted || f->ended) continue;
             if (f->done_seen && now >= f->decide_ns) recv_decide(u, f);
             if (f->ended || !period_bytes(u, f)) continue;
@@ -509,6 +558,8 @@ static int flow_send(struct en_udp *u, en_dgflow_t *f, dg_path_t *pt, uint64_t n
         /* The pass is out: the receiver decides. */
         send_list_remove(u, f);
         send_ctl(op, f, CTL_DONE, f->pass, f->nseg, f->pmask, NULL, 0, f->pmask);
+        f->again_gap = 4 * u->period_ns > DG_AGAIN_MIN_NS ? 4 * u->period_ns : DG_AGAIN_MIN_NS;
+        f->again_ns = now + f->again_gap;
     }
     return k == nm ? SENT_ALL : SENT_BACKOFF;
 }
@@ -600,6 +651,16 @@ static void keep_add(struct en_udp *u, uint32_t comm, uint64_t seq, int peer, in
     *pp = k;
     u->keep_bytes += len;
     if (!ctl) u->st.dg_kept++;
+}
+
+/* A DONE of this flow (h's) is kept already: a copy sent again adds nothing. */
+static bool kept_done(const struct en_udp *u, const en_dg_hdr_t *h, int peer)
+{
+    for (const dg_keep_t *k = u->keep; k; k = k->next)
+        if (k->ctl && k->comm == h->comm && k->seq == h->seq && k->peer == peer &&
+            k->tag == h->step && k->data[0] == CTL_DONE)
+            return true;
+    return false;
 }
 
 static void recv_decide(struct en_udp *u, en_dgflow_t *f);
@@ -721,11 +782,23 @@ static void on_datagram(struct en_udp *u, int path, int peer, const uint8_t *buf
     }
     en_op_t *op = en_exec_find_op(rail, h.comm, h.seq);
     if (!op) {
-        if (en_exec_ended(rail, h.comm, h.seq) || (h.flags & EN_DG_RATE))
+        const uint8_t *cp = buf + EN_DG_HDR;
+        bool again_done =
+            (h.flags & EN_DG_CTL) && h.len >= CTL_HDR && cp[0] == CTL_DONE && (cp[1] & CTL_AGAIN);
+        int status = 0;
+        if (en_exec_ended(rail, h.comm, h.seq, &status) || (h.flags & EN_DG_RATE)) {
             u->st.dg_late++;
-        else if (h.flags & EN_DG_CTL) {
-            if (h.len >= CTL_HDR && buf[EN_DG_HDR] == CTL_DONE)
-                keep_add(u, h.comm, h.seq, peer, path, h.step, true, buf + EN_DG_HDR, h.len);
+            /* The op ended well here, so every receive of it did: the
+             * sender asking again lost its FIN. */
+            if (again_done && status == 0) {
+                uint8_t fin[CTL_HDR];
+                size_t len = ctl_encode(fin, CTL_FIN, CTL_AGAIN, en_get32(cp + 4), 0, 0, NULL, 0);
+                u->st.ctl_again++;
+                ctl_datagram(u, h.comm, h.seq, h.step, peer, fin, len, 1u << path);
+            }
+        } else if (h.flags & EN_DG_CTL) {
+            if (h.len >= CTL_HDR && cp[0] == CTL_DONE && !(again_done && kept_done(u, &h, peer)))
+                keep_add(u, h.comm, h.seq, peer, path, h.step, true, cp, h.len);
         } else
             keep_add(u, h.comm, h.seq, peer, path, h.step, false, buf, n); /* its op comes later */
         return;
@@ -953,13 +1026,26 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, int path, uint32_t t
     uint32_t pass = en_get32(p + 4);
     if (kind == CTL_DONE) {
         en_dgflow_t *f = recv_flow(op, peer, tag);
-        if (!f || f->ended) return;
+        if (!f) return;
+        bool again = p[1] & CTL_AGAIN;
+        if (f->ended) {
+            /* Our FIN was lost (both copies, or the TCP one is late). */
+            if (again) ctl_again(u, op, f, CTL_FIN, f->pass, 0, NULL, 0);
+            return;
+        }
         /* A datagram copy closes its path: it left after the pass's data
          * there. The TCP copy closes none. */
         if (pass == f->pdone_pass && path >= 0) f->pdone |= (uint8_t)(1u << path);
         if (pass < f->done_next) {
             /* Each pass's DONE once (it comes by datagram and by TCP); a
-             * later copy may close the last path. */
+             * later copy may close the last path. A DONE sent again for
+             * the pass this receive asked to redo: the NACK was lost. */
+            if (again && pass == f->pass && !f->done_seen) {
+                en_dg_range_t rg[DG_RANGES];
+                int n = en_dg_missing(&f->bm, rg, DG_RANGES);
+                if (n > DG_RANGES) n = DG_RANGES;
+                if (n > 0) ctl_again(u, op, f, CTL_NACK, f->pass, 0, rg, n);
+            }
             recv_check(u, f);
             return;
         }
@@ -1010,6 +1096,7 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, int path, uint32_t t
         f->pass++;
         f->pmask = 0;
         for (int j = 0; j < u->npaths; j++) en_rc_retransmit(&f->fp[j].rc);
+        f->again_ns = 0;
         send_list_add(u, f);
         pump(u);
     }
@@ -1024,7 +1111,7 @@ int en_udp_ctl(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, const uint8_t *
     en_op_t *op = en_exec_find_op(rail, h->comm, h->seq);
     if (!op) {
         /* The receiver's op comes later: keep the sender's DONE for it. */
-        if (p[0] == CTL_DONE && !en_exec_ended(rail, h->comm, h->seq))
+        if (p[0] == CTL_DONE && !en_exec_ended(rail, h->comm, h->seq, NULL))
             keep_add(u, h->comm, h->seq, c->peer, -1, h->tag, true, p, len);
         return 0;
     }
@@ -1249,6 +1336,7 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
     u->delta = cfg->delta;
     u->period_ns = (uint64_t)cfg->period_us * 1000ull;
     u->drop_ppm = cfg->test_drop_ppm;
+    u->ctl_dgram_only = cfg->test_ctl_dgram_only;
     u->rng = bs_now_ns() ^ ((uint64_t)rail->rank << 32) ^ (uint64_t)rail->index;
     u->keep_limit = rail->stash_limit;
     u->debug = getenv("COHORT_UDP_DEBUG") != NULL;
@@ -1320,12 +1408,13 @@ void en_udp_shutdown(en_rail_t *rail)
         en_udp_stats(rail, &t);
         fprintf(stderr,
                 "udp rank %d: sent %llu recv %llu dup %llu bad %llu stranger %llu late %llu kept "
-                "%llu dropped %llu nacks %llu resent %llu\n",
+                "%llu dropped %llu nacks %llu resent %llu ctl-again %llu\n",
                 rail->rank, (unsigned long long)t.dg_sent, (unsigned long long)t.dg_recv,
                 (unsigned long long)t.dg_dup, (unsigned long long)t.dg_bad,
                 (unsigned long long)t.dg_stranger, (unsigned long long)t.dg_late,
                 (unsigned long long)t.dg_kept, (unsigned long long)t.dg_dropped,
-                (unsigned long long)t.nacks, (unsigned long long)t.resent_bytes);
+                (unsigned long long)t.nacks, (unsigned long long)t.resent_bytes,
+                (unsigned long long)t.ctl_again);
     }
     for (int k = 0; k < u->npaths; k++)
         if (u->path[k].poll_open) {
@@ -1365,5 +1454,6 @@ void en_udp_stats(const en_rail_t *rail, en_udp_stats_t *out)
                             .dg_dropped = atomic_load(&u->st.dg_dropped),
                             .dg_test_dropped = atomic_load(&u->st.dg_test_dropped),
                             .nacks = atomic_load(&u->st.nacks),
-                            .resent_bytes = atomic_load(&u->st.resent_bytes)};
+                            .resent_bytes = atomic_load(&u->st.resent_bytes),
+                            .ctl_again = atomic_load(&u->st.ctl_again)};
 }

@@ -330,6 +330,7 @@ typedef struct en_udp_cfg {
     int period_us;         /* receivers report their rate this often */
     size_t rcvbuf_bytes;   /* SO_RCVBUF */
     uint32_t test_drop_ppm;
+    bool test_ctl_dgram_only; /* control messages as datagrams alone (no TCP copy) */
 } en_udp_cfg_t;
 
 /* What a udp rail saw (loop thread). */
@@ -344,6 +345,7 @@ typedef struct en_udp_stats {
     uint64_t dg_test_dropped;  /* COHORT_TEST_UDP_DROP_PPM */
     uint64_t nacks;            /* retransmission requests sent */
     uint64_t resent_bytes;     /* payload sent again */
+    uint64_t ctl_again;        /* control datagrams sent again: no answer came */
 } en_udp_stats_t;
 
 typedef struct en_rail_cfg {
@@ -527,7 +529,8 @@ int en_udp_ctl(en_rail_t *rail, en_conn_t *c, const en_hdr_t *h, const uint8_t *
 
 /* The executor's pieces the datagram engine uses (loop thread). */
 en_op_t *en_exec_find_op(en_rail_t *rail, uint32_t comm, uint64_t seq);
-bool en_exec_ended(en_rail_t *rail, uint32_t comm, uint64_t seq); /* recorded as ended */
+/* Recorded as ended (status: how, when not NULL). */
+bool en_exec_ended(en_rail_t *rail, uint32_t comm, uint64_t seq, int *status);
 int64_t en_exec_find_recv(const en_op_t *op, int peer, uint32_t tag);
 void en_exec_step_done(en_op_t *op, uint32_t i);
 

@@ -146,8 +146,11 @@ typedef enum rx_knob_kind {
       "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
       "data joined has ended (between a relay group's phases)")                                    \
     X(test_udp_drop, RX_K_INT, "0", "COHORT_TEST_UDP_DROP_PPM", 0, 1000000,                        \
-      "tests only: udp rails drop this many of every million data datagrams that arrive "          \
-      "(random loss without a network namespace)")
+      "tests only: udp rails drop this many of every million datagrams that arrive, data and "     \
+      "control (random loss without a network namespace)")                                         \
+    X(test_udp_ctl_dgram, RX_K_INT, "0", "COHORT_TEST_UDP_CTL_DGRAM", 0, 1,                        \
+      "tests only: 1 sends udp control messages (DONE, NACK, FIN) as datagrams alone, without "    \
+      "their reliable TCP copy")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

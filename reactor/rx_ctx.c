@@ -201,6 +201,13 @@ static uint32_t test_udp_drop_ppm(void)
     return rx_env_knob_int("test_udp_drop", &ppm) == 0 ? (uint32_t)ppm : 0;
 }
 
+/* COHORT_TEST_UDP_CTL_DGRAM (tests only): control without its TCP copy. */
+static bool test_udp_ctl_dgram(void)
+{
+    int on = 0;
+    return rx_env_knob_int("test_udp_ctl_dgram", &on) == 0 && on;
+}
+
 static int parse_nics(struct coh_ctx *ctx)
 {
     char *list = coh_strdup(ctx->nics_s);
@@ -701,7 +708,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                        .delta = ctx->cfg.udp_delta_pct / 100.0,
                        .period_us = ctx->cfg.udp_period_us,
                        .rcvbuf_bytes = ctx->cfg.udp_rcvbuf_bytes,
-                       .test_drop_ppm = test_udp_drop_ppm()}};
+                       .test_drop_ppm = test_udp_drop_ppm(),
+                       .test_ctl_dgram_only = test_udp_ctl_dgram()}};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];
