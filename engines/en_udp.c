@@ -794,6 +794,9 @@ static void on_datagram(struct en_udp *u, int path, int peer, const uint8_t *buf
                 uint8_t fin[CTL_HDR];
                 size_t len = ctl_encode(fin, CTL_FIN, CTL_AGAIN, en_get32(cp + 4), 0, 0, NULL, 0);
                 u->st.ctl_again++;
+                if (u->debug)
+                    fprintf(stderr, "udp rank %d: op %llu ended: FIN again to %d\n", rail->rank,
+                            (unsigned long long)h.seq, peer);
                 ctl_datagram(u, h.comm, h.seq, h.step, peer, fin, len, 1u << path);
             }
         } else if (h.flags & EN_DG_CTL) {

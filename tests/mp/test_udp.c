@@ -329,6 +329,13 @@ int main(int argc, char **argv)
     /* Which rails carried the datagrams: the udp rails' test (the tcp
      * rails' slices and the rails' order follow COHORT_NICS). */
     if (spray && !n_tcp && strcmp(argv[1], "spray")) check_spray();
+    /* With control as datagrams alone (COHORT_TEST_UDP_CTL_DGRAM) a rank
+     * whose last FIN was lost asks again after its peer's op ended: the
+     * peer must still be there to answer. */
+    coh_request_t *b;
+    MP_OK(coh_barrier(W, &b));
+    MP_OK(coh_wait(b, -1));
+    coh_request_free(b);
     MP_OK(coh_finalize(ctx));
     return 0;
 }
