@@ -86,7 +86,7 @@ typedef struct en_dgflow {
     uint8_t stage;
     bool recv, posted, ended, sending;
     uint8_t *dst;       /* recv: where segments land */
-    const uint8_t *src; /* send: the data; recv reduce: the other operand */
+    const uint8_t *src; /* send: the data; recv: a reduce's other operand, else the fallback */
     bool reduce;
     uint64_t len;
     uint32_t nseg;
@@ -957,8 +957,9 @@ static void recv_finish(struct en_udp *u, en_dgflow_t *f)
     uint64_t got = en_dg_bytes_got(&f->bm, f->len, u->seg);
     f->ended = true;
     u->nflows--;
-    if (f->reduce && f->src != f->dst) {
-        /* A push that never came: this rank's own operand stands alone. */
+    if (f->src != f->dst) {
+        /* A push that never came: this rank's own operand stands alone; a
+         * pull: this rank keeps its own value of the block. */
         for (uint32_t s = en_dg_bitmap_next_missing(&f->bm, 0); s < f->nseg;
              s = en_dg_bitmap_next_missing(&f->bm, s + 1)) {
             uint64_t off = (uint64_t)s * u->seg;
@@ -1161,7 +1162,9 @@ int en_udp_op_start(en_op_t *op)
             op->dg->stage_len[s->stage] += f->len;
             f->dst = op->buf[s->dst] + s->dst_off * op->esize;
             f->reduce = s->kind == SC_RECV_REDUCE;
-            f->src = f->reduce ? op->buf[s->src] + s->src_off * op->esize : NULL;
+            /* A reduce's other operand; a plain receive's fallback: what a
+             * segment that never came keeps (the plan's src). */
+            f->src = op->buf[s->src] + s->src_off * op->esize;
             if (en_dg_bitmap_init(&f->bm, f->nseg) != 0) return COH_ENOMEM;
         } else {
             f->src = op->buf[s->src] + s->src_off * op->esize;

@@ -288,12 +288,10 @@ static void build_allreduce_ring(bld_t *b)
  * pushes every other block to its owner, reduces the pushes of its own block
  * (all posted at once, reduced into the block as they come), divides, and
  * sends the block to everyone (the pull). Per rank the same bytes as the
- * ring, in two steps of n-1 flows. It runs in place on recv (the input is
- * copied there first), so a pull that never arrives leaves the receiver its
- * own value of that block, and a push that never arrives is simply absent
- * from the owner's sum (a bounded-loss transport divides by the contributors
- * per segment, engines/en_udp.c). A pull receive waits for the push that
- * reads the same block.
+ * ring, in two steps of n-1 flows. A pull that never arrives leaves the
+ * receiver its own value of that block (its receive's src), and a push that
+ * never arrives is simply absent from the owner's sum (a bounded-loss
+ * transport divides by the contributors per segment, engines/en_udp.c).
  */
 
 /* A step of one stage after a list of steps (the prologue's dependency, if
@@ -310,9 +308,15 @@ static void build_allreduce_direct(bld_t *b)
 {
     const int n = b->n, r = b->r;
     const double div = divisor(b);
-    uint32_t cp = NONE;
-    if (b->in == SC_BUF_SEND)
-        cp = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, b->lo, b->lo, b->len, 0, NODEPS);
+    /* Out of place, the pushes read the input and only this rank's own
+     * block is copied (chunk by chunk) before its pushes are reduced into
+     * it: nothing waits for a copy of the whole input (16 MiB: 7 ms before
+     * the first push left). A pull receive writes a block no step reads, and
+     * names the input as its fallback (src): a bounded-loss transport keeps
+     * the rank's own value there for a segment that never came. In place,
+     * the pushes read the blocks the pulls overwrite: a pull receive waits
+     * for the push of its block. */
+    const bool oop = b->in == SC_BUF_SEND;
     /* Every block in K chunks: the pull of a chunk starts once its pushes
      * are in, while later chunks are still pushed (a pipeline, as the ring's
      * chunks are); each destination gets its chunks in order. */
@@ -331,16 +335,18 @@ static void build_allreduce_direct(bld_t *b)
     for (uint32_t k = 0; k < K; k++) {
         uint32_t tpush = 1 + 2 * k, tpull = 2 + 2 * k;
         uint64_t ko = mo + sc_split(mc, K, k), kc = mo + sc_split(mc, K, k + 1) - ko;
-        uint32_t nrv = 0;
+        uint32_t nrv = 0, cp = NONE;
+        if (oop && kc)
+            cp = add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, ko, ko, kc, 0, NODEPS);
         for (int d = 1; d < n; d++) {
             int p = (r + d) % n;
             uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p);
             uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p + 1) - o;
             uint64_t co = o + sc_split(c, K, k), cc = o + sc_split(c, K, k + 1) - co;
-            uint32_t prev = k ? sv[(size_t)p * K + k - 1] : cp;
-            uint32_t i = cc ? add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, r + d, tpush, co, co, cc, 0,
-                                  DEPS(prev))
-                            : prev;
+            uint32_t prev = k ? sv[(size_t)p * K + k - 1] : NONE;
+            uint32_t i =
+                cc ? add(b, SC_SEND, b->in, SC_BUF_RECV, r + d, tpush, co, co, cc, 0, DEPS(prev))
+                   : prev;
             if (cc && i != NONE) b->plan->steps[i].stage = SC_STAGE_PUSH;
             sv[(size_t)p * K + k] = i;
             if (!kc) continue;
@@ -385,8 +391,8 @@ static void build_allreduce_direct(bld_t *b)
                                       .count = kc},
                           after, nafter);
             if (cc) {
-                uint32_t i = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, r - d, tpull, co, co, cc, 0,
-                                 DEPS(sv[(size_t)q * K + k]));
+                uint32_t i = add(b, SC_RECV, b->in, SC_BUF_RECV, r - d, tpull, co, co, cc, 0,
+                                 DEPS(oop ? NONE : sv[(size_t)q * K + k]));
                 if (i != NONE) b->plan->steps[i].stage = SC_STAGE_PULL;
             }
         }

@@ -242,14 +242,21 @@ static void run_spray(int iters)
 static void run_lossy(int iters, double push, double pull, double min_lost)
 {
     size_t n = 1 << 19;
-    float *x = malloc(n * sizeof(float));
-    double *a = malloc(n * sizeof(double));
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    double *a = malloc(n * sizeof(double)), *b = malloc(n * sizeof(double));
     double lost_push = 0, lost_pull = 0, seen_push = 0, seen_pull = 0;
     uint64_t missing_seen = 0;
     for (int it = 0; it < iters; it++) {
-        for (size_t i = 0; i < n; i++) x[i] = (float)val(R, i);
+        /* Odd iterations out of place, into a poisoned buffer: a pull that
+         * never came must leave this rank's input there too. */
+        bool oop = it % 2;
+        for (size_t i = 0; i < n; i++) {
+            x[i] = (float)val(R, i);
+            y[i] = -1.0f;
+        }
+        float *out = oop ? y : x;
         coh_loss_info_t li;
-        wait_loss(lossy(x, x, n, COH_F32, COH_SUM, push, pull, it % 8), &li);
+        wait_loss(lossy(x, out, n, COH_F32, COH_SUM, push, pull, it % 8), &li);
         if (li.push_lost > push + 1e-12 || li.pull_lost > pull + 1e-12)
             MP_FAIL(
                 "iteration %d: lost %.4f of the push (bound %.4f), %.4f of the pull (bound %.4f)",
@@ -258,7 +265,7 @@ static void run_lossy(int iters, double push, double pull, double min_lost)
         for (int o = 0; o < N; o++)
             for (size_t i = split(n, (size_t)N, (size_t)o); i < split(n, (size_t)N, (size_t)o + 1);
                  i++) {
-                double v = x[i];
+                double v = out[i];
                 long mask = (long)fmod(v, 32.0);
                 double k = (v - (double)mask) / 32.0;
                 int pc = __builtin_popcountl((unsigned long)mask);
@@ -286,11 +293,15 @@ static void run_lossy(int iters, double push, double pull, double min_lost)
         missing_seen += push_missing + own;
         /* An average divides by the contributors of each segment: every
          * rank's value c gives exactly c, whoever was missing. */
-        for (size_t i = 0; i < n; i++) a[i] = (double)(i % 777) * 0.5;
-        wait_loss(lossy(a, a, n, COH_F64, COH_AVG, push, pull, -1), &li);
+        for (size_t i = 0; i < n; i++) {
+            a[i] = (double)(i % 777) * 0.5;
+            b[i] = -1.0;
+        }
+        double *aout = oop ? b : a;
+        wait_loss(lossy(a, aout, n, COH_F64, COH_AVG, push, pull, -1), &li);
         for (size_t i = 0; i < n; i++)
-            if (a[i] != (double)(i % 777) * 0.5)
-                MP_FAIL("iteration %d: average a[%zu] = %.17g, expected %.17g", it, i, a[i],
+            if (aout[i] != (double)(i % 777) * 0.5)
+                MP_FAIL("iteration %d: average a[%zu] = %.17g, expected %.17g", it, i, aout[i],
                         (double)(i % 777) * 0.5);
     }
     /* The bound is the tensor's: receives of a few datagrams (small chunks)
@@ -304,7 +315,9 @@ static void run_lossy(int iters, double push, double pull, double min_lost)
            seen_pull ? 100 * lost_pull / seen_pull : 0, 100 * push, 100 * pull,
            (unsigned long long)missing_seen);
     free(x);
+    free(y);
     free(a);
+    free(b);
 }
 
 int main(int argc, char **argv)
