@@ -14,17 +14,14 @@
 
 void en_dg_encode(const en_dg_hdr_t *h, uint8_t out[EN_DG_HDR])
 {
-    en_put32(out, EN_DG_MAGIC);
-    out[4] = EN_DG_VERSION;
-    out[5] = h->flags;
-    en_put16(out + 6, 0);
+    en_put16(out, EN_DG_MAGIC);
+    out[2] = EN_DG_VERSION;
+    out[3] = h->flags;
+    en_put32(out + 4, h->comm);
     en_put64(out + 8, h->job);
-    en_put32(out + 16, h->comm);
-    en_put32(out + 20, h->step);
-    en_put64(out + 24, h->seq);
-    en_put64(out + 32, h->offset);
-    en_put32(out + 40, h->len);
-    en_put32(out + 44, h->segno);
+    en_put64(out + 16, h->seq);
+    en_put32(out + 24, h->step);
+    en_put32(out + 28, h->segno);
 }
 
 uint64_t en_dg_job(const char *token)
@@ -37,22 +34,19 @@ uint64_t en_dg_job(const char *token)
 int en_dg_decode(const uint8_t *buf, size_t n, uint32_t seg, en_dg_hdr_t *out)
 {
     if (n < EN_DG_HDR || n > EN_DG_MAX) return COH_EPROTO;
-    if (en_get32(buf) != EN_DG_MAGIC || buf[4] != EN_DG_VERSION || (buf[5] & ~EN_DG_FLAGS) ||
-        en_get16(buf + 6) != 0)
+    if (en_get16(buf) != EN_DG_MAGIC || buf[2] != EN_DG_VERSION || (buf[3] & ~EN_DG_FLAGS))
         return COH_EPROTO;
-    en_dg_hdr_t h = {.flags = buf[5],
+    en_dg_hdr_t h = {.flags = buf[3],
+                     .comm = en_get32(buf + 4),
                      .job = en_get64(buf + 8),
-                     .comm = en_get32(buf + 16),
-                     .step = en_get32(buf + 20),
-                     .seq = en_get64(buf + 24),
-                     .offset = en_get64(buf + 32),
-                     .len = en_get32(buf + 40),
-                     .segno = en_get32(buf + 44)};
-    /* The payload is exactly len; a segment starts where its number says
-     * and is never longer than one. */
-    if ((size_t)h.len != n - EN_DG_HDR || !seg || h.len > seg ||
-        h.offset != (uint64_t)h.segno * seg || h.offset > UINT64_MAX - h.len)
-        return COH_EPROTO;
+                     .seq = en_get64(buf + 16),
+                     .step = en_get32(buf + 24),
+                     .segno = en_get32(buf + 28),
+                     .len = (uint32_t)(n - EN_DG_HDR)};
+    /* A segment is never longer than one; it starts where its number says
+     * (a u32 times a u32: no overflow). */
+    if (!seg || h.len > seg) return COH_EPROTO;
+    h.offset = (uint64_t)h.segno * seg;
     *out = h;
     return 0;
 }
