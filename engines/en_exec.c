@@ -304,7 +304,7 @@ int en_exec_send_ctl(en_conn_t *c, int type, uint32_t comm, uint64_t seq, int st
     w->payload = w->ctl;
     w->len = len;
     w->done = ctl_done;
-    int e = c->rail->ops->tr_send(c, w);
+    int e = c->ops->tr_send(c, w);
     if (e) coh_free(w);
     return e;
 }
@@ -347,7 +347,7 @@ static void op_fail(en_op_t *op, int status, bool tell_peers, const char *fmt, .
         }
         /* A conn paused on this op's frame can now drop it. */
         if (c->rstate == EN_RD_BLOCKED && c->hdr.seq == op->seq && c->hdr.comm == op->comm)
-            rail->ops->tr_resume(c);
+            c->ops->tr_resume(c);
     }
     op->progressing = held;
 }
@@ -362,6 +362,17 @@ static void fail_mismatch(en_op_t *op, int peer)
 }
 
 /* ---- running steps ---- */
+
+int en_conn_match(en_conn_t *c)
+{
+    int m = en_exec_match(c->rail, c);
+    if (m < 0) {
+        atomic_fetch_add(&c->rail->stat_bad_frames, 1);
+        return m;
+    }
+    c->rstate = m == EN_MATCH_BLOCK ? EN_RD_BLOCKED : EN_RD_PAYLOAD;
+    return m;
+}
 
 void en_exec_step_done(en_op_t *op, uint32_t i)
 {
@@ -452,7 +463,7 @@ static void start_step(en_op_t *op, uint32_t i)
                       .sig = op->sig,
                       .len = w->len};
         en_hdr_encode(&h, w->hdr);
-        int e = rail->ops->tr_send(c, w);
+        int e = c->ops->tr_send(c, w);
         if (e) {
             op_fail(op, e, true, "cannot send to rank %d: %s", s->peer, coh_strerror(e));
             return;
@@ -478,7 +489,7 @@ static void start_step(en_op_t *op, uint32_t i)
             stash_deliver(op, i, e);
             return;
         }
-        if (c->rstate == EN_RD_BLOCKED) rail->ops->tr_resume(c);
+        if (c->rstate == EN_RD_BLOCKED) c->ops->tr_resume(c);
         return;
     }
     case SC_COPY: {
@@ -566,7 +577,7 @@ static void op_run(en_rail_t *rail, en_op_t *op)
     for (int p = 0; p < rail->world; p++) {
         en_conn_t *c = rail->peers[p];
         if (c && c->rstate == EN_RD_BLOCKED && c->hdr.seq == op->seq && c->hdr.comm == op->comm)
-            rail->ops->tr_resume(c);
+            c->ops->tr_resume(c);
     }
     op->progressing = false;
     en_exec_kick(op);
@@ -724,7 +735,7 @@ void en_exec_recv_done(en_rail_t *rail, en_conn_t *c)
     if (s.mode == EN_SINK_CTRL) {
         if (h.type == EN_FRAME_DGCTL) {
             if (en_udp_ctl(rail, c, &h, c->ctl, (size_t)s.len) < 0)
-                rail->ops->tr_close(c, COH_EPROTO, "a malformed datagram control message");
+                c->ops->tr_close(c, COH_EPROTO, "a malformed datagram control message");
             return;
         }
         handle_abort(rail, c, &h, (size_t)s.len);
@@ -875,7 +886,7 @@ void en_exec_check_timeouts(en_rail_t *rail)
         for (uint32_t w = 0; w < op->nwreqs; w++) {
             en_wreq_t *wr = &op->wreqs[w];
             if (op->sstate[wr->step] == EN_STEP_RUN && wr->conn && wr->conn->state == EN_CONN_READY)
-                rail->ops->tr_close(wr->conn, COH_ETIMEDOUT, "send stuck after its op failed");
+                wr->conn->ops->tr_close(wr->conn, COH_ETIMEDOUT, "send stuck after its op failed");
         }
     }
 }

@@ -66,6 +66,19 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
         goto nomem;
     }
     rail->sync_init = true;
+    if (cfg->shm_dir && cfg->shm_dir[0]) {
+        rail->shm_peer = coh_zalloc((size_t)cfg->world);
+        rail->shm_names = coh_zalloc((size_t)cfg->world * EN_SHM_NAME);
+        if (!rail->shm_peer || !rail->shm_names) goto nomem;
+        int e = en_shm_init(rail, cfg->shm_dir, cfg->shm_name ? cfg->shm_name : "0",
+                            cfg->shm_ring_bytes);
+        if (e) {
+            char why[BS_ERR_LEN];
+            snprintf(why, sizeof(why), "%s", coh_last_error());
+            en_rail_fini(rail);
+            return bs_fail(e, "%s", why);
+        }
+    }
     return 0;
 nomem:
     en_rail_fini(rail);
@@ -75,6 +88,11 @@ nomem:
 void en_rail_fini(en_rail_t *rail)
 {
     en_udp_fini(rail);
+    en_shm_fini(rail);
+    coh_free(rail->shm_peer);
+    coh_free(rail->shm_names);
+    rail->shm_peer = NULL;
+    rail->shm_names = NULL;
     if (rail->sync_init) {
         uv_cond_destroy(&rail->cv);
         uv_mutex_destroy(&rail->mu);
@@ -100,6 +118,7 @@ int en_rail_open(en_rail_t *rail, uv_loop_t *loop)
     en_rail_arm_timer(rail);
     int e = rail->ops->tr_listen(rail, (struct sockaddr *)&rail->local, &rail->bound);
     if (e == 0 && rail->want_udp) e = en_udp_open(rail, &rail->udpcfg);
+    if (e == 0 && rail->shm) e = en_shm_ops.tr_listen(rail, NULL, NULL);
     return e;
 }
 
@@ -124,9 +143,19 @@ static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)
     uv_mutex_unlock(&rail->mu);
 }
 
+bool en_rail_set_shm_peer(en_rail_t *rail, int peer, const char *name)
+{
+    if (!rail->shm || peer < 0 || peer >= rail->world || !name || strlen(name) >= EN_SHM_NAME)
+        return false;
+    snprintf(rail->shm_names + (size_t)peer * EN_SHM_NAME, EN_SHM_NAME, "%s", name);
+    rail->shm_peer[peer] = 1;
+    return true;
+}
+
 void en_rail_dial(en_rail_t *rail, int peer, const struct sockaddr *addr)
 {
-    int e = rail->ops->tr_connect(rail, peer, addr);
+    int e = rail->shm && rail->shm_peer[peer] ? en_shm_ops.tr_connect(rail, peer, addr)
+                                              : rail->ops->tr_connect(rail, peer, addr);
     if (e < 0) set_conn_status(rail, e, "%s", coh_last_error());
 }
 
@@ -273,6 +302,25 @@ int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, cha
     return 0;
 }
 
+void en_rail_conn_link(en_rail_t *rail, en_conn_t *c)
+{
+    c->all_prev = NULL;
+    c->all_next = rail->all;
+    if (rail->all) rail->all->all_prev = c;
+    rail->all = c;
+}
+
+void en_rail_conn_unlink(en_conn_t *c)
+{
+    en_rail_t *rail = c->rail;
+    if (c->all_prev)
+        c->all_prev->all_next = c->all_next;
+    else if (rail->all == c)
+        rail->all = c->all_next;
+    if (c->all_next) c->all_next->all_prev = c->all_prev;
+    c->all_prev = c->all_next = NULL;
+}
+
 void en_rail_conn_ready(en_rail_t *rail, en_conn_t *c)
 {
     uv_mutex_lock(&rail->mu);
@@ -316,12 +364,13 @@ void en_rail_drop_peer(en_rail_t *rail, int peer, int status, const char *why)
     en_conn_t *c = rail->peers[peer];
     /* The ops fail with why itself, not "lost the connection": say it first. */
     en_exec_fail_peer(rail, peer, status, why);
-    rail->ops->tr_close(c, status, why);
+    c->ops->tr_close(c, status, why);
 }
 
 void en_rail_debug_cut(en_rail_t *rail, int peer)
 {
-    if (peer >= 0 && peer < rail->world && rail->peers[peer]) rail->ops->tr_cut(rail->peers[peer]);
+    if (peer >= 0 && peer < rail->world && rail->peers[peer])
+        rail->peers[peer]->ops->tr_cut(rail->peers[peer]);
 }
 
 void en_rail_cancel_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
@@ -390,6 +439,7 @@ void en_rail_shutdown(en_rail_t *rail)
     if (rail->timer_open) uv_close((uv_handle_t *)&rail->timer, NULL);
     rail->timer_open = rail->timer_on = false;
     en_udp_shutdown(rail);
+    en_shm_ops.tr_shutdown(rail);
     rail->ops->tr_shutdown(rail);
 }
 

@@ -209,21 +209,10 @@ static void sock_close(tcp_sock_t *s)
 
 /* ---- connections ---- */
 
-static void unlink_conn(en_conn_t *c)
-{
-    en_rail_t *rail = c->rail;
-    if (c->all_prev)
-        c->all_prev->all_next = c->all_next;
-    else if (rail->all == c)
-        rail->all = c->all_next;
-    if (c->all_next) c->all_next->all_prev = c->all_prev;
-    c->all_prev = c->all_next = NULL;
-}
-
 static void conn_unref(tcp_conn_t *t)
 {
     if (--t->refs > 0) return;
-    unlink_conn(&t->base);
+    en_rail_conn_unlink(&t->base);
     coh_free(t->stage);
     coh_free(t);
 }
@@ -243,14 +232,13 @@ static tcp_conn_t *conn_new(en_rail_t *rail)
         return NULL;
     }
     t->base.rail = rail;
+    t->base.ops = rail->ops;
     t->base.peer = -1;
     t->via = rail->index;
     t->refs = 1;
     uv_timer_init(rail->loop, &t->watch);
     t->watch.data = t;
-    t->base.all_next = rail->all;
-    if (rail->all) rail->all->all_prev = &t->base;
-    rail->all = &t->base;
+    en_rail_conn_link(rail, &t->base);
     return t;
 }
 
@@ -772,20 +760,11 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 static bool match(tcp_conn_t *t)
 {
     en_conn_t *c = &t->base;
-    int m = en_exec_match(c->rail, c);
+    int m = en_conn_match(c);
     if (c->state != EN_CONN_READY) return false;
-    if (m < 0) {
-        atomic_fetch_add(&c->rail->stat_bad_frames, 1);
-        conn_close(t, m, "frame refused");
-        return false;
-    }
-    if (m == EN_MATCH_BLOCK) {
-        c->rstate = EN_RD_BLOCKED;
-        stop_reading(t);
-        return false;
-    }
-    c->rstate = EN_RD_PAYLOAD;
-    return true;
+    if (m < 0) conn_close(t, m, "frame refused");
+    if (m == EN_MATCH_BLOCK) stop_reading(t);
+    return m == EN_MATCH_OK;
 }
 
 /* Parse and deliver what the staging buffer holds. */
@@ -1290,7 +1269,7 @@ static void tcp_shutdown(en_rail_t *rail)
 {
     tcp_tr_t *tr = rail->listener;
     for (en_conn_t *c = rail->all; c; c = c->all_next)
-        conn_close((tcp_conn_t *)c, COH_ECANCELED, "rail stopping");
+        if (c->ops == rail->ops) conn_close((tcp_conn_t *)c, COH_ECANCELED, "rail stopping");
     if (tr) {
         /* Detach them all first: they free themselves in any order. */
         tcp_sock_t *s = tr->socks;

@@ -276,7 +276,7 @@ static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass,
         coh_free(w);
         return;
     }
-    if (rail->ops->tr_send(c, w) != 0) coh_free(w);
+    if (c->ops->tr_send(c, w) != 0) coh_free(w);
 }
 
 /* A control message again, as a datagram alone on every path (the TCP

@@ -34,6 +34,7 @@
 #include "sched/sc_rails.h"
 
 #define EN_MAX_RAILS SC_MAX_RAILS
+#define EN_SHM_NAME  48 /* a context's shared-memory name, NUL included */
 
 /* Wait on cv (mu held) until signalled or the deadline; false when the
  * deadline has passed. The callers loop on their own condition. */
@@ -172,8 +173,9 @@ typedef enum en_read_state {
 
 struct en_conn {
     en_rail_t *rail;
-    en_conn_t *all_prev, *all_next; /* every conn of the rail, identified or not */
-    int peer;                       /* communicator rank; -1 until the handshake names it */
+    const struct en_transport_ops *ops; /* its transport's (tcp, or shm to a peer on this host) */
+    en_conn_t *all_prev, *all_next;     /* every conn of the rail, identified or not */
+    int peer;                           /* communicator rank; -1 until the handshake names it */
     int state;
     int rstate;
     bool outgoing;
@@ -235,6 +237,8 @@ typedef struct en_transport_ops {
 } en_transport_ops_t;
 
 extern const en_transport_ops_t en_tcp_ops;
+/* Peers on the same host (en_shm.c): listen and connect ignore addresses. */
+extern const en_transport_ops_t en_shm_ops;
 void en_ops_complete(en_transport_ops_t *ops);
 
 /* ---- ops: one rail's slice of a request ---- */
@@ -370,6 +374,11 @@ typedef struct en_rail_cfg {
     en_rail_observer_t *observer;         /* NULL: events are only logged */
     bool udp;                             /* a datagram socket beside the listener */
     en_udp_cfg_t udpcfg;
+    /* Shared memory for peers on this host (en_rail_set_shm_peer): the
+     * directory of the job's sockets (NULL or "": off), each ring's bytes. */
+    const char *shm_dir;
+    const char *shm_name; /* this context's: rank, pid and a count (unique on the host) */
+    size_t shm_ring_bytes;
 } en_rail_cfg_t;
 
 struct en_rail {
@@ -436,7 +445,11 @@ struct en_rail {
     _Atomic uint64_t stat_failovers; /* links moved off this rail's interface */
     _Atomic uint64_t stat_returns;   /* links back on it */
     _Atomic uint64_t stat_resent;    /* bytes sent again after a move */
-    struct en_udp *udp;              /* a udp rail's datagram engine; NULL on tcp rails */
+    _Atomic uint64_t stat_shm_out, stat_shm_in; /* of stat_bytes_*: through shared memory */
+    struct en_udp *udp; /* a udp rail's datagram engine; NULL on tcp rails */
+    struct en_shm *shm; /* the shared-memory transport; NULL: off */
+    uint8_t *shm_peer;  /* [world]: dial this peer through shared memory */
+    char *shm_names;    /* [world * EN_SHM_NAME]: their contexts' names */
     bool want_udp;
     en_udp_cfg_t udpcfg;
 };
@@ -495,10 +508,16 @@ int en_rail_set_routes(en_rail_t *rail, int peer, const struct sockaddr_storage 
 void en_rail_debug_cut(en_rail_t *rail, int peer);
 /* Any thread: has the peer's connection gone on this rail? */
 bool en_rail_peer_lost(en_rail_t *rail, int peer);
+/* Any thread, before en_rail_dial(peer): peer shares this host and listens
+ * on shared memory too (false without shm). */
+bool en_rail_set_shm_peer(en_rail_t *rail, int peer, const char *name);
 
 /* ---- inside engines/ ---- */
 
-/* Upcalls from transports (loop thread). */
+/* Upcalls from transports (loop thread). A conn is on the rail's list of
+ * every conn (rail->all) from its creation until it is closed. */
+void en_rail_conn_link(en_rail_t *rail, en_conn_t *c);
+void en_rail_conn_unlink(en_conn_t *c);
 void en_rail_conn_ready(en_rail_t *rail, en_conn_t *c);
 void en_rail_conn_lost(en_rail_t *rail, en_conn_t *c, int status, const char *why);
 /* Handshake check for an accepted connection: 0, or a status with why. */
@@ -509,6 +528,14 @@ void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h);
 void en_rail_event(en_rail_t *rail, int kind, int peer, int via, double pause_s, const char *why);
 /* Copy of peer's route through interface via; false when unknown. */
 bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out);
+
+/* The shared-memory transport (en_shm.c). init and fini: any thread. */
+int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_bytes);
+void en_shm_fini(en_rail_t *rail);
+/* Where a context's listener of rail is: DIR/cohort-UID-HASH(token)/NAME.RAIL
+ * (NAME: the context's, unique on the host; learned through the store). */
+int en_shm_path(const char *dir, const char *token, const char *name, int rail, char *out,
+                size_t cap);
 
 /* The datagram engine (en_udp.c), loop thread unless said. */
 int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg); /* after the listener is bound */
@@ -540,6 +567,10 @@ typedef enum en_match { EN_MATCH_OK = 0, EN_MATCH_BLOCK = 1 } en_match;
  * EN_MATCH_OK, EN_MATCH_BLOCK (nothing posted yet: pause reading), or a
  * negative status (protocol error: close the connection). */
 int en_exec_match(en_rail_t *rail, en_conn_t *c);
+/* en_exec_match for a transport: also sets c->rstate (EN_RD_PAYLOAD, or
+ * EN_RD_BLOCKED: pause reading) and counts a refused frame (a negative
+ * status: the transport closes the connection). */
+int en_conn_match(en_conn_t *c);
 /* The sink of c is full: finish the receive or handle the control frame. */
 void en_exec_recv_done(en_rail_t *rail, en_conn_t *c);
 /* Run the op's ready steps and end it if it is finished (outermost caller). */

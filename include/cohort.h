@@ -168,7 +168,7 @@ typedef struct coh_config {
                                 rank's data joins the ones still to come (8; 1 = phase 2) */
     size_t udp_seg_bytes;    /* COHORT_UDP_SEG_BYTES: payload of a bounded-loss data datagram
                                 (0: the rail interface's MTU less the IP, UDP and cohort
-                                headers, 1424 on Ethernet) */
+                                headers, 1440 on Ethernet) */
     int udp_rate_mbps;       /* COHORT_UDP_RATE_MBPS: the line rate a udp flow starts at and
                                 returns to (10000) */
     int udp_period_us;       /* COHORT_UDP_PERIOD_US: receivers report their receiving rate
@@ -181,6 +181,9 @@ typedef struct coh_config {
     int udp_spray;           /* COHORT_UDP_SPRAY: with several udp rails (same datagram size),
                                 a bounded-loss allreduce sprays its datagrams over all of them,
                                 rate-controlled per rail (1); 0: each carries its own slice */
+    int shm;                 /* COHORT_SHM: ranks on the same host (COHORT_HOST_ID) connect
+                                through shared memory on every rail (1) */
+    size_t shm_ring_bytes;   /* COHORT_SHM_RING_BYTES: each shared-memory ring (4 MiB) */
     char _storage[320];      /* private: holds strings coh_config_init composes */
 } coh_config_t;
 
@@ -336,6 +339,9 @@ typedef struct coh_stats {
     uint64_t dg_sent, dg_received;
     uint64_t dg_duplicate, dg_invalid, dg_stranger, dg_late, dg_kept, dg_dropped;
     uint64_t udp_nacks, udp_resent_bytes;
+    /* Of bytes_sent and bytes_received, what went through shared memory to
+     * ranks on the same host (COHORT_SHM, docs/shm.md). */
+    uint64_t shm_bytes_sent, shm_bytes_received;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went

@@ -131,10 +131,22 @@ typedef enum rx_knob_kind {
     X(udp_spray, RX_K_INT, "1", "COHORT_UDP_SPRAY", 0, 1,                                          \
       "with several udp rails of the same datagram size, a bounded-loss allreduce sprays its "     \
       "datagrams over all of them (up to 4), rate-controlled per rail; 0: each carries its own "   \
-      "slice (every rank must get the same)")
+      "slice (every rank must get the same)")                                                      \
+    X(shm, RX_K_INT, "1", "COHORT_SHM", 0, 1,                                                      \
+      "ranks on the same host (COHORT_HOST_ID) connect through shared memory on every rail "       \
+      "(docs/shm.md); 0: through each rail's network transport")                                   \
+    X(shm_ring_bytes, RX_K_SIZE, "4M", "COHORT_SHM_RING_BYTES", 65536, 1ull << 30,                 \
+      "bytes of each shared-memory ring (one per direction per peer on the host and rail; a "      \
+      "power of two)")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \
+    X(host_id, RX_K_STR, "", "COHORT_HOST_ID", 0, 255,                                             \
+      "who shares this host: ranks with the same id talk through shared memory; empty: the "       \
+      "kernel's boot id (every rank of a machine, whatever its network namespace)")                \
+    X(shm_dir, RX_K_STR, "/dev/shm", "COHORT_SHM_DIR", 1, 80,                                      \
+      "where the job's shared-memory sockets live (in cohort-UID-HASH, mode 0700; the rings "      \
+      "themselves have no name)")                                                                  \
     X(store_port_offset, RX_K_INT, "1", "COHORT_STORE_PORT_OFFSET", 0, 1000,                       \
       "added to MASTER_PORT when the store address comes from torchrun's variables")               \
     X(local_size, RX_K_INT, "1", "COHORT_LOCAL_SIZE", 1, RX_MAX_WORLD,                             \
@@ -177,6 +189,8 @@ int rx_knob_set(coh_config_t *cfg, const rx_knob_t *k, const char *text, const c
  * bounded by the table; its default when unset. COH_EINVAL when it does
  * not parse. */
 int rx_env_knob_int(const char *name, int *out);
+/* An env-only string knob: its value, or its default; checked for length. */
+int rx_env_knob_str(const char *name, const char **out);
 /* Check every field of cfg against the table, then the fields that depend
  * on each other (rank < world_size, coordinator < world_size, a store for
  * a world > 1). */

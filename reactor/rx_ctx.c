@@ -402,10 +402,63 @@ static int set_routes(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
 }
 
 /* Exchange addresses through the store, dial lower ranks, wait for all. */
+/* This host's identity: COHORT_HOST_ID, else the kernel's boot id (every
+ * process of a machine has it, whatever its namespaces). */
+static int host_identity(struct coh_ctx *ctx)
+{
+    const char *id = "";
+    BS_CHECK(rx_env_knob_str("host_id", &id));
+    if (id[0]) {
+        snprintf(ctx->host_id, sizeof(ctx->host_id), "%s", id);
+        return 0;
+    }
+    snprintf(ctx->host_id, sizeof(ctx->host_id), "unknown-host");
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        char b[64];
+        if (fgets(b, sizeof(b), f)) {
+            b[strcspn(b, "\n")] = 0;
+            if (b[0]) snprintf(ctx->host_id, sizeof(ctx->host_id), "boot:%s", b);
+        }
+        fclose(f);
+    }
+    return 0;
+}
+
+/* "NAME:ID": NAME is the context's shared-memory listeners' ("-" without
+ * shared memory), ID its host. */
+static int put_host(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
+{
+    char key[64], val[320];
+    snprintf(key, sizeof(key), "host/%d", ctx->rank);
+    int n = snprintf(val, sizeof(val), "%s:%s", ctx->shm_dir ? ctx->shm_name : "-", ctx->host_id);
+    return rx_store_set(sc, key, val, (size_t)n, deadline);
+}
+
+static int get_host(struct coh_ctx *ctx, rx_store_client_t *sc, int peer, uint64_t deadline)
+{
+    char key[64], val[320];
+    size_t vl = 0;
+    snprintf(key, sizeof(key), "host/%d", peer);
+    memset(val, 0, sizeof(val));
+    BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms(deadline), deadline));
+    char *colon = strchr(val, ':');
+    if (!colon || colon - val >= EN_SHM_NAME)
+        return bs_fail(COH_EBOOTSTRAP, "rank %d published a malformed host entry", peer);
+    *colon = 0;
+    bool same = !strcmp(colon + 1, ctx->host_id);
+    ctx->same_host[peer] = same;
+    ctx->shm_peer[peer] = same && strcmp(val, "-") && ctx->shm_dir;
+    snprintf(ctx->shm_names[peer], EN_SHM_NAME, "%s", val);
+    if (same) ctx->local_n++;
+    return 0;
+}
+
 static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
 {
     char key[64], val[128];
     BS_CHECK(agree_conf(ctx, sc, deadline));
+    BS_CHECK(put_host(ctx, sc, deadline));
     snprintf(key, sizeof(key), "nrails/%d", ctx->rank);
     snprintf(val, sizeof(val), "%d", ctx->nrails);
     BS_CHECK(rx_store_set(sc, key, val, strlen(val), deadline));
@@ -424,7 +477,10 @@ static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
                            "rank %d has %s rails, this rank (%d) has %d: COHORT_NICS must list "
                            "the same number of rails on every rank",
                            peer, val, ctx->rank, ctx->nrails);
+        BS_CHECK(get_host(ctx, sc, peer, deadline));
         for (int r = 0; r < ctx->nrails; r++) {
+            if (ctx->shm_peer[peer])
+                en_rail_set_shm_peer(&ctx->rails[r].en, peer, ctx->shm_names[peer]);
             snprintf(key, sizeof(key), "addr/%d/%d", r, peer);
             memset(val, 0, sizeof(val));
             BS_CHECK(rx_store_get(sc, key, val, sizeof(val) - 1, &vl, left_ms(deadline), deadline));
@@ -435,6 +491,8 @@ static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
     }
     for (int r = 0; r < ctx->nrails; r++)
         BS_CHECK(en_rail_wait_connected(&ctx->rails[r].en, deadline));
+    for (int peer = ctx->rank + 1; peer < ctx->world; peer++)
+        BS_CHECK(get_host(ctx, sc, peer, deadline));
     if (ctx->nrails > 1 || ctx->any_udp) BS_CHECK(set_routes(ctx, sc, deadline));
     /* Every rank's control address: the coordinator's now, any other's
      * should the survivors have to elect it. */
@@ -552,6 +610,9 @@ static void ctx_fini(struct coh_ctx *ctx)
     coh_free(ctx->back);
     coh_free(ctx->rejoin_addrs);
     coh_free(ctx->ctrl_addrs);
+    coh_free(ctx->same_host);
+    coh_free(ctx->shm_peer);
+    coh_free(ctx->shm_names);
     uv_mutex_destroy(&ctx->fail_mu);
     coh_free(ctx);
 }
@@ -600,6 +661,10 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->back = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(uint32_t));
     ctx->ctrl_addrs =
         coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(struct sockaddr_storage));
+    ctx->same_host = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
+    ctx->shm_peer = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
+    ctx->shm_names = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), EN_SHM_NAME);
+    ctx->local_n = 1;
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
     ctx->world_comm.rank = ctx->rank;
@@ -608,9 +673,19 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     int st = 0;
     uint64_t deadline = bs_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
     if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s) ||
-        !ctx->failed || !ctx->back || !ctx->ctrl_addrs) {
+        !ctx->failed || !ctx->back || !ctx->ctrl_addrs || !ctx->same_host || !ctx->shm_peer ||
+        !ctx->shm_names) {
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
+    }
+    BS_CHECK_GOTO(host_identity(ctx), st, fail);
+    if (ctx->cfg.shm && ctx->world > 1 && !ctx->cfg.rejoin) {
+        BS_CHECK_GOTO(rx_env_knob_str("shm_dir", &ctx->shm_dir), st, fail);
+        /* Unique on the host: two jobs with one token (or two contexts of
+         * one process) never share a socket. */
+        static _Atomic unsigned nctx;
+        snprintf(ctx->shm_name, sizeof(ctx->shm_name), "%d-%ld-%u", ctx->rank, (long)getpid(),
+                 atomic_fetch_add(&nctx, 1));
     }
     ctx->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->event_fd < 0) {
@@ -660,7 +735,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     }
     for (int r = 0; r < ctx->nrails; r++) {
         /* A datagram fills the interface's MTU (less the IP, UDP and cohort
-         * headers): 1424 on Ethernet, 65k on loopback, where a syscall per
+         * headers): 1440 on Ethernet, 65k on loopback, where a syscall per
          * 1.4 KB costs more than the copy. */
         size_t seg = ctx->cfg.udp_seg_bytes;
         if (!seg) {
@@ -709,7 +784,10 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                        .period_us = ctx->cfg.udp_period_us,
                        .rcvbuf_bytes = ctx->cfg.udp_rcvbuf_bytes,
                        .test_drop_ppm = test_udp_drop_ppm(),
-                       .test_ctl_dgram_only = test_udp_ctl_dgram()}};
+                       .test_ctl_dgram_only = test_udp_ctl_dgram()},
+            .shm_dir = ctx->shm_dir,
+            .shm_name = ctx->shm_name,
+            .shm_ring_bytes = ctx->cfg.shm_ring_bytes};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];
@@ -837,6 +915,8 @@ static void rail_stats_add(const en_rail_t *en, coh_stats_t *s)
     s->dg_dropped += us.dg_dropped;
     s->udp_nacks += us.nacks;
     s->udp_resent_bytes += us.resent_bytes;
+    s->shm_bytes_sent += atomic_load(&en->stat_shm_out);
+    s->shm_bytes_received += atomic_load(&en->stat_shm_in);
 }
 
 COH_API int coh_ctx_rail_stats(coh_ctx_t *ctx, int rail, coh_stats_t *s)

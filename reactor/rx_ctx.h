@@ -68,6 +68,15 @@ struct coh_ctx {
     coh_comm_t *comms;                     /* world_comm, then communicators made from it */
     uint32_t probe_no;                     /* coh_probe calls (every rank the same) */
     _Atomic uint64_t n_probes;
+    /* Who shares this host (COHORT_HOST_ID, else the boot id): same_host
+     * and shm_peer are world entries, learned at bootstrap; shm_peer: the
+     * link goes through shared memory on every rail (both sides have it). */
+    char host_id[256];
+    const char *shm_dir;            /* COHORT_SHM_DIR; NULL: no shared memory */
+    char shm_name[EN_SHM_NAME];     /* this context's listeners: DIR/.../NAME.RAIL */
+    char (*shm_names)[EN_SHM_NAME]; /* [world]: the peers' */
+    uint8_t *same_host, *shm_peer;
+    int local_n; /* ranks on this host, this one included */
     char describe[1024];
 };
 

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -285,6 +287,21 @@ static int wrap_args(int rank, char **out, int max)
     return n;
 }
 
+/* rm -r path (what the ranks left: their sockets, after a crash). */
+static int remove_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    (void)remove(p); /* what cannot go stays; the rest still goes */
+    return 0;
+}
+
+static void remove_tree(const char *path)
+{
+    nftw(path, remove_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
 int main(int argc, char **argv)
 {
     int i = 1;
@@ -404,6 +421,15 @@ int main(int argc, char **argv)
     if (g.timeout_s > 0)
         uv_timer_start(&g.timeout_timer, on_timeout, (uint64_t)(g.timeout_s * 1000), 0);
 
+    /* The ranks' shared-memory sockets go in a directory of this run's, removed
+     * at the end whatever happened to them (unless COHORT_SHM_DIR says where). */
+    char shm_dir[64] = "";
+    if (!getenv("COHORT_SHM_DIR")) {
+        snprintf(shm_dir, sizeof(shm_dir), "%s/cohortrun-XXXXXX",
+                 access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+        if (!mkdtemp(shm_dir)) shm_dir[0] = 0;
+    }
+
     /* The environment every rank shares, minus the variables set per rank. */
     size_t nenv = 0;
     while (environ[nenv]) nenv++;
@@ -434,6 +460,7 @@ int main(int argc, char **argv)
         env[e++] = xasprintf("COHORT_TOKEN=%s", g.token);
         if (g.nics) env[e++] = xasprintf("COHORT_NICS=%s", g.nics);
         if (r == 0) env[e++] = xasprintf("COHORT_STORE_FD=%d", 3);
+        if (shm_dir[0]) env[e++] = xasprintf("COHORT_SHM_DIR=%s", shm_dir);
         env[e] = NULL;
 
         char **args = calloc((size_t)nargs + 33, sizeof(char *));
@@ -493,5 +520,6 @@ int main(int argc, char **argv)
     uv_run(g.loop, UV_RUN_DEFAULT);
     uv_loop_close(g.loop);
     free(g.ranks);
+    if (shm_dir[0]) remove_tree(shm_dir);
     return g.first_fail;
 }

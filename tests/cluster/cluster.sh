@@ -466,7 +466,8 @@ cmd_run() {
   export COHORT_CLUSTER=$name COHORT_CLUSTER_STATE
   COHORT_CLUSTER_STATE=$(state_file "$name")
   exec "$IPBIN" netns exec "$COH_HUB" "$launcher" -n "$COH_N" \
-    --wrap "$IPBIN netns exec $COH_NAME-{rank}" --store-host "$COH_STORE_HOST" \
+    --wrap "$IPBIN netns exec $COH_NAME-{rank} $HERE/host_env.sh {rank}" \
+    --store-host "$COH_STORE_HOST" \
     --nics "$COH_NICS" "$@"
 }
 

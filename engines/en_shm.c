@@ -1,0 +1,882 @@
+/*
+ * Shared-memory transport: the links of a rail to peers on the same host
+ * (issue 12, docs/shm.md).
+ *
+ * A link is two rings in shared memory, one per direction. Each is a memfd
+ * its writer creates and hands to the reader over a UNIX socket (SCM_RIGHTS)
+ * with the socket's HELLO, so nothing but the two processes can map it and
+ * nothing of it outlives them: there is no name in /dev/shm to leak. The
+ * socket is reached in a directory only this user can enter
+ * (COHORT_SHM_DIR/cohort-<uid>-<hash of the job token>, mode 0700), and the
+ * HELLO carries the job token as on TCP.
+ *
+ * The UNIX socket stays open beside the rings:
+ *   - as the doorbell: a reader about to sleep sets a flag in its ring, and
+ *     a writer that finds the flag set after publishing sends one byte (and
+ *     the same, the other way, for a writer waiting for room), so the
+ *     rail's libuv loop sleeps in epoll like on TCP, no thread spins;
+ *   - as the liveness check: a peer that dies closes it (its ops fail, no
+ *     hang).
+ *
+ * Frames go into a ring as on a TCP stream (header + payload), each padded
+ * to 8 bytes, so that payloads stay aligned for the reduce kernels. The
+ * reader decodes the header, matches it (en_exec_match) and copies or
+ * reduces the payload straight out of the ring into its destination: one
+ * copy in, one copy out, the reduction reading shared memory.
+ *
+ * A send completes once its frame is in the ring (the caller's buffer is
+ * free then), from an async callback: never inside tr_send.
+ *
+ * Threading: every function here runs on the rail's loop thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "base/bs_alloc.h"
+#include "engines/engine.h"
+
+#define SHM_MAGIC        0x474e495248534f43ull /* "COSHRING" */
+#define SHM_RING_HDR     256                   /* the indices, then the data */
+#define SHM_PUBLISH      (64 * 1024)           /* a long payload is published in pieces */
+#define SHM_HANDSHAKE_MS 10000
+
+/* At the start of a ring's mapping. head and tail count bytes since the
+ * start (never wrap); the data index is (count & (size - 1)). */
+typedef struct shm_ring {
+    _Atomic uint64_t head; /* the reader consumed */
+    char pad0[56];
+    _Atomic uint64_t tail; /* the writer published (a multiple of 8) */
+    char pad1[56];
+    _Atomic uint32_t rsleep; /* the reader waits for a doorbell */
+    _Atomic uint32_t wsleep; /* the writer waits for room */
+    uint64_t size;           /* data bytes: a power of two */
+    uint64_t magic;
+} shm_ring_t;
+
+typedef enum shm_phase { SH_HELLO = 0, SH_LIVE, SH_CLOSED } shm_phase;
+
+typedef struct shm_conn {
+    en_conn_t base; /* first member */
+    struct en_shm *tr;
+    int fd;
+    uv_poll_t poll;
+    uv_timer_t timer; /* the handshake's deadline */
+    int handles;      /* open libuv handles: freed when the last closes */
+    int phase;
+    int expect_peer; /* dialled: the rank that must answer */
+    uint8_t hello_in[EN_HELLO_SIZE];
+    size_t hello_got;
+    int peer_memfd;
+    shm_ring_t *tx, *rx;
+    size_t tx_map, rx_map;
+    /* Sending: frames in order; q_off bytes of the head's are in the ring. */
+    en_wreq_t *q_head, *q_tail;
+    uint64_t q_off;
+    uint64_t tx_tail; /* our tail (published or not) */
+    /* Receiving */
+    uint64_t rx_head; /* our head (published or not) */
+    uint64_t rx_pad;  /* bytes of padding after the current payload */
+    bool kicking, kick_again;
+    struct shm_conn *prev, *next; /* the transport's conns */
+} shm_conn_t;
+
+struct en_shm {
+    en_rail_t *rail;
+    int lfd;
+    uv_poll_t lpoll;
+    bool lpoll_open;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    size_t ring_bytes;
+    shm_conn_t *conns;
+    /* Completions (sends whose frame is in the ring), delivered from an
+     * async handle: a frame may be written by a thread helping the loop
+     * (an op started inline), and the loop thread asleep in poll() must
+     * wake for them (an idle handle would wait for its 50 ms timeout). */
+    en_wreq_t *done_head, *done_tail;
+    uv_async_t async;
+    bool async_open, async_on;
+    en_transport_ops_t ops; /* completed: what a conn's ops point to */
+    char dir[128];          /* COHORT_SHM_DIR */
+};
+typedef struct en_shm shm_tr_t;
+
+static void conn_close(shm_conn_t *t, int status, const char *why);
+static void kick(shm_conn_t *t);
+
+static uint64_t pad8(uint64_t n)
+{
+    return (8 - (n & 7)) & 7;
+}
+
+/* ---- the job's directory and a rail's socket path ---- */
+
+int en_shm_path(const char *dir, const char *token, const char *name, int rail, char *out,
+                size_t cap)
+{
+    uint64_t h = BS_FNV_SEED;
+    for (const char *t = token ? token : ""; *t; t++) h = bs_fnv64(h, (uint8_t)*t);
+    int n = snprintf(out, cap, "%s/cohort-%u-%016llx/%s.%d", dir, (unsigned)geteuid(),
+                     (unsigned long long)h, name, rail);
+    return n > 0 && (size_t)n < cap ? 0 : COH_EINVAL;
+}
+
+/* The directory of path (cut at the last '/'), made if missing: ours, and
+ * nobody else's to enter. */
+static int job_dir(const char *path)
+{
+    char d[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    snprintf(d, sizeof(d), "%s", path);
+    char *slash = strrchr(d, '/');
+    if (!slash) return bs_fail(COH_EINVAL, "shm: no directory in %s", path);
+    *slash = 0;
+    if (mkdir(d, 0700) != 0 && errno != EEXIST)
+        return bs_fail(COH_ESYS, "shm: cannot make %s: %s", d, strerror(errno));
+    struct stat st;
+    if (lstat(d, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077))
+        return bs_fail(COH_ESYS, "shm: %s is not a private directory of this user", d);
+    return 0;
+}
+
+/* ---- rings ---- */
+
+static int ring_new(shm_tr_t *tr, shm_conn_t *t, int *fd_out)
+{
+    size_t map = SHM_RING_HDR + tr->ring_bytes;
+    int fd = memfd_create("cohort-shm", MFD_CLOEXEC);
+    if (fd < 0) return bs_fail(COH_ESYS, "shm: memfd_create: %s", strerror(errno));
+    if (ftruncate(fd, (off_t)map) != 0) {
+        close(fd);
+        return bs_fail(COH_ENOMEM, "shm: %zu bytes of shared memory: %s", map, strerror(errno));
+    }
+    void *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return bs_fail(COH_ENOMEM, "shm: mmap: %s", strerror(errno));
+    }
+    shm_ring_t *r = p;
+    r->size = tr->ring_bytes;
+    r->magic = SHM_MAGIC;
+    t->tx = r;
+    t->tx_map = map;
+    *fd_out = fd;
+    return 0;
+}
+
+/* The peer's ring, handed over by fd: its size checked before it is used. */
+static int ring_map_peer(shm_conn_t *t, int fd, char *why, size_t whylen)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < SHM_RING_HDR + 4096 ||
+        (uint64_t)st.st_size > SHM_RING_HDR + (1ull << 31)) {
+        snprintf(why, whylen, "a ring of a bad size");
+        return COH_EPROTO;
+    }
+    size_t map = (size_t)st.st_size;
+    void *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        snprintf(why, whylen, "mmap of the peer's ring: %s", strerror(errno));
+        return COH_ESYS;
+    }
+    shm_ring_t *r = p;
+    uint64_t size = r->size;
+    if (r->magic != SHM_MAGIC || size < 4096 || (size & (size - 1)) || size != map - SHM_RING_HDR) {
+        munmap(p, map);
+        snprintf(why, whylen, "not a ring");
+        return COH_EPROTO;
+    }
+    t->rx = r;
+    t->rx_map = map;
+    t->rx_head = atomic_load(&r->head);
+    return 0;
+}
+
+static uint8_t *ring_data(shm_ring_t *r)
+{
+    return (uint8_t *)r + SHM_RING_HDR;
+}
+
+/* One byte on the socket: the peer looks at both rings again. */
+static void doorbell(shm_conn_t *t)
+{
+    uint8_t b = 1;
+    ssize_t n;
+    do n = send(t->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    /* EAGAIN: bytes are pending already, the peer will look. A dead peer
+     * shows as a hangup on the socket. */
+}
+
+/* ---- handles and the conn's life ---- */
+
+static void handle_closed(uv_handle_t *h)
+{
+    shm_conn_t *t = h->data;
+    if (--t->handles > 0) return;
+    if (t->fd >= 0) close(t->fd);
+    if (t->peer_memfd >= 0) close(t->peer_memfd);
+    if (t->tx) munmap(t->tx, t->tx_map);
+    if (t->rx) munmap(t->rx, t->rx_map);
+    coh_free(t);
+}
+
+static shm_conn_t *conn_new(shm_tr_t *tr, int fd)
+{
+    en_rail_t *rail = tr->rail;
+    shm_conn_t *t = coh_zalloc(sizeof(*t));
+    if (!t) return NULL;
+    t->tr = tr;
+    t->fd = fd;
+    t->peer_memfd = -1;
+    t->base.rail = rail;
+    t->base.peer = -1;
+    t->base.ops = &tr->ops;
+    t->base.state = EN_CONN_HANDSHAKE;
+    en_rail_conn_link(rail, &t->base);
+    if (uv_poll_init(rail->loop, &t->poll, fd) != 0) {
+        en_rail_conn_unlink(&t->base);
+        coh_free(t);
+        return NULL;
+    }
+    t->poll.data = t;
+    uv_timer_init(rail->loop, &t->timer);
+    t->timer.data = t;
+    t->handles = 2;
+    t->next = tr->conns;
+    if (tr->conns) tr->conns->prev = t;
+    tr->conns = t;
+    return t;
+}
+
+static void tx_fail_all(shm_conn_t *t, int status)
+{
+    while (t->q_head) {
+        en_wreq_t *w = t->q_head;
+        t->q_head = w->tx_next;
+        w->tx_next = NULL;
+        t->base.writes_out--;
+        w->done(w, status);
+    }
+    t->q_tail = NULL;
+}
+
+static void conn_close(shm_conn_t *t, int status, const char *why)
+{
+    en_conn_t *c = &t->base;
+    if (t->phase == SH_CLOSED) return;
+    int was = c->state;
+    t->phase = SH_CLOSED;
+    c->state = EN_CONN_CLOSING;
+    shm_tr_t *tr = t->tr;
+    if (t->prev)
+        t->prev->next = t->next;
+    else if (tr->conns == t)
+        tr->conns = t->next;
+    if (t->next) t->next->prev = t->prev;
+    t->prev = t->next = NULL;
+    uv_poll_stop(&t->poll);
+    uv_timer_stop(&t->timer);
+    en_rail_conn_unlink(c);
+    /* Frames already in the ring were sent, as a write TCP took is: their
+     * completions (queued) come first, so the ops they finish do not fail
+     * with the link (a peer that read them and finalized closes it). */
+    en_wreq_t **pp = &tr->done_head, *last = NULL, *mine = NULL, **mt = &mine;
+    while (*pp) {
+        en_wreq_t *w = *pp;
+        if (w->conn != c) {
+            last = w;
+            pp = &w->tx_next;
+            continue;
+        }
+        *pp = w->tx_next;
+        w->tx_next = NULL;
+        *mt = w;
+        mt = &w->tx_next;
+    }
+    tr->done_tail = last;
+    while (mine) {
+        en_wreq_t *w = mine;
+        mine = w->tx_next;
+        w->tx_next = NULL;
+        c->writes_out--;
+        w->done(w, 0);
+    }
+    en_rail_conn_lost(c->rail, c, was == EN_CONN_READY ? status : (status ? status : COH_EPROTO),
+                      why);
+    tx_fail_all(t, COH_ECANCELED);
+    c->state = EN_CONN_CLOSED;
+    uv_close((uv_handle_t *)&t->poll, handle_closed);
+    uv_close((uv_handle_t *)&t->timer, handle_closed);
+}
+
+static void hs_timeout(uv_timer_t *h)
+{
+    shm_conn_t *t = h->data;
+    atomic_fetch_add(&t->base.rail->stat_rejected, 1);
+    conn_close(t, COH_ETIMEDOUT, "no shared-memory handshake in time");
+}
+
+/* ---- sending ---- */
+
+static void done_arm(shm_tr_t *tr)
+{
+    if (tr->async_on || !tr->async_open) return;
+    tr->async_on = true;
+    uv_async_send(&tr->async);
+}
+
+/* Copy n bytes into the ring at our tail (two pieces across its end). */
+static void ring_put(shm_conn_t *t, const uint8_t *src, uint64_t n)
+{
+    shm_ring_t *r = t->tx;
+    uint64_t at = t->tx_tail & (r->size - 1), first = r->size - at < n ? r->size - at : n;
+    if (src) {
+        memcpy(ring_data(r) + at, src, first);
+        if (n > first) memcpy(ring_data(r), src + first, n - first);
+    } else {
+        memset(ring_data(r) + at, 0, first);
+        if (n > first) memset(ring_data(r), 0, n - first);
+    }
+    t->tx_tail += n;
+}
+
+static void publish(shm_conn_t *t)
+{
+    shm_ring_t *r = t->tx;
+    atomic_store(&r->tail, t->tx_tail); /* seq_cst: against the reader's rsleep */
+    if (atomic_load(&r->rsleep) && atomic_exchange(&r->rsleep, 0)) doorbell(t);
+}
+
+/* Write what fits of the queued frames. A frame is header + payload +
+ * padding to 8; payloads are published in pieces of whole 8-byte words. */
+static void pump_tx(shm_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    shm_ring_t *r = t->tx;
+    bool wrote = false;
+    while (t->q_head && t->phase == SH_LIVE) {
+        en_wreq_t *w = t->q_head;
+        uint64_t total = EN_HDR_SIZE + w->len, padded = total + pad8(total);
+        uint64_t room =
+            r->size - (t->tx_tail - atomic_load_explicit(&r->head, memory_order_acquire));
+        if (room < 8 || (t->q_off == 0 && room < EN_HDR_SIZE)) {
+            /* Full: the reader rings when it makes room. */
+            atomic_store(&r->wsleep, 1);
+            room = r->size - (t->tx_tail - atomic_load(&r->head));
+            if (room < 8 || (t->q_off == 0 && room < EN_HDR_SIZE)) break;
+            atomic_store(&r->wsleep, 0);
+        }
+        if (t->q_off == 0) {
+            ring_put(t, w->hdr, EN_HDR_SIZE);
+            t->q_off = EN_HDR_SIZE;
+            room -= EN_HDR_SIZE;
+        }
+        uint64_t left = padded - t->q_off;
+        uint64_t n = left < room ? left : room;
+        if (n > SHM_PUBLISH) n = SHM_PUBLISH;
+        if (n < left) n &= ~7ull; /* whole words until the end */
+        uint64_t pay_at = t->q_off - EN_HDR_SIZE, pay_n = 0;
+        if (pay_at < w->len) {
+            pay_n = w->len - pay_at < n ? w->len - pay_at : n;
+            ring_put(t, w->payload + pay_at, pay_n);
+        }
+        if (n > pay_n) ring_put(t, NULL, n - pay_n); /* the padding */
+        t->q_off += n;
+        publish(t);
+        wrote = true;
+        if (t->q_off < padded) continue;
+        /* In the ring: the caller's buffer is free. */
+        t->q_head = w->tx_next;
+        if (!t->q_head) t->q_tail = NULL;
+        t->q_off = 0;
+        c->bytes_out += total;
+        atomic_fetch_add_explicit(&c->rail->stat_bytes_out, total, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->rail->stat_shm_out, total, memory_order_relaxed);
+        w->tx_next = NULL;
+        if (t->tr->done_tail)
+            t->tr->done_tail->tx_next = w;
+        else
+            t->tr->done_head = w;
+        t->tr->done_tail = w;
+        done_arm(t->tr);
+    }
+    (void)wrote;
+}
+
+static void done_cb(uv_async_t *h)
+{
+    shm_tr_t *tr = h->data;
+    /* Detach first: a completion may queue more (and arm again). */
+    tr->async_on = false;
+    en_wreq_t *w = tr->done_head;
+    tr->done_head = tr->done_tail = NULL;
+    while (w) {
+        en_wreq_t *next = w->tx_next;
+        w->tx_next = NULL;
+        if (w->conn) w->conn->writes_out--;
+        w->done(w, 0);
+        w = next;
+    }
+}
+
+static int shm_send(en_conn_t *c, en_wreq_t *w)
+{
+    shm_conn_t *t = (shm_conn_t *)c;
+    if (c->state != EN_CONN_READY) return COH_EPEER;
+    w->conn = c;
+    w->tx_next = NULL;
+    if (t->q_tail)
+        t->q_tail->tx_next = w;
+    else
+        t->q_head = w;
+    t->q_tail = w;
+    c->writes_out++;
+    if (t->q_head == w) pump_tx(t);
+    return 0;
+}
+
+/* ---- receiving ---- */
+
+static void rx_publish(shm_conn_t *t)
+{
+    shm_ring_t *r = t->rx;
+    atomic_store(&r->head, t->rx_head);
+    if (atomic_load(&r->wsleep) && atomic_exchange(&r->wsleep, 0)) doorbell(t);
+}
+
+static bool match(shm_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    int m = en_conn_match(c);
+    if (c->state != EN_CONN_READY) return false;
+    if (m < 0) conn_close(t, m, "frame refused");
+    return m == EN_MATCH_OK;
+}
+
+/* Deliver what the peer's ring holds. */
+static void process(shm_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    en_rail_t *rail = c->rail;
+    shm_ring_t *r = t->rx;
+    const uint64_t size = r->size;
+    for (;;) {
+        if (c->state != EN_CONN_READY) return;
+        if (c->rstate == EN_RD_BLOCKED && !match(t)) break;
+        uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+        uint64_t avail = tail - t->rx_head;
+        if (avail > size || (tail & 7)) {
+            atomic_fetch_add(&rail->stat_bad_frames, 1);
+            conn_close(t, COH_EPROTO, "a shared-memory ring out of order");
+            return;
+        }
+        bool need_bytes = c->rstate == EN_RD_HDR || c->sink.done < c->sink.len || t->rx_pad;
+        if (avail == 0 && need_bytes) {
+            /* About to sleep: say so, then look once more (the writer
+             * publishes, then reads the flag). */
+            rx_publish(t);
+            atomic_store(&r->rsleep, 1);
+            if (atomic_load(&r->tail) == t->rx_head) break;
+            atomic_store(&r->rsleep, 0);
+            continue;
+        }
+        uint64_t at = t->rx_head & (size - 1);
+        if (c->rstate == EN_RD_HDR) {
+            if (avail < EN_HDR_SIZE) break;
+            uint8_t hb[EN_HDR_SIZE];
+            const uint8_t *hp = ring_data(r) + at;
+            if (size - at < EN_HDR_SIZE) {
+                memcpy(hb, hp, size - at);
+                memcpy(hb + (size - at), ring_data(r), EN_HDR_SIZE - (size - at));
+                hp = hb;
+            }
+            int d = en_hdr_decode(hp, EN_HDR_SIZE, &c->hdr);
+            if (d != EN_HDR_SIZE || c->hdr.type == EN_FRAME_ACK) {
+                atomic_fetch_add(&rail->stat_bad_frames, 1);
+                conn_close(t, COH_EPROTO, "malformed frame header");
+                return;
+            }
+            t->rx_head += EN_HDR_SIZE;
+            c->bytes_in += EN_HDR_SIZE;
+            atomic_fetch_add_explicit(&rail->stat_bytes_in, EN_HDR_SIZE, memory_order_relaxed);
+            atomic_fetch_add_explicit(&rail->stat_shm_in, EN_HDR_SIZE, memory_order_relaxed);
+            t->rx_pad = pad8(EN_HDR_SIZE + c->hdr.len);
+            c->t_frame_ns = bs_now_ns();
+            if (!match(t)) break;
+            continue;
+        }
+        /* EN_RD_PAYLOAD: straight from the ring into the sink. */
+        en_sink_t *s = &c->sink;
+        uint64_t need = s->len - s->done;
+        if (need > 0) {
+            uint64_t n = avail < need ? avail : need;
+            if (n > size - at) n = size - at;
+            if (s->mode == EN_SINK_REDUCE) n -= n % s->esize;
+            if (n == 0) break;
+            en_sink_consume(s, ring_data(r) + at, (size_t)n);
+            t->rx_head += n;
+            c->bytes_in += n;
+            atomic_fetch_add_explicit(&rail->stat_bytes_in, n, memory_order_relaxed);
+            atomic_fetch_add_explicit(&rail->stat_shm_in, n, memory_order_relaxed);
+            if (s->done < s->len) continue;
+        }
+        /* The padding was published with the payload's last word. */
+        if (tail - t->rx_head < t->rx_pad) break;
+        t->rx_head += t->rx_pad;
+        t->rx_pad = 0;
+        rx_publish(t);
+        c->rstate = EN_RD_HDR;
+        en_exec_recv_done(rail, c);
+    }
+    rx_publish(t);
+}
+
+/* A completion can reach back into a conn that is processing: run once more
+ * instead of nesting. */
+static void kick(shm_conn_t *t)
+{
+    if (t->kicking) {
+        t->kick_again = true;
+        return;
+    }
+    t->kicking = true;
+    do {
+        t->kick_again = false;
+        if (t->phase == SH_LIVE) {
+            process(t);
+            pump_tx(t);
+        }
+    } while (t->kick_again && t->phase == SH_LIVE);
+    t->kicking = false;
+}
+
+static void shm_resume(en_conn_t *c)
+{
+    shm_conn_t *t = (shm_conn_t *)c;
+    if (c->state == EN_CONN_READY && c->rstate == EN_RD_BLOCKED) kick(t);
+}
+
+/* ---- the socket: handshake, doorbells, hangups ---- */
+
+static int send_hello(shm_conn_t *t)
+{
+    en_rail_t *rail = t->base.rail;
+    int memfd = -1;
+    BS_CHECK(ring_new(t->tr, t, &memfd));
+    en_hello_t h;
+    en_rail_fill_hello(rail, &h);
+    uint8_t out[EN_HELLO_SIZE];
+    en_hello_encode(&h, out);
+    struct iovec iov = {.iov_base = out, .iov_len = sizeof(out)};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    memset(&cm, 0, sizeof(cm));
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+    struct cmsghdr *cmh = CMSG_FIRSTHDR(&mh);
+    cmh->cmsg_level = SOL_SOCKET;
+    cmh->cmsg_type = SCM_RIGHTS;
+    cmh->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmh), &memfd, sizeof(int));
+    ssize_t n;
+    do n = sendmsg(t->fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    close(memfd); /* the mapping and the peer's copy keep it */
+    if (n != (ssize_t)sizeof(out))
+        return bs_fail(COH_ESYS, "shm: sending the handshake: %s",
+                       n < 0 ? strerror(errno) : "short write");
+    return 0;
+}
+
+static void on_hello(shm_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    en_rail_t *rail = c->rail;
+    en_hello_t h;
+    char why[BS_ERR_LEN];
+    int r = en_hello_decode(t->hello_in, EN_HELLO_SIZE, &h);
+    if (r == EN_HELLO_SIZE) {
+        r = en_rail_check_hello(rail, &h, !c->outgoing, why, sizeof(why));
+    } else {
+        snprintf(why, sizeof(why), "malformed handshake");
+        r = COH_EPROTO;
+    }
+    if (r == 0 && (h.flags & EN_HELLO_RESUME)) {
+        snprintf(why, sizeof(why), "a resume on a shared-memory link");
+        r = COH_EPROTO;
+    }
+    if (r == 0 && c->outgoing && (int)h.rank != t->expect_peer) {
+        snprintf(why, sizeof(why), "dialled rank %d but rank %u answered", t->expect_peer, h.rank);
+        r = COH_EPROTO;
+    }
+    if (r == 0 && t->peer_memfd < 0) {
+        snprintf(why, sizeof(why), "no ring came with the handshake");
+        r = COH_EPROTO;
+    }
+    if (r == 0) r = ring_map_peer(t, t->peer_memfd, why, sizeof(why));
+    if (t->peer_memfd >= 0) {
+        close(t->peer_memfd);
+        t->peer_memfd = -1;
+    }
+    if (r == 0 && !c->outgoing && send_hello(t) != 0) {
+        snprintf(why, sizeof(why), "%s", coh_last_error());
+        r = COH_ESYS;
+    }
+    if (r < 0) {
+        atomic_fetch_add(&rail->stat_rejected, 1);
+        conn_close(t, r, why);
+        return;
+    }
+    uv_timer_stop(&t->timer);
+    c->peer = (int)h.rank;
+    t->phase = SH_LIVE;
+    c->state = EN_CONN_READY;
+    c->rstate = EN_RD_HDR;
+    en_rail_conn_ready(rail, c);
+    kick(t);
+}
+
+/* Handshake bytes (and the ring's fd) from the socket. */
+static void read_hello(shm_conn_t *t)
+{
+    for (;;) {
+        struct iovec iov = {.iov_base = t->hello_in + t->hello_got,
+                            .iov_len = EN_HELLO_SIZE - t->hello_got};
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * 4)];
+            struct cmsghdr align;
+        } cm;
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm)};
+        ssize_t n = recvmsg(t->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        for (struct cmsghdr *ch = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; ch; ch = CMSG_NXTHDR(&mh, ch))
+            if (ch->cmsg_level == SOL_SOCKET && ch->cmsg_type == SCM_RIGHTS) {
+                int nfd = (int)((ch->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                for (int i = 0; i < nfd; i++) {
+                    int fd;
+                    memcpy(&fd, CMSG_DATA(ch) + sizeof(int) * (size_t)i, sizeof(int));
+                    if (t->peer_memfd < 0)
+                        t->peer_memfd = fd;
+                    else
+                        close(fd); /* one ring per side */
+                }
+            }
+        if (n <= 0) {
+            conn_close(t, COH_EPEER,
+                       n == 0 ? "connection closed by peer"
+                              : "reading the shared-memory handshake");
+            return;
+        }
+        t->hello_got += (size_t)n;
+        if (t->hello_got == EN_HELLO_SIZE) {
+            on_hello(t);
+            return;
+        }
+    }
+}
+
+static void poll_cb(uv_poll_t *h, int status, int events)
+{
+    shm_conn_t *t = h->data;
+    if (t->phase == SH_CLOSED) return;
+    if (t->phase == SH_HELLO) {
+        if (status < 0) {
+            conn_close(t, COH_EPEER, uv_strerror(status));
+            return;
+        }
+        read_hello(t);
+        return;
+    }
+    /* Doorbells: drain them, then look at both rings. EOF or an error is
+     * the peer gone (a BYE before it: finalized). */
+    uint8_t buf[256];
+    ssize_t n;
+    bool gone = status < 0 || (events & UV_DISCONNECT);
+    while ((n = recv(t->fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+    }
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone = true;
+    kick(t); /* what the peer wrote before it went is still delivered */
+    if (gone && t->phase == SH_LIVE) {
+        en_conn_t *c = &t->base;
+        conn_close(t, COH_EPEER, c->peer_bye ? "peer finalized" : "connection closed by peer");
+    }
+}
+
+static int conn_start(shm_conn_t *t)
+{
+    int e = uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, poll_cb);
+    if (e) return bs_fail(COH_ESYS, "shm: poll: %s", uv_strerror(e));
+    uv_timer_start(&t->timer, hs_timeout, SHM_HANDSHAKE_MS, 0);
+    return 0;
+}
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+    (void)events;
+    shm_tr_t *tr = h->data;
+    if (status < 0) return;
+    for (;;) {
+        int fd = accept4(tr->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        shm_conn_t *t = conn_new(tr, fd);
+        if (!t) {
+            close(fd);
+            continue;
+        }
+        t->base.outgoing = false;
+        if (conn_start(t) != 0) conn_close(t, COH_ESYS, coh_last_error());
+    }
+}
+
+/* ---- the transport ---- */
+
+static int shm_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockaddr_storage *bound)
+{
+    (void)addr;
+    (void)bound;
+    shm_tr_t *tr = rail->shm;
+    BS_CHECK(job_dir(tr->path));
+    tr->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (tr->lfd < 0) return bs_fail(COH_ESYS, "shm: socket: %s", strerror(errno));
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", tr->path);
+    (void)unlink(tr->path); /* a crashed run's, in our private directory */
+    if (bind(tr->lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(tr->lfd, 256) != 0)
+        return bs_fail(COH_ESYS, "shm: listening on %s: %s", tr->path, strerror(errno));
+    int e = uv_poll_init(rail->loop, &tr->lpoll, tr->lfd);
+    if (e) return bs_fail(COH_ESYS, "shm: poll: %s", uv_strerror(e));
+    tr->lpoll.data = tr;
+    tr->lpoll_open = true;
+    uv_poll_start(&tr->lpoll, UV_READABLE, on_accept);
+    e = uv_async_init(rail->loop, &tr->async, done_cb);
+    if (e) return bs_fail(COH_ESYS, "shm: async: %s", uv_strerror(e));
+    tr->async.data = tr;
+    tr->async_open = true;
+    return 0;
+}
+
+static int shm_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
+{
+    (void)addr;
+    shm_tr_t *tr = rail->shm;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (en_shm_path(tr->dir, rail->token, rail->shm_names + (size_t)peer * EN_SHM_NAME, rail->index,
+                    a.sun_path, sizeof(a.sun_path)) != 0)
+        return bs_fail(COH_EINVAL, "shm: the socket path is too long");
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return bs_fail(COH_ESYS, "shm: socket: %s", strerror(errno));
+    /* A UNIX socket connects at once (or the listener's backlog is full). */
+    int r;
+    do r = connect(fd, (struct sockaddr *)&a, sizeof(a));
+    while (r != 0 && errno == EINTR);
+    if (r != 0) {
+        int err = errno;
+        close(fd);
+        return bs_fail(COH_EPEER, "shm: connecting to rank %d at %s: %s", peer, a.sun_path,
+                       strerror(err));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        close(fd);
+        return bs_fail(COH_ESYS, "shm: fcntl: %s", strerror(errno));
+    }
+    shm_conn_t *t = conn_new(tr, fd);
+    if (!t) {
+        close(fd);
+        return bs_fail(COH_ENOMEM, "out of memory");
+    }
+    t->base.outgoing = true;
+    t->expect_peer = peer;
+    if (send_hello(t) != 0 || conn_start(t) != 0) {
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why), "%s", coh_last_error());
+        conn_close(t, COH_ESYS, why);
+        return bs_fail(COH_ESYS, "%s", why);
+    }
+    return 0;
+}
+
+static void shm_close(en_conn_t *c, int status, const char *why)
+{
+    conn_close((shm_conn_t *)c, status, why);
+}
+
+static void shm_cut(en_conn_t *c)
+{
+    shutdown(((shm_conn_t *)c)->fd, SHUT_RDWR);
+}
+
+static void shm_shutdown(en_rail_t *rail)
+{
+    shm_tr_t *tr = rail->shm;
+    if (!tr) return;
+    while (tr->conns) conn_close(tr->conns, COH_ECANCELED, "rail stopping");
+    if (tr->lpoll_open) {
+        uv_close((uv_handle_t *)&tr->lpoll, NULL);
+        tr->lpoll_open = false;
+        (void)unlink(tr->path);
+        /* The job's directory goes with its last socket. */
+        char d[sizeof(tr->path)];
+        snprintf(d, sizeof(d), "%s", tr->path);
+        char *slash = strrchr(d, '/');
+        if (slash) {
+            *slash = 0;
+            (void)rmdir(d);
+        }
+    }
+    if (tr->async_open) {
+        uv_close((uv_handle_t *)&tr->async, NULL);
+        tr->async_open = tr->async_on = false;
+    }
+}
+
+const en_transport_ops_t en_shm_ops = {
+    .name = "shm",
+    .tr_listen = shm_listen,
+    .tr_connect = shm_connect,
+    .tr_send = shm_send,
+    .tr_resume = shm_resume,
+    .tr_close = shm_close,
+    .tr_shutdown = shm_shutdown,
+    .tr_cut = shm_cut,
+};
+
+int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_bytes)
+{
+    shm_tr_t *tr = coh_zalloc(sizeof(*tr));
+    if (!tr) return bs_fail(COH_ENOMEM, "out of memory");
+    tr->rail = rail;
+    tr->lfd = -1;
+    /* A power of two, at least 64 KiB. */
+    size_t rb = 64 * 1024;
+    while (rb < ring_bytes && rb < (1u << 30)) rb <<= 1;
+    tr->ring_bytes = rb;
+    snprintf(tr->dir, sizeof(tr->dir), "%s", dir);
+    if (en_shm_path(dir, rail->token, name, rail->index, tr->path, sizeof(tr->path)) != 0) {
+        coh_free(tr);
+        return bs_fail(COH_EINVAL, "COHORT_SHM_DIR %s: the socket path is too long", dir);
+    }
+    tr->ops = en_shm_ops;
+    en_ops_complete(&tr->ops);
+    rail->shm = tr;
+    return 0;
+}
+
+void en_shm_fini(en_rail_t *rail)
+{
+    shm_tr_t *tr = rail->shm;
+    if (!tr) return;
+    if (tr->lfd >= 0) close(tr->lfd);
+    coh_free(tr);
+    rail->shm = NULL;
+}
