@@ -34,7 +34,10 @@ usage: bench/peers/run.sh [options]
   --iters N          timed iterations per size (default 20)
   --warmup N         warm-up iterations per size (default 5)
   --ranks "2 4"      rank counts (default "2 4")
-  --impls LIST       which of "cohort gloo mpi" to run (default all)
+  --impls LIST       which of "cohort gloo mpi shm vader" to run (default "cohort gloo
+                     mpi": every one over loopback TCP, cohort with COHORT_SHM=0);
+                     shm: cohort over shared memory, vader: Open MPI's shared memory
+                     (btl self,vader); with both, a table of shm against vader
   --gloo-algo A      gloo-bench -a: best (default), default, ring, ring_chunked,
                      halving_doubling, bcube
   --build DIR        build tree with bin/ (default $ROOT/build)
@@ -80,7 +83,8 @@ for impl in $IMPLS; do
     case $impl in
     cohort) need+=(cohortrun cohort-bench) ;;
     gloo) need+=(cohortrun gloo-bench) ;;
-    mpi) need+=(mpi-bench) ;;
+    mpi | vader) need+=(mpi-bench) ;;
+    shm) need+=(cohortrun cohort-bench) ;;
     base) [ -x "$BASELINE/bin/cohort-bench" ] || { echo "run.sh: $BASELINE/bin/cohort-bench not found" >&2; exit 2; } ;;
     *) echo "run.sh: unknown implementation '$impl'" >&2; exit 2 ;;
     esac
@@ -91,7 +95,7 @@ for b in "${need[@]}"; do
         exit 2
     fi
 done
-case " $IMPLS " in *" mpi "*)
+case " $IMPLS " in *" mpi "* | *" vader "*)
     command -v mpirun >/dev/null || { echo "run.sh: mpirun not found (apt-get install openmpi-bin)" >&2; exit 2; } ;;
 esac
 
@@ -129,6 +133,10 @@ run() {
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl "self,tcp"
     --mca btl_tcp_if_include lo --mca btl_tcp_disable_family 6)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+# Open MPI over shared memory: ob1 with btl self+vader (single copy through CMA
+# where the kernel lets it), no binding.
+VADER=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl "self,vader")
+[ "$(id -u)" = 0 ] && VADER+=(--allow-run-as-root)
 
 ARGS=(--csv -b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 1 -o sum -d float)
 T0=$(date +%s)
@@ -145,8 +153,14 @@ for n in $RANKS; do
     for impl in $IMPLS; do
         case $impl in
         cohort)
-            run "cohort-$n" "$BIN/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
-                "$BIN/cohort-bench" "${ARGS[@]}" ;;
+            run "cohort-$n" env COHORT_SHM=0 "$BIN/cohortrun" -n "$n" --no-prefix \
+                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" "${ARGS[@]}" ;;
+        shm)
+            run "shm-$n" env COHORT_SHM=1 "$BIN/cohortrun" -n "$n" --no-prefix \
+                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" "${ARGS[@]}" ;;
+        vader)
+            run "vader-$n" timeout "$TIMEOUT" "${VADER[@]}" -np "$n" \
+                "$BIN/mpi-bench" "${ARGS[@]}" ;;
         gloo)
             mkdir -p "$WORK/store-$n"
             run "gloo-$n" "$BIN/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
@@ -247,6 +261,25 @@ awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" -v base="$BASELINE" '
                     printf "%8s %10s %10s %12s %12s %12s\n", human(s), cell(c, 10), cell(b, 10),
                         cell((c != "" && b > 0) ? c / b : "", 12), tus["cohort" SUBSEP n SUBSEP s],
                         tus["base" SUBSEP n SUBSEP s]
+                }
+            }
+            nv = 0
+            for (i = 1; i <= ns; i++) if (("shm" SUBSEP n SUBSEP ss[i]) in bus && ("vader" SUBSEP n SUBSEP ss[i]) in bus) nv++
+            if (nv) {
+                printf "   shared memory, same run: cohort shm vs Open MPI vader (targets: >=1M busbw >= 1.0x, 4K time <= 1.5x)\n"
+                printf "%8s %10s %10s %10s %12s %12s  %s\n", "size", "shm", "vader", "shm/vader",
+                    "shm us", "vader us", ""
+                for (i = 1; i <= ns; i++) {
+                    s = ss[i]; c = bus["shm" SUBSEP n SUBSEP s]; v = bus["vader" SUBSEP n SUBSEP s]
+                    r = (c != "" && v > 0) ? c / v : ""
+                    verdict = ""
+                    if (s + 0 >= 1048576 && r != "") { verdict = r >= 1.0 ? "ok" : "MISS"; if (r < 1.0) misses++ }
+                    if (s + 0 == 4096 && tus["vader" SUBSEP n SUBSEP s] > 0) {
+                        t = tus["shm" SUBSEP n SUBSEP s] / tus["vader" SUBSEP n SUBSEP s]
+                        verdict = sprintf("time %.2fx: %s", t, t <= 1.5 ? "ok" : "MISS"); if (t > 1.5) misses++
+                    }
+                    printf "%8s %10s %10s %10s %12s %12s  %s\n", human(s), cell(c, 10), cell(v, 10),
+                        cell(r, 10), tus["shm" SUBSEP n SUBSEP s], tus["vader" SUBSEP n SUBSEP s], verdict
                 }
             }
             s = 4096
