@@ -184,6 +184,8 @@ typedef struct coh_config {
     int shm;                 /* COHORT_SHM: ranks on the same host (COHORT_HOST_ID) connect
                                 through shared memory on every rail (1) */
     size_t shm_ring_bytes;   /* COHORT_SHM_RING_BYTES: each shared-memory ring (4 MiB) */
+    int hier;                /* COHORT_HIER: allreduces across hosts of equal size: 1
+                                hierarchical, 0 flat, -1 (auto) hierarchical for ring-sized ops */
     char _storage[320];      /* private: holds strings coh_config_init composes */
 } coh_config_t;
 

@@ -236,6 +236,17 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                      .loss = {0, a->loss[SC_STAGE_PUSH], a->loss[SC_STAGE_PULL]},
                      .layer = a->layer,
                      .nlayers = a->nlayers};
+    /* Across hosts: inside each host, then between them (COHORT_HIER). Every
+     * rank decides alike (the same hosts, sizes and knob); the signature
+     * says so. Bounded-loss ops keep their push/pull plan. */
+    bool lossy = a->loss[SC_STAGE_PUSH] > 0 || a->loss[SC_STAGE_PULL] > 0;
+    if (a->kind == SC_ALLREDUCE && cfg->hier != 0 && !lossy && ctx->host_idx) {
+        L.coll.host = ctx->host_idx;
+        if (sc_plan_hier_shape(&L.coll, NULL, NULL) &&
+            (cfg->hier == 1 || sc_plan_resolve_algo(&L.coll) == SC_ALGO_RING))
+            L.coll.algo = SC_ALGO_HIER;
+    }
+    L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
     bool stale;

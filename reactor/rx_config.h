@@ -137,7 +137,11 @@ typedef enum rx_knob_kind {
       "(docs/shm.md); 0: through each rail's network transport")                                   \
     X(shm_ring_bytes, RX_K_SIZE, "4M", "COHORT_SHM_RING_BYTES", 65536, 1ull << 30,                 \
       "bytes of each shared-memory ring (one per direction per peer on the host and rail; a "      \
-      "power of two)")
+      "power of two)")                                                                             \
+    X(hier, RX_K_INT, "-1", "COHORT_HIER", -1, 1,                                                  \
+      "allreduces across hosts of the same number (>= 2) of ranks: 1 hierarchical (inside each "   \
+      "host, then between hosts, then inside again); 0 flat; -1 (auto) hierarchical where the "    \
+      "flat plan would be the ring (every rank must get the same)")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

@@ -425,6 +425,24 @@ static int host_identity(struct coh_ctx *ctx)
     return 0;
 }
 
+static uint64_t host_hash_of(const char *id)
+{
+    uint64_t h = BS_FNV_SEED;
+    for (const char *p = id; *p; p++) h = bs_fnv64(h, (uint8_t)*p);
+    return h;
+}
+
+/* Every rank's host_hash known: host_idx, the lowest rank on each one's host. */
+static void group_hosts(struct coh_ctx *ctx)
+{
+    ctx->host_hash[ctx->rank] = host_hash_of(ctx->host_id);
+    for (int q = 0; q < ctx->world; q++) {
+        int first = 0;
+        while (ctx->host_hash[first] != ctx->host_hash[q]) first++;
+        ctx->host_idx[q] = first;
+    }
+}
+
 /* "NAME:ID": NAME is the context's shared-memory listeners' ("-" without
  * shared memory), ID its host. */
 static int put_host(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadline)
@@ -447,6 +465,7 @@ static int get_host(struct coh_ctx *ctx, rx_store_client_t *sc, int peer, uint64
         return bs_fail(COH_EBOOTSTRAP, "rank %d published a malformed host entry", peer);
     *colon = 0;
     bool same = !strcmp(colon + 1, ctx->host_id);
+    ctx->host_hash[peer] = host_hash_of(colon + 1);
     ctx->same_host[peer] = same;
     ctx->shm_peer[peer] = same && strcmp(val, "-") && ctx->shm_dir;
     snprintf(ctx->shm_names[peer], EN_SHM_NAME, "%s", val);
@@ -493,6 +512,7 @@ static int connect_mesh(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
         BS_CHECK(en_rail_wait_connected(&ctx->rails[r].en, deadline));
     for (int peer = ctx->rank + 1; peer < ctx->world; peer++)
         BS_CHECK(get_host(ctx, sc, peer, deadline));
+    group_hosts(ctx);
     if (ctx->nrails > 1 || ctx->any_udp) BS_CHECK(set_routes(ctx, sc, deadline));
     /* Every rank's control address: the coordinator's now, any other's
      * should the survivors have to elect it. */
@@ -551,7 +571,10 @@ static int rejoin_addrs(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t dea
         }
         snprintf(key, sizeof(key), "ctrl/%d", peer);
         BS_CHECK(store_get_addr(sc, key, &ctx->ctrl_addrs[peer], deadline));
+        /* The hosts as the job began (the others group ranks by them). */
+        BS_CHECK(get_host(ctx, sc, peer, deadline));
     }
+    group_hosts(ctx);
     if (nr > 1 || ctx->any_udp) BS_CHECK(set_routes(ctx, sc, deadline));
     ctx->coord_addr = ctx->ctrl_addrs[ctx->cfg.coordinator];
     return 0;
@@ -613,6 +636,8 @@ static void ctx_fini(struct coh_ctx *ctx)
     coh_free(ctx->same_host);
     coh_free(ctx->shm_peer);
     coh_free(ctx->shm_names);
+    coh_free(ctx->host_hash);
+    coh_free(ctx->host_idx);
     uv_mutex_destroy(&ctx->fail_mu);
     coh_free(ctx);
 }
@@ -664,6 +689,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->same_host = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
     ctx->shm_peer = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
     ctx->shm_names = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), EN_SHM_NAME);
+    ctx->host_hash = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(uint64_t));
+    ctx->host_idx = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(int));
     ctx->local_n = 1;
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
@@ -674,7 +701,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     uint64_t deadline = bs_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
     if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s) ||
         !ctx->failed || !ctx->back || !ctx->ctrl_addrs || !ctx->same_host || !ctx->shm_peer ||
-        !ctx->shm_names) {
+        !ctx->shm_names || !ctx->host_hash || !ctx->host_idx) {
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }

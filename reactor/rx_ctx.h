@@ -77,6 +77,11 @@ struct coh_ctx {
     char (*shm_names)[EN_SHM_NAME]; /* [world]: the peers' */
     uint8_t *same_host, *shm_peer;
     int local_n; /* ranks on this host, this one included */
+    /* Every world rank's host: host_hash the id's, host_idx the lowest rank
+     * on the same host (the grouping of hierarchical plans, sc_coll_t.host);
+     * NULL before bootstrap and for a rank that rejoined. */
+    uint64_t *host_hash;
+    int *host_idx;
     char describe[1024];
 };
 

@@ -662,6 +662,183 @@ static void build_rs_direct(bld_t *b)
     coh_free(rv);
 }
 
+/*
+ * Hierarchical allreduce (SC_ALGO_HIER): with H hosts of L members each, the
+ * slice is cut into L shards.
+ *   1. inside each host, member j receives shard j from the other members and
+ *      reduces it (a direct reduce-scatter: shared memory carries it);
+ *   2. the j-th members of the hosts run a ring allreduce of shard j between
+ *      the hosts (the network carries 1/L of the data per member, and every
+ *      member of a host uses the network at once);
+ *   3. inside each host, every member sends its shard to the others.
+ * Each phase waits for the one before (no pipelining across phases yet).
+ * Tags: the ring's between hosts, HIER_TAG and HIER_TAG + 1 inside a host
+ * (other peers: no clash).
+ */
+#define HIER_TAG 0x50000000u
+
+/* Members grouped by host, hosts in the order their first member appears:
+ * pos[h * L + j] is the position of host h's j-th member. */
+static bool hier_groups(const sc_coll_t *c, int *H, int *L, int *pos)
+{
+    const int n = c->nranks;
+    if (!c->host || n < 4) return false;
+    int nh = 0, per = 0;
+    int *first = coh_malloc(sizeof(int) * (size_t)n), *cnt = coh_calloc((size_t)n, sizeof(int));
+    int *hof = coh_malloc(sizeof(int) * (size_t)n);
+    bool ok = first && cnt && hof;
+    for (int p = 0; ok && p < n; p++) {
+        int hv = c->host[c->order ? c->order[p] : p], h = 0;
+        while (h < nh && c->host[c->order ? c->order[first[h]] : first[h]] != hv) h++;
+        if (h == nh) first[nh++] = p;
+        hof[p] = h;
+        cnt[h]++;
+    }
+    if (ok) {
+        per = nh ? cnt[0] : 0;
+        for (int h = 1; h < nh; h++) ok = ok && cnt[h] == per;
+        ok = ok && nh >= 2 && per >= 2;
+    }
+    if (ok && pos) {
+        int *fill = cnt; /* reuse: members placed so far per host */
+        memset(fill, 0, sizeof(int) * (size_t)n);
+        for (int p = 0; p < n; p++) pos[hof[p] * per + fill[hof[p]]++] = p;
+    }
+    coh_free(first);
+    coh_free(cnt);
+    coh_free(hof);
+    if (ok) {
+        *H = nh;
+        *L = per;
+    }
+    return ok;
+}
+
+bool sc_plan_hier_shape(const sc_coll_t *c, int *hosts, int *per_host)
+{
+    int H = 0, L = 0;
+    if (!c || c->kind != SC_ALLREDUCE || c->scale != 0 || !hier_groups(c, &H, &L, NULL))
+        return false;
+    if (hosts) *hosts = H;
+    if (per_host) *per_host = L;
+    return true;
+}
+
+/* A join: a local step of no elements (at off) after every step in deps. */
+static uint32_t hier_join(bld_t *b, uint64_t off, const uint32_t *deps, uint32_t nd)
+{
+    sc_step_t s = {.kind = SC_COPY,
+                   .src = SC_BUF_RECV,
+                   .dst = SC_BUF_RECV,
+                   .peer = -1,
+                   .src_off = off,
+                   .dst_off = off};
+    int64_t i = b->err ? -1 : sc_plan_add(b->plan, &s, deps, nd);
+    if (i < 0 && !b->err) b->err = COH_ENOMEM;
+    return i < 0 ? NONE : (uint32_t)i;
+}
+
+static void build_allreduce_hier(bld_t *b)
+{
+    const sc_coll_t *c = b->c;
+    const int n = b->n;
+    int H = 0, L = 0;
+    int *pos = coh_malloc(sizeof(int) * (size_t)n), *order2 = coh_malloc(sizeof(int) * (size_t)n);
+    uint32_t *p1 = coh_malloc(sizeof(uint32_t) * (size_t)n);
+    if (!pos || !order2 || !p1 || !hier_groups(c, &H, &L, pos)) {
+        coh_free(pos);
+        coh_free(order2);
+        coh_free(p1);
+        if (!b->err && (!pos || !order2 || !p1)) b->err = COH_ENOMEM;
+        if (!b->err) build_allreduce_ring(b);
+        return;
+    }
+    int h = 0, l = 0; /* this rank's host and index in it */
+    for (int i = 0; i < n; i++)
+        if (pos[i] == b->r) {
+            h = i / L;
+            l = i % L;
+        }
+    const int *mine = pos + (size_t)h * L; /* this host's members, by index */
+    const bool inplace = b->in == SC_BUF_RECV;
+    uint64_t so = b->lo + sc_split(b->len, (uint64_t)L, (uint64_t)l);
+    uint64_t sc = b->lo + sc_split(b->len, (uint64_t)L, (uint64_t)l + 1) - so;
+    /* 1. Reduce-scatter inside the host. */
+    for (int j = 0; j < L; j++) p1[j] = NONE;
+    for (int j = 0; j < L; j++) {
+        if (j == l) continue;
+        uint64_t o = b->lo + sc_split(b->len, (uint64_t)L, (uint64_t)j);
+        uint64_t cnt = b->lo + sc_split(b->len, (uint64_t)L, (uint64_t)j + 1) - o;
+        if (cnt)
+            p1[j] = add(b, SC_SEND, b->in, SC_BUF_RECV, mine[j], HIER_TAG, o, o, cnt, 0, NODEPS);
+    }
+    uint32_t n1 = 0;
+    uint32_t *red = coh_malloc(sizeof(uint32_t) * (size_t)(L + 1));
+    if (!red) b->err = COH_ENOMEM;
+    if (sc && red) {
+        uint32_t cp =
+            inplace ? NONE
+                    : add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, so, so, sc, 0, NODEPS);
+        if (cp != NONE) red[n1++] = cp;
+        for (int j = 0; j < L; j++)
+            if (j != l)
+                red[n1++] = add(b, SC_RECV_REDUCE, SC_BUF_RECV, SC_BUF_RECV, mine[j], HIER_TAG, so,
+                                so, sc, 0, DEPS(cp));
+    }
+    /* 2. Shard l between the hosts: a ring of the l-th members, after the
+     * shard is reduced here (a join: a local step of no elements). */
+    uint32_t n2a = b->plan->nsteps, n2b = n2a;
+    if (sc && red && !b->err) {
+        uint32_t join = hier_join(b, so, red, n1);
+        for (int g = 0; g < H; g++)
+            order2[g] = c->order ? c->order[pos[g * L + l]] : pos[g * L + l];
+        sc_coll_t c2 = *c;
+        c2.order = order2;
+        c2.nranks = H;
+        c2.rank = h;
+        c2.divide = c->divide > 0 ? c->divide : c->avg ? (double)n : 0;
+        bld_t b2 = {.c = &c2,
+                    .plan = b->plan,
+                    .n = H,
+                    .r = h,
+                    .lo = so,
+                    .len = sc,
+                    .k = 1,
+                    .root = join,
+                    .in = SC_BUF_RECV};
+        n2a = b->plan->nsteps;
+        if (!b->err) build_allreduce_ring(&b2);
+        if (b2.err) b->err = b2.err;
+        n2b = b->plan->nsteps;
+    }
+    /* 3. Allgather inside the host: shard l once it is final here. */
+    uint32_t done = NONE;
+    if (sc && !b->err) {
+        uint32_t nd = n2b - n2a;
+        uint32_t *all = coh_malloc(sizeof(uint32_t) * (nd ? nd : 1));
+        if (!all) b->err = COH_ENOMEM;
+        for (uint32_t i = 0; all && i < nd; i++) all[i] = n2a + i;
+        if (all) done = hier_join(b, so, all, nd);
+        coh_free(all);
+    }
+    for (int j = 0; j < L && !b->err; j++) {
+        if (j == l) continue;
+        if (sc)
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, mine[j], HIER_TAG + 1, so, so, sc, 0,
+                DEPS(done));
+        uint64_t o = b->lo + sc_split(b->len, (uint64_t)L, (uint64_t)j);
+        uint64_t cnt = b->lo + sc_split(b->len, (uint64_t)L, (uint64_t)j + 1) - o;
+        /* In place, the shard our push read is overwritten: after the push. */
+        if (cnt)
+            add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, mine[j], HIER_TAG + 1, o, o, cnt, 0,
+                DEPS(inplace ? p1[j] : NONE));
+    }
+    coh_free(red);
+    coh_free(pos);
+    coh_free(order2);
+    coh_free(p1);
+}
+
 sc_algo sc_plan_resolve_algo(const sc_coll_t *c)
 {
     if (c->algo != SC_ALGO_AUTO) return c->algo;
@@ -715,6 +892,8 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
         case SC_ALLREDUCE:
             if (algo == SC_ALGO_DIRECT)
                 build_allreduce_direct(&b);
+            else if (algo == SC_ALGO_HIER)
+                build_allreduce_hier(&b);
             else if (algo == SC_ALGO_RD)
                 build_allreduce_rd(&b);
             else

@@ -81,6 +81,11 @@ typedef enum sc_algo {
     SC_ALGO_DIRECT = 3, /* allreduce: push every block to its owner, pull the reduced
                            blocks back (a sharded parameter server; 2 steps, n-1 flows
                            at once); what bounded-loss ops run */
+    SC_ALGO_HIER = 4,   /* allreduce across hosts (host[]): reduce-scatter inside each
+                           host, a ring of each shard between the hosts, allgather
+                           inside each host (NCCL's and Horovod's hierarchical
+                           allreduce); falls back to the ring when the hosts do not
+                           all have the same number (>= 2) of members */
 } sc_algo;
 
 typedef struct sc_coll {
@@ -115,6 +120,9 @@ typedef struct sc_coll {
      * in order[] (a communicator's layout), not at order[p] * count (a
      * subset's blocks in a world-sized buffer). */
     bool pos_blocks;
+    /* host[comm rank]: which host each member is on (any ints; equal = same
+     * host); NULL = not known. SC_ALGO_HIER's grouping. */
+    const int *host;
 } sc_coll_t;
 
 void sc_plan_init(sc_plan_t *plan);
@@ -124,6 +132,10 @@ void sc_plan_free(sc_plan_t *plan);
 int sc_plan_build(const sc_coll_t *coll, sc_plan_t *plan);
 /* The algorithm SC_ALGO_AUTO resolves to for these arguments. */
 sc_algo sc_plan_resolve_algo(const sc_coll_t *coll);
+/* Hosts and members per host of coll's members when SC_ALGO_HIER applies
+ * (an allreduce; host[] given; >= 2 hosts of the same number >= 2 of
+ * members; no weighting prologue); false otherwise. */
+bool sc_plan_hier_shape(const sc_coll_t *coll, int *hosts, int *per_host);
 
 /* Low-level building blocks, used by the builders above and by the subset and
  * relay plans of the scheduler. Return the new step index or -1 on ENOMEM. */

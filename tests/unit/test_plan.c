@@ -58,6 +58,7 @@ typedef struct scen {
     int op;
     bool fifo, rendezvous;
     uint64_t seed;
+    const int *host; /* host of each comm rank (SC_ALGO_HIER); NULL: none */
 } scen_t;
 
 /* Lets a test break a plan on purpose after it is built. */
@@ -473,6 +474,8 @@ static void check_plan(ex_t *e, int proc, int rail, const sc_plan_t *p, uint64_t
             if (st->count != 0 || !net || st->kind == SC_RECV_REDUCE)
                 ex_fail(e, "rank %d step %u: barrier/fence step %s with count %llu", proc, i,
                         sc_step_kind_name(st->kind), (unsigned long long)st->count);
+        } else if (st->count == 0 && st->kind == SC_COPY && st->ndeps > 0) {
+            /* a join: a local step of no elements after several (hierarchical) */
         } else if (st->count == 0) {
             ex_fail(e, "rank %d step %u: %s of 0 elements in a %s plan", proc, i,
                     sc_step_kind_name(st->kind), kind_name(s->kind));
@@ -707,7 +710,8 @@ static int run(const scen_t *s, mutate_fn mutate, void *marg, char *err, size_t 
                            .chunk_elems = s->chunk,
                            .small_elems = 0,
                            .avg = s->avg,
-                           .rs_in_place = s->rs_in_place};
+                           .rs_in_place = s->rs_in_place,
+                           .host = s->host};
             sc_plan_init(&in->plan);
             int st = sc_plan_build(&c, &in->plan);
             if (st != 0) {
@@ -893,6 +897,80 @@ static void test_allreduce(void **state)
                                     .in_place = ip};
                         run_variants(s);
                     }
+}
+
+/* Hierarchical allreduce: hosts of 2, 3 and 4 members (the host of a comm
+ * rank, whatever its ring position), results exact in every order of events;
+ * hosts of unequal sizes fall back to the ring. */
+static void test_allreduce_hier(void **state)
+{
+    (void)state;
+    static const struct {
+        int n, per; /* per: members per host (0: unequal hosts) */
+    } shapes[] = {{4, 2}, {6, 2}, {6, 3}, {8, 4}, {8, 2}, {9, 3}, {5, 0}, {7, 0}};
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        int n = shapes[k].n, per = shapes[k].per;
+        int host[16];
+        for (int q = 0; q < n; q++) host[q] = per ? (q * 7 % n) / per : (q < 2 ? 0 : 1);
+        sc_coll_t c = {.kind = SC_ALLREDUCE, .nranks = n, .host = host};
+        int H = 0, L = 0;
+        assert_int_equal(sc_plan_hier_shape(&c, &H, &L), per != 0);
+        if (per) {
+            assert_int_equal(L, per);
+            assert_int_equal(H, n / per);
+        }
+        /* The plan is the hierarchical one: steps inside the host carry
+         * its tags (0x50000000, +1), and the ring between the hosts has H
+         * members, so a rank talks to 2 remote peers at most. */
+        sc_plan_t pl;
+        sc_plan_init(&pl);
+        sc_coll_t b = {.kind = SC_ALLREDUCE,
+                       .algo = SC_ALGO_HIER,
+                       .nranks = n,
+                       .rank = 0,
+                       .count = 1000,
+                       .hi = 1000,
+                       .chunk_elems = 100,
+                       .host = host};
+        assert_int_equal(sc_plan_build(&b, &pl), 0);
+        int inside = 0;
+        bool peer_seen[16] = {false};
+        for (uint32_t i = 0; i < pl.nsteps; i++) {
+            const sc_step_t *st = &pl.steps[i];
+            if (st->peer < 0) continue;
+            if (st->tag >= 0x50000000u) {
+                inside++;
+                assert_int_equal(host[st->peer], host[0]);
+            } else {
+                assert_true(!per || host[st->peer] != host[0]);
+                peer_seen[st->peer] = true;
+            }
+        }
+        int remote = 0;
+        for (int q = 0; q < n; q++) remote += peer_seen[q];
+        if (per) {
+            assert_int_equal(inside, 4 * (per - 1));
+            assert_true(remote <= 2 && remote >= 1);
+        } else {
+            assert_int_equal(inside, 0);
+        }
+        sc_plan_free(&pl);
+        c.scale = 2.0; /* no weighting prologue */
+        assert_false(sc_plan_hier_shape(&c, NULL, NULL));
+        for (int ci = 0; ci < 5; ci++)
+            for (int v = 0; v < 3; v++)
+                for (int ip = 0; ip < 2; ip++) {
+                    scen_t s = {.kind = SC_ALLREDUCE,
+                                .algo = SC_ALGO_HIER,
+                                .n = n,
+                                .count = counts_for(n, ci),
+                                .avg = v == 1,
+                                .op = v == 2 ? OP_MAX : OP_SUM,
+                                .in_place = ip,
+                                .host = host};
+                    run_variants(s);
+                }
+    }
 }
 
 static void test_broadcast(void **state)
@@ -1346,17 +1424,12 @@ static void test_executor_catches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_args),
-        cmocka_unit_test(test_resolve_algo),
-        cmocka_unit_test(test_executor_catches),
-        cmocka_unit_test(test_allreduce),
-        cmocka_unit_test(test_broadcast),
-        cmocka_unit_test(test_allgather),
-        cmocka_unit_test(test_reduce_scatter),
-        cmocka_unit_test(test_barrier),
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_subset),
-        cmocka_unit_test(test_many_orders),
+        cmocka_unit_test(test_invalid_args),     cmocka_unit_test(test_resolve_algo),
+        cmocka_unit_test(test_executor_catches), cmocka_unit_test(test_allreduce),
+        cmocka_unit_test(test_allreduce_hier),   cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_allgather),        cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_barrier),          cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_subset),           cmocka_unit_test(test_many_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
