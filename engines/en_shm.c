@@ -359,7 +359,6 @@ static void pump_tx(shm_conn_t *t)
 {
     en_conn_t *c = &t->base;
     shm_ring_t *r = t->tx;
-    bool wrote = false;
     while (t->q_head && t->phase == SH_LIVE) {
         en_wreq_t *w = t->q_head;
         uint64_t total = EN_HDR_SIZE + w->len, padded = total + pad8(total);
@@ -389,7 +388,6 @@ static void pump_tx(shm_conn_t *t)
         if (n > pay_n) ring_put(t, NULL, n - pay_n); /* the padding */
         t->q_off += n;
         publish(t);
-        wrote = true;
         if (t->q_off < padded) continue;
         /* In the ring: the caller's buffer is free. */
         t->q_head = w->tx_next;
@@ -406,7 +404,6 @@ static void pump_tx(shm_conn_t *t)
         t->tr->done_tail = w;
         done_arm(t->tr);
     }
-    (void)wrote;
 }
 
 static void done_cb(uv_async_t *h)
