@@ -345,10 +345,13 @@ int main(int argc, char **argv)
     /* With control as datagrams alone (COHORT_TEST_UDP_CTL_DGRAM) a rank
      * whose last FIN was lost asks again after its peer's op ended: the
      * peer must still be there to answer. */
-    coh_request_t *b;
-    MP_OK(coh_barrier(W, &b));
-    MP_OK(coh_wait(b, -1));
-    coh_request_free(b);
+    const char *ctl = getenv("COHORT_TEST_UDP_CTL_DGRAM");
+    if (ctl && atoi(ctl)) {
+        coh_request_t *b;
+        MP_OK(coh_barrier(W, &b));
+        MP_OK(coh_wait(b, -1));
+        coh_request_free(b);
+    }
     MP_OK(coh_finalize(ctx));
     return 0;
 }
