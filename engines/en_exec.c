@@ -107,12 +107,47 @@ int64_t en_exec_find_recv(const en_op_t *op, int peer, uint32_t tag)
 
 /* ---- the rail's record of ended ops ---- */
 
+#define FIN_TAB_MASK (EN_FIN_MAX * 4 - 1)
+
+static uint32_t fin_home(uint32_t comm, uint64_t seq)
+{
+    uint64_t h = (seq ^ ((uint64_t)comm << 40)) * 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(h >> 32) & FIN_TAB_MASK;
+}
+
 static struct en_fin *fin_find(en_rail_t *rail, uint32_t comm, uint64_t seq)
 {
-    for (uint32_t i = 0; i < EN_FIN_MAX; i++)
-        if (rail->fin[i].used && rail->fin[i].seq == seq && rail->fin[i].comm == comm)
-            return &rail->fin[i];
+    for (uint32_t i = fin_home(comm, seq); rail->fin_tab[i]; i = (i + 1) & FIN_TAB_MASK) {
+        struct en_fin *f = &rail->fin[rail->fin_tab[i] - 1];
+        if (f->seq == seq && f->comm == comm) return f;
+    }
     return NULL;
+}
+
+/* Drop f from the index: backward-shift deletion keeps every other entry
+ * reachable from its home slot without tombstones. */
+static void fin_unindex(en_rail_t *rail, const struct en_fin *f)
+{
+    uint16_t want = (uint16_t)(f - rail->fin + 1);
+    uint32_t i = fin_home(f->comm, f->seq);
+    while (rail->fin_tab[i] != want) {
+        if (!rail->fin_tab[i]) return;
+        i = (i + 1) & FIN_TAB_MASK;
+    }
+    for (uint32_t j = i;;) {
+        rail->fin_tab[i] = 0;
+        for (;;) {
+            j = (j + 1) & FIN_TAB_MASK;
+            if (!rail->fin_tab[j]) return;
+            const struct en_fin *g = &rail->fin[rail->fin_tab[j] - 1];
+            uint32_t k = fin_home(g->comm, g->seq);
+            /* g stays when its home lies cyclically in (i, j]. */
+            if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) continue;
+            rail->fin_tab[i] = rail->fin_tab[j];
+            i = j;
+            break;
+        }
+    }
 }
 
 static void fin_record(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why)
@@ -121,12 +156,19 @@ static void fin_record(en_rail_t *rail, uint32_t comm, uint64_t seq, int status,
     if (!f) {
         f = &rail->fin[rail->fin_next];
         rail->fin_next = (rail->fin_next + 1) % EN_FIN_MAX;
+        if (f->used) fin_unindex(rail, f);
+        f->used = true;
+        f->comm = comm;
+        f->seq = seq;
+        uint32_t i = fin_home(comm, seq);
+        while (rail->fin_tab[i]) i = (i + 1) & FIN_TAB_MASK;
+        rail->fin_tab[i] = (uint16_t)(f - rail->fin + 1);
     }
-    f->used = true;
-    f->comm = comm;
-    f->seq = seq;
     f->status = status;
-    snprintf(f->why, sizeof(f->why), "%s", why ? why : "");
+    if (why)
+        snprintf(f->why, sizeof(f->why), "%s", why);
+    else
+        f->why[0] = 0;
 }
 
 en_op_t *en_exec_find_op(en_rail_t *rail, uint32_t comm, uint64_t seq)

@@ -127,6 +127,16 @@ bool en_rail_busy(en_rail_t *rail)
     return rail->ops_head != NULL || rail->wait_head != NULL;
 }
 
+bool en_rail_poll(en_rail_t *rail)
+{
+    return rail->shm && en_shm_poll(rail);
+}
+
+bool en_rail_arm(en_rail_t *rail)
+{
+    return !rail->shm || en_shm_arm(rail);
+}
+
 static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)

@@ -122,8 +122,8 @@ typedef struct coh_config {
                                 algorithms are used (65536) */
     size_t rail_min_bytes;   /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
     int spin_us;             /* COHORT_SPIN_US: coh_wait runs the request's rail loops itself this
-                                long before sleeping (-1 = auto: 2000 when the host has a core
-                                per local rank, else 0) */
+                                long before sleeping, yielding the CPU when nothing moves
+                                (-1 = auto: 2000) */
     int store_fd;            /* COHORT_STORE_FD: listening socket inherited from cohortrun
                                 for rank 0's store (-1 = bind it) */
     size_t sockbuf_bytes;    /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets

@@ -67,6 +67,28 @@ typedef enum rx_reactor_state {
     RX_STOPPED,
 } rx_reactor_state;
 
+struct rx_reactor;
+
+/* What an owner tells its loop beyond file descriptors (all optional, all
+ * called with the loop held, by whichever thread runs it):
+ *   busy: work is in flight: after activity the loop keeps polling for
+ *         poll_ns before it blocks in epoll again;
+ *   poll: look at what no fd announces (rings in shared memory, completions
+ *         queued without a wake-up); true when it did something. Runs after
+ *         every pass of the loop, also a waiter's (rx_reactor_help);
+ *   arm:  the loop thread is about to block: ask to be woken from then on
+ *         (a flag a writer reads, then rings a doorbell fd); false when work
+ *         is already there, and the loop does not block;
+ *   progress: a count that grows whenever work is done (bytes moved), so a
+ *         waiter running the loop knows a pass that did nothing and gives
+ *         the CPU away (rx_reactor_help). */
+typedef struct rx_reactor_hooks {
+    bool (*busy)(struct rx_reactor *rx);
+    bool (*poll)(struct rx_reactor *rx);
+    bool (*arm)(struct rx_reactor *rx);
+    uint64_t (*progress)(struct rx_reactor *rx);
+} rx_reactor_hooks_t;
+
 typedef struct rx_reactor {
     uv_loop_t loop;
     uv_async_t wake;
@@ -77,15 +99,17 @@ typedef struct rx_reactor {
     /* Called on the loop thread when the reactor is asked to stop: close
      * every handle the owner registered. The loop ends when they are closed. */
     void (*on_stop)(struct rx_reactor *rx);
-    /* Optional: true while the owner has work in flight; the loop then
-     * polls for poll_ns before it sleeps (see rx_reactor_start_polling). */
-    bool (*busy)(struct rx_reactor *rx);
+    rx_reactor_hooks_t hooks; /* see rx_reactor_hooks_t */
     uint64_t poll_ns;
     void *owner;
     uv_sem_t started;
     int start_status;
-    uv_mutex_t run_mu;     /* held by whichever thread runs the loop right now */
-    _Atomic int helpers;   /* waiters driving the loop: its thread sleeps meanwhile */
+    uv_mutex_t run_mu;   /* held by whichever thread runs the loop right now */
+    _Atomic int helpers; /* waiters driving the loop: its thread sleeps meanwhile */
+    /* The loop thread armed (hooks.arm) and blocks in epoll: a doorbell that
+     * another thread's pass reads must be asked for again, or the loop
+     * thread would sleep on with nobody looking (en_rail_t.loop_asleep). */
+    _Atomic int asleep;
     _Atomic int closed;    /* rx_reactor_close posted its stop task */
     _Atomic int accepting; /* posts are taken (until the loop begins to stop) */
     _Atomic int posters;   /* threads inside rx_reactor_post right now */
@@ -95,10 +119,10 @@ typedef struct rx_reactor {
 /* Start the loop thread. on_stop may be NULL. */
 int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
                      void *owner);
-/* The same, with busy polling: after any activity, while busy(rx) is true,
- * the loop keeps polling for poll_ns before it blocks in epoll again. */
-int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
-                             void *owner, bool (*busy)(rx_reactor_t *), uint64_t poll_ns);
+/* The same, with the owner's hooks (busy polling for poll_ns while
+ * hooks->busy says so; 0: none). */
+int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
+                            void *owner, const rx_reactor_hooks_t *hooks, uint64_t poll_ns);
 /* Any thread but the loop's: run the task right here if nobody runs the
  * loop (keeping the order of posted tasks), else post it. False when the
  * reactor no longer accepts tasks (see rx_reactor_post). */
@@ -121,8 +145,11 @@ int rx_reactor_stop(rx_reactor_t *rx);
 /* After stop, when the reactor's memory is about to go. */
 void rx_reactor_fini(rx_reactor_t *rx);
 /* Any thread but the loop's: if nobody is running the loop, run one
- * non-blocking pass of it here (progress for a waiter). False if busy. */
-bool rx_reactor_help(rx_reactor_t *rx);
+ * non-blocking pass of it here (progress for a waiter). RX_HELP_BUSY when
+ * another thread runs it (or it stopped); RX_HELP_IDLE when the pass did
+ * nothing (with a progress hook), RX_HELP_DID otherwise. */
+enum { RX_HELP_BUSY = 0, RX_HELP_IDLE = 1, RX_HELP_DID = 2 };
+int rx_reactor_help(rx_reactor_t *rx);
 /* Any thread: block SIGPIPE while this thread runs loop code (nested);
  * release takes a SIGPIPE raised meanwhile off the thread's pending set. */
 void rx_sigpipe_hold(void);
@@ -204,6 +231,7 @@ struct coh_request {
     _Atomic int slices;  /* rail slices still running */
     _Atomic int waiters; /* threads asleep in coh_wait on this request */
     int spin_us;
+    bool yield; /* coh_wait gives the CPU away after a pass that did nothing */
     struct coh_ctx *ctx;
     uint32_t comm; /* the op every slice runs: (comm, seq) */
     uint64_t seq;

@@ -254,18 +254,11 @@ int rx_config_validate(const coh_config_t *cfg)
     return 0;
 }
 
-/* How long coh_wait drives the loop before sleeping. Auto (-1): 2 ms when
- * this host has a core per local rank, else 0: a waiter that spins on an
- * oversubscribed host takes the core its peers need (measured: 4 ranks on 2
- * cores, 4 KiB allreduce 230 us without, 400-1200 us with). 2 ms covers ops up
- * to a few MiB: a waiter that gives up earlier hands the op back to the loop
- * thread mid-way, and that hand-off cost 256 KiB on 2 ranks half its
- * bandwidth at 100 us. The local rank count comes from the launcher
- * (COHORT_LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE, Open MPI's
+/* More ranks on this host than cores. The local rank count comes from the
+ * launcher (COHORT_LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE, Open MPI's
  * OMPI_COMM_WORLD_LOCAL_SIZE). */
-int rx_config_spin_us(const coh_config_t *cfg)
+bool rx_config_oversubscribed(void)
 {
-    if (cfg->spin_us >= 0) return cfg->spin_us;
     static const char *const vars[] = {"COHORT_LOCAL_SIZE", "LOCAL_WORLD_SIZE",
                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
     long local = 1;
@@ -277,5 +270,17 @@ int rx_config_spin_us(const coh_config_t *cfg)
         }
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus > 0 && local <= cpus ? 2000 : 0;
+    return cpus > 0 && local > cpus;
+}
+
+/* How long coh_wait drives the loop before sleeping. Auto (-1): 2 ms. 2 ms
+ * covers ops up to a few MiB: a waiter that gives up earlier hands the op
+ * back to the loop thread mid-way, and that hand-off cost 256 KiB on 2 ranks
+ * half its bandwidth at 100 us. On a host with more ranks than cores the
+ * waiter yields after every pass that moved nothing (coh_wait): 4 ranks on
+ * 2 cores, 4 KiB over shared memory, 25 us against 126 us without spinning
+ * (and 400-1200 us when the spin did not yield). */
+int rx_config_spin_us(const coh_config_t *cfg)
+{
+    return cfg->spin_us >= 0 ? cfg->spin_us : 2000;
 }

@@ -17,6 +17,7 @@
 #define COH_RX_CONFIG_H
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,8 +59,8 @@ typedef enum rx_knob_kind {
     X(rail_min_bytes, RX_K_SIZE, "1M", "COHORT_RAIL_MIN_BYTES", 0, SIZE_MAX,                       \
       "smaller ops use one rail (chosen by the op's sequence), larger ones are striped over all")  \
     X(spin_us, RX_K_INT, "-1", "COHORT_SPIN_US", -1, 1000000,                                      \
-      "coh_wait runs the request's rail loops itself this long before sleeping; -1 (auto): 2000 "  \
-      "when the host has a core per local rank (COHORT_LOCAL_SIZE), else 0")                       \
+      "coh_wait runs the request's rail loops itself this long before sleeping (yielding the CPU " \
+      "after each pass that moved nothing when there are more local ranks than cores); -1: 2000")  \
     X(store_fd, RX_K_INT, "-1", "COHORT_STORE_FD", -1, INT_MAX,                                    \
       "a listening socket rank 0 adopts for its store (set by cohortrun; adopted once per "        \
       "process, and only if it is a listening TCP socket); -1: bind one")                          \
@@ -199,7 +200,9 @@ int rx_env_knob_str(const char *name, const char **out);
  * on each other (rank < world_size, coordinator < world_size, a store for
  * a world > 1). */
 int rx_config_validate(const coh_config_t *cfg);
-/* spin_us resolved: -1 (auto) becomes 2000 or 0 from the local rank count. */
+/* spin_us resolved: -1 (auto) becomes 2000. */
 int rx_config_spin_us(const coh_config_t *cfg);
+/* More local ranks than cores (from the launcher's variables). */
+bool rx_config_oversubscribed(void);
 
 #endif

@@ -680,6 +680,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     atomic_init(&ctx->refs, 1);
     ctx->rank = cfg_in->rank;
     ctx->spin_us = rx_config_spin_us(cfg_in);
+    ctx->oversubscribed = rx_config_oversubscribed();
     ctx->world = cfg_in->world_size;
     uv_mutex_init(&ctx->fail_mu);
     ctx->failed = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);

@@ -23,7 +23,8 @@ struct coh_ctx {
     coh_config_t cfg; /* strings below are this context's copies */
     char *store_s, *token_s, *nics_s, *sched_s;
     int rank, world, nrails;
-    int spin_us; /* resolved from cfg.spin_us (auto) */
+    int spin_us;         /* resolved from cfg.spin_us (auto) */
+    bool oversubscribed; /* more local ranks than cores */
     rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     bool rail_udp[RX_MAX_RAILS];    /* COHORT_NICS NIC:udp: a datagram socket beside the rail */

@@ -64,6 +64,23 @@ static bool mpsc_drained(rx_mpsc_t *q)
            atomic_load_explicit(&q->tail->next, memory_order_acquire) == NULL;
 }
 
+/* One non-blocking pass of the loop, then the owner's poll hook until it
+ * finds nothing more (bounded: the loop's fds get their turn). Run_mu held. */
+static int run_pass(rx_reactor_t *rx)
+{
+    int alive = uv_run(&rx->loop, UV_RUN_NOWAIT);
+    if (rx->hooks.poll) {
+        int i = 0;
+        while (rx->hooks.poll(rx))
+            if (++i == 64) {
+                /* Still going: the loop thread (perhaps asleep) takes over. */
+                uv_async_send(&rx->wake);
+                break;
+            }
+    }
+    return alive;
+}
+
 /* Threading: loop thread. */
 static void wake_cb(uv_async_t *h)
 {
@@ -95,24 +112,33 @@ static void thread_main(void *arg)
     int fd = uv_backend_fd(&rx->loop);
     for (;;) {
         uv_mutex_lock(&rx->run_mu);
-        int alive = uv_run(&rx->loop, UV_RUN_NOWAIT);
+        int alive = run_pass(rx);
         /* Busy polling (COHORT_POLL_US): while the owner has work in flight,
          * run again soon instead of sleeping, so that a frame landing inside
          * the window is seen without a wake-up. */
-        uint64_t until = rx->busy ? bs_now_ns() + rx->poll_ns : 0;
-        while (alive && rx->busy && rx->busy(rx) && bs_now_ns() < until) {
+        uint64_t until = rx->hooks.busy ? bs_now_ns() + rx->poll_ns : 0;
+        while (alive && rx->hooks.busy && rx->hooks.busy(rx) && bs_now_ns() < until) {
             uv_mutex_unlock(&rx->run_mu);
             sched_yield();
             uv_mutex_lock(&rx->run_mu);
-            alive = uv_run(&rx->loop, UV_RUN_NOWAIT);
+            alive = run_pass(rx);
         }
         int timeout = alive ? uv_backend_timeout(&rx->loop) : 0;
+        /* Blocking in epoll from here on: ask for doorbells (not while
+         * helpers run the loop: they look, and the last to leave arms);
+         * work already there means another pass at once. */
+        int h = atomic_load(&rx->helpers);
+        if (alive && h == 0 && rx->hooks.arm) {
+            /* asleep first: a pass of another thread that reads a doorbell
+             * from here on asks for the next one (rx_reactor_t.asleep). */
+            atomic_store(&rx->asleep, 1);
+            if (!rx->hooks.arm(rx)) timeout = 0;
+        }
         uv_mutex_unlock(&rx->run_mu);
         if (!alive) return;
         /* A helper may have armed a timer this pass did not see: look again
          * at least every 50 ms. */
         if (timeout < 0 || timeout > 50) timeout = 50;
-        int h = atomic_load(&rx->helpers);
         if (h > 0) {
             /* A waiter is running the loop: do not wake on every event it is
              * handling; sleep until it leaves (or the timeout). */
@@ -122,6 +148,7 @@ static void thread_main(void *arg)
         }
         struct pollfd p = {.fd = fd, .events = POLLIN};
         poll(&p, 1, timeout);
+        atomic_store(&rx->asleep, 0);
     }
 }
 
@@ -178,31 +205,39 @@ void rx_reactor_help_end(rx_reactor_t *rx, bool wake)
     rx_sigpipe_release();
 }
 
-bool rx_reactor_help(rx_reactor_t *rx)
+int rx_reactor_help(rx_reactor_t *rx)
 {
-    if (uv_mutex_trylock(&rx->run_mu) != 0) return false;
-    bool ran = atomic_load(&rx->state) == RX_RUNNING;
-    if (ran) {
+    if (uv_mutex_trylock(&rx->run_mu) != 0) return RX_HELP_BUSY;
+    int r = RX_HELP_BUSY;
+    if (atomic_load(&rx->state) == RX_RUNNING) {
+        uint64_t before = rx->hooks.progress ? rx->hooks.progress(rx) : 0;
         /* Submissions first: the wake-up they sent may not have been seen. */
         rx_task_t *t;
-        while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
-        uv_run(&rx->loop, UV_RUN_NOWAIT);
+        bool tasks = false;
+        while ((t = rx_mpsc_pop(&rx->queue)) != NULL) {
+            t->run(t, rx);
+            tasks = true;
+        }
+        run_pass(rx);
+        r = !tasks && rx->hooks.progress && rx->hooks.progress(rx) == before ? RX_HELP_IDLE
+                                                                             : RX_HELP_DID;
     }
     uv_mutex_unlock(&rx->run_mu);
-    return ran;
+    return r;
 }
 
 int rx_reactor_start(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
                      void *owner)
 {
-    return rx_reactor_start_polling(rx, name, on_stop, owner, NULL, 0);
+    return rx_reactor_start_hooked(rx, name, on_stop, owner, NULL, 0);
 }
 
-int rx_reactor_start_polling(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
-                             void *owner, bool (*busy)(rx_reactor_t *), uint64_t poll_ns)
+int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(rx_reactor_t *),
+                            void *owner, const rx_reactor_hooks_t *hooks, uint64_t poll_ns)
 {
     memset(rx, 0, sizeof(*rx));
-    rx->busy = poll_ns ? busy : NULL;
+    if (hooks) rx->hooks = *hooks;
+    if (!poll_ns) rx->hooks.busy = NULL;
     rx->poll_ns = poll_ns;
     snprintf(rx->name, sizeof(rx->name), "%s", name);
     rx->on_stop = on_stop;
@@ -286,7 +321,7 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                  * run at its 50 ms timeout when no frame wakes it. A small
                  * op whose peer's frames were already in (stashed) then
                  * waited ~50 ms for its own send's completion. */
-                uv_run(&rx->loop, UV_RUN_NOWAIT);
+                run_pass(rx);
             }
             rx_sigpipe_release();
             if (ran) {

@@ -23,6 +23,29 @@ static bool rail_busy(rx_reactor_t *rx)
     return en_rail_busy(&r->en);
 }
 
+/* Threading: whichever thread runs the loop. Shared-memory rings and the
+ * sends they completed are seen here, not through an fd. */
+static bool rail_poll(rx_reactor_t *rx)
+{
+    rx_rail_t *r = rx->owner;
+    return en_rail_poll(&r->en);
+}
+
+static bool rail_arm(rx_reactor_t *rx)
+{
+    rx_rail_t *r = rx->owner;
+    return en_rail_arm(&r->en);
+}
+
+/* Bytes moved either way, on any transport: a pass that moved none did
+ * nothing a waiter needs. */
+static uint64_t rail_progress(rx_reactor_t *rx)
+{
+    rx_rail_t *r = rx->owner;
+    return atomic_load_explicit(&r->en.stat_bytes_in, memory_order_relaxed) +
+           atomic_load_explicit(&r->en.stat_bytes_out, memory_order_relaxed);
+}
+
 static int open_fn(rx_reactor_t *rx, void *arg)
 {
     (void)arg;
@@ -34,10 +57,13 @@ int rx_rail_start(rx_rail_t *r, const en_rail_cfg_t *cfg, int poll_us)
 {
     memset(r, 0, sizeof(*r));
     BS_CHECK(en_rail_init(&r->en, cfg));
+    r->en.loop_asleep = &r->rx.asleep;
     char name[32];
     snprintf(name, sizeof(name), "cohort-rail%d", cfg->index);
-    int st = rx_reactor_start_polling(&r->rx, name, rail_on_stop, r, rail_busy,
-                                      (uint64_t)poll_us * 1000ull);
+    const rx_reactor_hooks_t hooks = {
+        .busy = rail_busy, .poll = rail_poll, .arm = rail_arm, .progress = rail_progress};
+    int st =
+        rx_reactor_start_hooked(&r->rx, name, rail_on_stop, r, &hooks, (uint64_t)poll_us * 1000ull);
     if (st == 0) st = rx_reactor_call(&r->rx, open_fn, NULL);
     if (st < 0) {
         char why[512];

@@ -24,6 +24,8 @@ OUT=""
 STRICT=0
 QUICK=0
 ITERS_SET=0 WARMUP_SET=0 SIZES_SET=0
+SITERS="" SWARMUP=""
+SMALL_BELOW=262144
 BASELINE=""
 
 usage() {
@@ -31,8 +33,12 @@ usage() {
 usage: bench/peers/run.sh [options]
   --quick            4K 64K 1M 16M, 10 iterations, 3 warm-up
   --sizes MIN:MAX[:F] sweep sizes (default 4K:64M:4)
-  --iters N          timed iterations per size (default 20)
-  --warmup N         warm-up iterations per size (default 5)
+  --iters N          timed iterations per size from 256K up (default 20)
+  --warmup N         warm-up iterations per size from 256K up (default 5)
+  --small-iters N    timed iterations per size below 256K (default 50x --iters):
+                     20 iterations of a 4 KiB op are 100 us, too short to be
+                     more than noise and the first touches of the rings
+  --small-warmup N   warm-up iterations per size below 256K (default 20x --warmup)
   --ranks "2 4"      rank counts (default "2 4")
   --impls LIST       which of "cohort gloo mpi shm vader" to run (default "cohort gloo
                      mpi": every one over loopback TCP, cohort with COHORT_SHM=0);
@@ -57,6 +63,8 @@ while [ $# -gt 0 ]; do
     --sizes) IFS=: read -r MINB MAXB F <<<"$2"; FACTOR=${F:-$FACTOR}; SIZES_SET=1; shift ;;
     --iters) ITERS=$2; ITERS_SET=1; shift ;;
     --warmup) WARMUP=$2; WARMUP_SET=1; shift ;;
+    --small-iters) SITERS=$2; shift ;;
+    --small-warmup) SWARMUP=$2; shift ;;
     --ranks) RANKS=$2; shift ;;
     --impls) IMPLS=$2; shift ;;
     --gloo-algo) GLOO_ALGO=$2; shift ;;
@@ -76,6 +84,9 @@ if [ "$QUICK" = 1 ]; then
     [ "$ITERS_SET" = 1 ] || ITERS=10
     [ "$WARMUP_SET" = 1 ] || WARMUP=3
 fi
+
+SITERS=${SITERS:-$((ITERS * 50))}
+SWARMUP=${SWARMUP:-$((WARMUP * 20))}
 
 BIN=$BUILD/bin
 need=(tcp-stream)
@@ -138,12 +149,41 @@ MPIRUN=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl "self,tcp"
 VADER=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl "self,vader")
 [ "$(id -u)" = 0 ] && VADER+=(--allow-run-as-root)
 
-ARGS=(--csv -b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 1 -o sum -d float)
+# The sweep in two runs of each benchmark: the sizes below SMALL_BELOW with
+# SITERS iterations, the rest with ITERS (the same sizes as one sweep).
+bytes() {
+    local v=$1 m=1
+    case $v in *[kK]) m=1024; v=${v%?} ;; *[mM]) m=1048576; v=${v%?} ;; *[gG]) m=1073741824; v=${v%?} ;; esac
+    echo $((v * m))
+}
+LO=$(bytes "$MINB") HI=$(bytes "$MAXB")
+SPLIT=$LO
+while [ "$SPLIT" -lt "$SMALL_BELOW" ] && [ "$SPLIT" -le "$HI" ]; do SPLIT=$((SPLIT * FACTOR)); done
+SWEEPS=()
+[ "$LO" -lt "$SPLIT" ] && SWEEPS+=("$LO:$((SPLIT / FACTOR)):$SITERS:$SWARMUP")
+[ "$SPLIT" -le "$HI" ] && SWEEPS+=("$SPLIT:$HI:$ITERS:$WARMUP")
 T0=$(date +%s)
 say "# cohort peers benchmark, $(date -Is), $(uname -n), $(nproc) cpus, $(uname -r)"
 say "# git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
     "Gloo $(dpkg-query -W -f '${Version}' libgloo-dev 2>/dev/null || echo '?')," \
     "$(mpirun --version 2>/dev/null | head -n 1)"
+
+# sweep NAME CMD... : CMD with each sweep's arguments after it, the outputs
+# of both in $WORK/NAME.out and .err
+sweep() {
+    local name=$1 rc=0 i=0 sw b e it wu
+    shift
+    : >"$WORK/$name.out"
+    : >"$WORK/$name.err"
+    for sw in "${SWEEPS[@]}"; do
+        IFS=: read -r b e it wu <<<"$sw"
+        run "$name.$i" "$@" --csv -b "$b" -e "$e" -f "$FACTOR" -n "$it" -w "$wu" -c 1 -o sum -d float || rc=1
+        cat "$WORK/$name.$i.out" >>"$WORK/$name.out"
+        cat "$WORK/$name.$i.err" >>"$WORK/$name.err"
+        i=$((i + 1))
+    done
+    return $rc
+}
 
 run tcp-start "$BIN/tcp-stream" -q -t 1.5 || true
 B0=$(tail -n 1 "$WORK/tcp-start.out" 2>/dev/null)
@@ -153,24 +193,22 @@ for n in $RANKS; do
     for impl in $IMPLS; do
         case $impl in
         cohort)
-            run "cohort-$n" env COHORT_SHM=0 "$BIN/cohortrun" -n "$n" --no-prefix \
-                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" "${ARGS[@]}" ;;
+            sweep "cohort-$n" env COHORT_SHM=0 "$BIN/cohortrun" -n "$n" --no-prefix \
+                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
         shm)
-            run "shm-$n" env COHORT_SHM=1 "$BIN/cohortrun" -n "$n" --no-prefix \
-                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" "${ARGS[@]}" ;;
+            sweep "shm-$n" env COHORT_SHM=1 "$BIN/cohortrun" -n "$n" --no-prefix \
+                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
         vader)
-            run "vader-$n" timeout "$TIMEOUT" "${VADER[@]}" -np "$n" \
-                "$BIN/mpi-bench" "${ARGS[@]}" ;;
+            sweep "vader-$n" timeout "$TIMEOUT" "${VADER[@]}" -np "$n" "$BIN/mpi-bench" ;;
         gloo)
             mkdir -p "$WORK/store-$n"
-            run "gloo-$n" "$BIN/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
-                "$BIN/gloo-bench" --store "$WORK/store-$n" -a "$GLOO_ALGO" "${ARGS[@]}" ;;
+            sweep "gloo-$n" "$BIN/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
+                "$BIN/gloo-bench" --store "$WORK/store-$n" -a "$GLOO_ALGO" ;;
         mpi)
-            run "mpi-$n" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" \
-                "$BIN/mpi-bench" "${ARGS[@]}" ;;
+            sweep "mpi-$n" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" "$BIN/mpi-bench" ;;
         base)
-            run "base-$n" "$BASELINE/bin/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
-                "$BASELINE/bin/cohort-bench" "${ARGS[@]}" ;;
+            sweep "base-$n" "$BASELINE/bin/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
+                "$BASELINE/bin/cohort-bench" ;;
         esac
     done
 done

@@ -365,7 +365,8 @@ static void test_sizes(void **state)
     }
 }
 
-/* spin_us = -1 resolves by the local rank count against the cores. */
+/* spin_us = -1 resolves to 2000; oversubscription (which makes the waiter
+ * yield after an empty pass) comes from the local rank count. */
 static void test_spin_auto(void **state)
 {
     (void)state;
@@ -376,11 +377,14 @@ static void test_spin_auto(void **state)
     snprintf(many, sizeof(many), "%ld", cpus + 1);
     set("COHORT_LOCAL_SIZE", "1");
     assert_int_equal(rx_config_spin_us(&cfg), 2000);
+    assert_false(rx_config_oversubscribed());
     set("COHORT_LOCAL_SIZE", many);
-    assert_int_equal(rx_config_spin_us(&cfg), 0);
+    assert_int_equal(rx_config_spin_us(&cfg), 2000);
+    assert_true(rx_config_oversubscribed());
     unsetenv("COHORT_LOCAL_SIZE");
+    assert_false(rx_config_oversubscribed());
     set("LOCAL_WORLD_SIZE", many);
-    assert_int_equal(rx_config_spin_us(&cfg), 0);
+    assert_true(rx_config_oversubscribed());
     unsetenv("LOCAL_WORLD_SIZE");
     cfg.spin_us = 7;
     assert_int_equal(rx_config_spin_us(&cfg), 7);

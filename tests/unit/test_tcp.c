@@ -100,25 +100,31 @@ static int open_fn(rx_reactor_t *rx, void *arg)
     return en_rail_open(rx->owner, &rx->loop);
 }
 
+/* Rank 0 of 2 on one rail, bound to a (127.0.0.1, any port). */
+static en_rail_cfg_t rail_cfg(struct sockaddr_in *a, size_t stash, bool udp)
+{
+    uv_ip4_addr("127.0.0.1", 0, a);
+    return (en_rail_cfg_t){.index = 0,
+                           .rank = 0,
+                           .world = 2,
+                           .nrails = 1,
+                           .token = TOKEN,
+                           .timeout_ms = 2000,
+                           .stash_bytes = stash,
+                           .local = (struct sockaddr *)a,
+                           .udp = udp,
+                           .udpcfg = {.seg_bytes = 64,
+                                      .rate_mbps = 1000,
+                                      .delta = 2,
+                                      .period_us = 1000,
+                                      .rcvbuf_bytes = 1 << 20}};
+}
+
 static fixture_t *start_cfg(size_t stash, bool udp)
 {
     fixture_t *f = coh_zalloc(sizeof(*f));
     struct sockaddr_in a;
-    uv_ip4_addr("127.0.0.1", 0, &a);
-    en_rail_cfg_t cfg = {.index = 0,
-                         .rank = 0,
-                         .world = 2,
-                         .nrails = 1,
-                         .token = TOKEN,
-                         .timeout_ms = 2000,
-                         .stash_bytes = stash,
-                         .local = (struct sockaddr *)&a,
-                         .udp = udp,
-                         .udpcfg = {.seg_bytes = 64,
-                                    .rate_mbps = 1000,
-                                    .delta = 2,
-                                    .period_us = 1000,
-                                    .rcvbuf_bytes = 1 << 20}};
+    en_rail_cfg_t cfg = rail_cfg(&a, stash, udp);
     assert_int_equal(en_rail_init(&f->rail, &cfg), 0);
     assert_int_equal(rx_reactor_start(&f->rx, "test-rail", on_stop, &f->rail), 0);
     assert_int_equal(rx_reactor_call(&f->rx, open_fn, NULL), 0);
@@ -710,9 +716,54 @@ static void test_udp_bad_datagrams(void **state)
     close(tcp);
 }
 
+/* The rail's record of ended ops keeps the last EN_FIN_MAX, found by
+ * (comm, seq) through an index that must forget exactly the evicted ones,
+ * also when their keys collide and wrap around the table. */
+static void test_fin_index(void **state)
+{
+    (void)state;
+    en_rail_t *rail = coh_zalloc(sizeof(*rail));
+    struct sockaddr_in a;
+    en_rail_cfg_t cfg = rail_cfg(&a, 0, false);
+    assert_int_equal(en_rail_init(rail, &cfg), 0);
+    enum { N = EN_FIN_MAX * 5 + 17 };
+    /* Keys from three comms, seqs spread so that many share home slots. */
+    uint32_t comm[N];
+    uint64_t seq[N];
+    uint64_t x = 12345;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        comm[i] = (uint32_t)(x >> 62);
+        seq[i] = (i % 3 == 0) ? (uint64_t)i : (x >> 20) << 12;
+    }
+    for (int i = 0; i < N; i++) {
+        int st = -1 - (i % 7);
+        en_exec_cancel(rail, comm[i], seq[i], st, "gone");
+        int got = 0;
+        assert_true(en_exec_ended(rail, comm[i], seq[i], &got));
+        assert_int_equal(got, st);
+        /* A second record of the same op keeps one entry. */
+        if (i % 11 == 0) en_exec_cancel(rail, comm[i], seq[i], st, "again");
+        if (i % 97 == 0 || i == N - 1) {
+            for (int j = 0; j <= i; j++) {
+                bool dup = false; /* the same key again later */
+                for (int k = j + 1; k <= i && !dup; k++)
+                    dup = comm[k] == comm[j] && seq[k] == seq[j];
+                if (dup) continue;
+                bool want = j > i - EN_FIN_MAX;
+                assert_int_equal(en_exec_ended(rail, comm[j], seq[j], &got), want);
+                if (want) assert_int_equal(got, -1 - (j % 7));
+            }
+        }
+    }
+    en_rail_fini(rail);
+    coh_free(rail);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fin_index),
         cmocka_unit_test_setup_teardown(test_wrong_token_dropped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbage_instead_of_hello, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_magic_closes, setup, teardown),
