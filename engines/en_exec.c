@@ -741,6 +741,16 @@ void en_sink_consume(en_sink_t *s, const uint8_t *bytes, size_t n)
         break;
     default: break;
     }
+    en_sink_placed(s, n);
+}
+
+bool en_sink_direct(const en_sink_t *s)
+{
+    return (s->mode == EN_SINK_COPY && s->dst) || s->mode == EN_SINK_DISCARD;
+}
+
+void en_sink_placed(en_sink_t *s, size_t n)
+{
     s->done += n;
     if (s->owner) {
         s->owner->t_progress_ns = bs_now_ns();

@@ -71,7 +71,7 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
         rail->shm_names = coh_zalloc((size_t)cfg->world * EN_SHM_NAME);
         if (!rail->shm_peer || !rail->shm_names) goto nomem;
         int e = en_shm_init(rail, cfg->shm_dir, cfg->shm_name ? cfg->shm_name : "0",
-                            cfg->shm_ring_bytes);
+                            cfg->shm_ring_bytes, cfg->shm_cma_bytes);
         if (e) {
             char why[BS_ERR_LEN];
             snprintf(why, sizeof(why), "%s", coh_last_error());

@@ -31,6 +31,17 @@
  * A send completes once its frame is in the ring (the caller's buffer is
  * free then), from the poll hook that follows: never inside tr_send.
  *
+ * Single copy (COHORT_SHM_CMA_BYTES): a data frame at least that large goes
+ * into the ring as its header and a descriptor (the payload's address in the
+ * sender), and the receiver reads the payload straight from the sender's
+ * memory with process_vm_readv: into its destination for a copy, through a
+ * small buffer for a reduction. It then counts the frame in its ring's
+ * cma_done, and the sender's send completes (in order: descriptors are read
+ * in order). Each reader first proves it can read the writer's memory (a
+ * nonce at an address the writer publishes) and only then lets the writer
+ * send descriptors (cma_ok); where the kernel refuses (another user, a
+ * ptrace policy, a seccomp filter), frames keep going through the ring.
+ *
  * Threading: every function here runs on the rail's loop thread.
  */
 #include <errno.h>
@@ -40,6 +51,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/random.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -50,6 +63,10 @@
 #define SHM_RING_HDR     256                   /* the indices, then the data */
 #define SHM_PUBLISH      (64 * 1024)           /* a long payload is published in pieces */
 #define SHM_HANDSHAKE_MS 10000
+#define SHM_HDR_CMA      0x80         /* in the header's flags byte: a descriptor follows */
+#define SHM_CMA_DESC     24           /* u64 address, u64 length, u64 reserved */
+#define SHM_CMA_PIECE    (1u << 20)   /* read at most this much at once into a destination */
+#define SHM_CMA_BOUNCE   (64u * 1024) /* through this buffer for a reduction (stays in cache) */
 
 /* At the start of a ring's mapping. head and tail count bytes since the
  * start (never wrap); the data index is (count & (size - 1)). */
@@ -62,6 +79,14 @@ typedef struct shm_ring {
     _Atomic uint32_t wsleep; /* the writer waits for room */
     uint64_t size;           /* data bytes: a power of two */
     uint64_t magic;
+    /* Single copy. The writer's: its pid, and where in its memory cma_nonce
+     * is. The reader's: cma_ok once it read the nonce there, cma_done the
+     * descriptors whose payload it has read. */
+    _Atomic uint64_t cma_done;
+    uint64_t cma_addr;
+    uint64_t cma_nonce;
+    int32_t cma_pid;
+    _Atomic uint32_t cma_ok;
 } shm_ring_t;
 
 typedef enum shm_phase { SH_HELLO = 0, SH_LIVE, SH_CLOSED } shm_phase;
@@ -87,6 +112,16 @@ typedef struct shm_conn {
     /* Receiving */
     uint64_t rx_head; /* our head (published or not) */
     uint64_t rx_pad;  /* bytes of padding after the current payload */
+    /* Single copy. Sending: frames whose descriptor is in the ring, until
+     * the peer's cma_done passes them (cma_acked of them completed so far).
+     * Receiving: the current frame's payload is at rx_cma_addr in the peer. */
+    bool q_cma; /* the frame at q_head goes as a descriptor */
+    en_wreq_t *cma_head, *cma_tail;
+    uint64_t cma_acked;
+    bool rx_cma;
+    uint64_t rx_cma_addr;
+    pid_t peer_pid;
+    uint8_t *bounce;
     bool kicking, kick_again;
     struct shm_conn *prev, *next; /* the transport's conns */
 } shm_conn_t;
@@ -98,6 +133,7 @@ struct en_shm {
     bool lpoll_open;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     size_t ring_bytes;
+    size_t cma_bytes; /* COHORT_SHM_CMA_BYTES (0: off) */
     shm_conn_t *conns;
     /* Completions (sends whose frame is in the ring), delivered by the poll
      * hook, which runs after every pass of the loop, by whichever thread
@@ -167,6 +203,11 @@ static int ring_new(shm_tr_t *tr, shm_conn_t *t, int *fd_out)
     shm_ring_t *r = p;
     r->size = tr->ring_bytes;
     r->magic = SHM_MAGIC;
+    if (getrandom(&r->cma_nonce, sizeof(r->cma_nonce), GRND_NONBLOCK) != sizeof(r->cma_nonce))
+        r->cma_nonce = bs_now_ns() ^ (uint64_t)(uintptr_t)p;
+    r->cma_nonce |= 1; /* never 0: a read of zeroed memory proves nothing */
+    r->cma_addr = (uint64_t)(uintptr_t)&r->cma_nonce;
+    r->cma_pid = (int32_t)getpid();
     t->tx = r;
     t->tx_map = map;
     *fd_out = fd;
@@ -208,6 +249,14 @@ static uint8_t *ring_data(shm_ring_t *r)
     return (uint8_t *)r + SHM_RING_HDR;
 }
 
+/* n bytes of the ring at stream position pos (two pieces across its end). */
+static void ring_get(shm_ring_t *r, uint64_t pos, uint8_t *out, uint64_t n)
+{
+    uint64_t at = pos & (r->size - 1), first = r->size - at < n ? r->size - at : n;
+    memcpy(out, ring_data(r) + at, first);
+    if (n > first) memcpy(out + first, ring_data(r), n - first);
+}
+
 /* One byte on the socket: the peer looks at both rings again. */
 static void doorbell(shm_conn_t *t)
 {
@@ -229,6 +278,7 @@ static void handle_closed(uv_handle_t *h)
     if (t->peer_memfd >= 0) close(t->peer_memfd);
     if (t->tx) munmap(t->tx, t->tx_map);
     if (t->rx) munmap(t->rx, t->rx_map);
+    coh_free(t->bounce);
     coh_free(t);
 }
 
@@ -313,6 +363,17 @@ static void conn_close(shm_conn_t *t, int status, const char *why)
         c->writes_out--;
         w->done(w, 0);
     }
+    /* Descriptors: those the peer read are sent; the others' payload never
+     * left this process. */
+    uint64_t read = t->tx ? atomic_load(&t->tx->cma_done) : 0;
+    while (t->cma_head) {
+        en_wreq_t *w = t->cma_head;
+        t->cma_head = w->tx_next;
+        w->tx_next = NULL;
+        c->writes_out--;
+        w->done(w, t->cma_acked++ < read ? 0 : COH_ECANCELED);
+    }
+    t->cma_tail = NULL;
     en_rail_conn_lost(c->rail, c, was == EN_CONN_READY ? status : (status ? status : COH_EPROTO),
                       why);
     tx_fail_all(t, COH_ECANCELED);
@@ -352,23 +413,64 @@ static void publish(shm_conn_t *t)
     if (atomic_load(&r->rsleep) && atomic_exchange(&r->rsleep, 0)) doorbell(t);
 }
 
+static void wq_push(en_wreq_t **head, en_wreq_t **tail, en_wreq_t *w)
+{
+    w->tx_next = NULL;
+    if (*tail)
+        (*tail)->tx_next = w;
+    else
+        *head = w;
+    *tail = w;
+}
+
+/* The frame at the head of the queue is written (bytes of it counted). */
+static en_wreq_t *q_sent(shm_conn_t *t, uint64_t bytes)
+{
+    en_conn_t *c = &t->base;
+    en_wreq_t *w = t->q_head;
+    t->q_head = w->tx_next;
+    if (!t->q_head) t->q_tail = NULL;
+    c->bytes_out += bytes;
+    atomic_fetch_add_explicit(&c->rail->stat_bytes_out, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->rail->stat_shm_out, bytes, memory_order_relaxed);
+    return w;
+}
+
 /* Write what fits of the queued frames. A frame is header + payload +
  * padding to 8; payloads are published in pieces of whole 8-byte words. */
 static void pump_tx(shm_conn_t *t)
 {
-    en_conn_t *c = &t->base;
     shm_ring_t *r = t->tx;
     while (t->q_head && t->phase == SH_LIVE) {
         en_wreq_t *w = t->q_head;
-        uint64_t total = EN_HDR_SIZE + w->len, padded = total + pad8(total);
+        if (t->q_off == 0)
+            t->q_cma = t->tr->cma_bytes && w->len >= t->tr->cma_bytes && w->payload &&
+                       w->hdr[4] == EN_FRAME_DATA &&
+                       atomic_load_explicit(&r->cma_ok, memory_order_acquire);
+        uint64_t total = EN_HDR_SIZE + (t->q_cma ? SHM_CMA_DESC : w->len),
+                 padded = total + pad8(total);
+        /* What must fit at once: a header, or a header and its descriptor. */
+        uint64_t first = t->q_cma ? total : EN_HDR_SIZE;
         uint64_t room =
             r->size - (t->tx_tail - atomic_load_explicit(&r->head, memory_order_acquire));
-        if (room < 8 || (t->q_off == 0 && room < EN_HDR_SIZE)) {
+        if (room < 8 || (t->q_off == 0 && room < first)) {
             /* Full: the reader rings when it makes room. */
             atomic_store(&r->wsleep, 1);
             room = r->size - (t->tx_tail - atomic_load(&r->head));
-            if (room < 8 || (t->q_off == 0 && room < EN_HDR_SIZE)) break;
+            if (room < 8 || (t->q_off == 0 && room < first)) break;
             atomic_store(&r->wsleep, 0);
+        }
+        if (t->q_cma) {
+            uint8_t b[EN_HDR_SIZE + SHM_CMA_DESC] = {0};
+            memcpy(b, w->hdr, EN_HDR_SIZE);
+            b[5] |= SHM_HDR_CMA;
+            en_put64(b + EN_HDR_SIZE, (uint64_t)(uintptr_t)w->payload);
+            en_put64(b + EN_HDR_SIZE + 8, w->len);
+            ring_put(t, b, sizeof(b));
+            publish(t);
+            /* The payload stays the caller's until the peer has read it. */
+            wq_push(&t->cma_head, &t->cma_tail, q_sent(t, EN_HDR_SIZE + w->len));
+            continue;
         }
         if (t->q_off == 0) {
             ring_put(t, w->hdr, EN_HDR_SIZE);
@@ -389,19 +491,26 @@ static void pump_tx(shm_conn_t *t)
         publish(t);
         if (t->q_off < padded) continue;
         /* In the ring: the caller's buffer is free. */
-        t->q_head = w->tx_next;
-        if (!t->q_head) t->q_tail = NULL;
         t->q_off = 0;
-        c->bytes_out += total;
-        atomic_fetch_add_explicit(&c->rail->stat_bytes_out, total, memory_order_relaxed);
-        atomic_fetch_add_explicit(&c->rail->stat_shm_out, total, memory_order_relaxed);
-        w->tx_next = NULL;
-        if (t->tr->done_tail)
-            t->tr->done_tail->tx_next = w;
-        else
-            t->tr->done_head = w;
-        t->tr->done_tail = w;
+        wq_push(&t->tr->done_head, &t->tr->done_tail, q_sent(t, total));
     }
+}
+
+/* Sends whose payload the peer has read (its cma_done): completed. */
+static bool cma_reap(shm_conn_t *t)
+{
+    if (!t->cma_head) return false;
+    uint64_t read = atomic_load_explicit(&t->tx->cma_done, memory_order_acquire);
+    bool any = false;
+    while (t->cma_head && t->cma_acked < read) {
+        en_wreq_t *w = t->cma_head;
+        t->cma_head = w->tx_next;
+        if (!t->cma_head) t->cma_tail = NULL;
+        t->cma_acked++;
+        wq_push(&t->tr->done_head, &t->tr->done_tail, w);
+        any = true;
+    }
+    return any;
 }
 
 static bool done_run(shm_tr_t *tr)
@@ -425,12 +534,7 @@ static int shm_send(en_conn_t *c, en_wreq_t *w)
     shm_conn_t *t = (shm_conn_t *)c;
     if (c->state != EN_CONN_READY) return COH_EPEER;
     w->conn = c;
-    w->tx_next = NULL;
-    if (t->q_tail)
-        t->q_tail->tx_next = w;
-    else
-        t->q_head = w;
-    t->q_tail = w;
+    wq_push(&t->q_head, &t->q_tail, w);
     c->writes_out++;
     if (t->q_head == w) pump_tx(t);
     return 0;
@@ -454,6 +558,57 @@ static bool match(shm_conn_t *t)
     return m == EN_MATCH_OK;
 }
 
+/* n bytes of the current single-copy payload, from offset off, into dst. */
+static bool cma_read(shm_conn_t *t, void *dst, uint64_t off, size_t n)
+{
+    struct iovec l = {.iov_base = dst, .iov_len = n};
+    struct iovec rm = {.iov_base = (void *)(uintptr_t)(t->rx_cma_addr + off), .iov_len = n};
+    ssize_t k;
+    do k = process_vm_readv(t->peer_pid, &l, 1, &rm, 1, 0);
+    while (k < 0 && errno == EINTR);
+    return k == (ssize_t)n;
+}
+
+/* The payload of a descriptor frame, read from the peer's memory: straight
+ * into a copy's destination, through the bounce buffer for a reduction.
+ * False when the conn closed. */
+static bool cma_payload(shm_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    en_sink_t *s = &c->sink;
+    while (s->done < s->len) {
+        uint64_t need = s->len - s->done;
+        size_t n;
+        bool ok = true;
+        if (en_sink_direct(s)) {
+            n = (size_t)(need < SHM_CMA_PIECE ? need : SHM_CMA_PIECE);
+            if (s->mode == EN_SINK_COPY) ok = cma_read(t, s->dst + s->done, s->done, n);
+            if (ok) en_sink_placed(s, n);
+        } else {
+            if (!t->bounce && !(t->bounce = coh_malloc(SHM_CMA_BOUNCE))) {
+                conn_close(t, COH_ENOMEM, "out of memory");
+                return false;
+            }
+            n = (size_t)(need < SHM_CMA_BOUNCE ? need : SHM_CMA_BOUNCE);
+            if (s->mode == EN_SINK_REDUCE && n < need) n -= n % s->esize;
+            ok = cma_read(t, t->bounce, s->done, n);
+            if (ok) en_sink_consume(s, t->bounce, n);
+        }
+        if (!ok) {
+            char why[160];
+            snprintf(why, sizeof(why), "reading rank %d's memory: %s", c->peer, strerror(errno));
+            conn_close(t, COH_EPEER, why);
+            return false;
+        }
+        c->bytes_in += n;
+        atomic_fetch_add_explicit(&c->rail->stat_bytes_in, n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->rail->stat_shm_in, n, memory_order_relaxed);
+        if (s->mode != EN_SINK_DISCARD)
+            atomic_fetch_add_explicit(&c->rail->stat_cma_in, n, memory_order_relaxed);
+    }
+    return true;
+}
+
 /* Deliver what the peer's ring holds. */
 static void process(shm_conn_t *t)
 {
@@ -471,31 +626,46 @@ static void process(shm_conn_t *t)
             conn_close(t, COH_EPROTO, "a shared-memory ring out of order");
             return;
         }
-        bool need_bytes = c->rstate == EN_RD_HDR || c->sink.done < c->sink.len || t->rx_pad;
+        bool need_bytes =
+            c->rstate == EN_RD_HDR || (!t->rx_cma && (c->sink.done < c->sink.len || t->rx_pad));
         if (avail == 0 && need_bytes) break; /* the poll hook looks again */
         uint64_t at = t->rx_head & (size - 1);
         if (c->rstate == EN_RD_HDR) {
             if (avail < EN_HDR_SIZE) break;
-            uint8_t hb[EN_HDR_SIZE];
-            const uint8_t *hp = ring_data(r) + at;
-            if (size - at < EN_HDR_SIZE) {
-                memcpy(hb, hp, size - at);
-                memcpy(hb + (size - at), ring_data(r), EN_HDR_SIZE - (size - at));
-                hp = hb;
-            }
-            int d = en_hdr_decode(hp, EN_HDR_SIZE, &c->hdr);
-            if (d != EN_HDR_SIZE || c->hdr.type == EN_FRAME_ACK) {
+            /* Header and descriptor are published together. */
+            uint8_t hb[EN_HDR_SIZE + SHM_CMA_DESC];
+            ring_get(r, t->rx_head, hb, EN_HDR_SIZE);
+            bool cma = hb[5] & SHM_HDR_CMA;
+            hb[5] &= (uint8_t)~SHM_HDR_CMA;
+            if (cma) ring_get(r, t->rx_head + EN_HDR_SIZE, hb + EN_HDR_SIZE, SHM_CMA_DESC);
+            int d = en_hdr_decode(hb, EN_HDR_SIZE, &c->hdr);
+            if (d != EN_HDR_SIZE || c->hdr.type == EN_FRAME_ACK ||
+                (cma && (!t->peer_pid || avail < sizeof(hb) || c->hdr.type != EN_FRAME_DATA ||
+                         en_get64(hb + EN_HDR_SIZE + 8) != c->hdr.len))) {
                 atomic_fetch_add(&rail->stat_bad_frames, 1);
                 conn_close(t, COH_EPROTO, "malformed frame header");
                 return;
             }
-            t->rx_head += EN_HDR_SIZE;
+            uint64_t hl = cma ? sizeof(hb) : EN_HDR_SIZE;
+            t->rx_head += hl;
             c->bytes_in += EN_HDR_SIZE;
             atomic_fetch_add_explicit(&rail->stat_bytes_in, EN_HDR_SIZE, memory_order_relaxed);
             atomic_fetch_add_explicit(&rail->stat_shm_in, EN_HDR_SIZE, memory_order_relaxed);
-            t->rx_pad = pad8(EN_HDR_SIZE + c->hdr.len);
+            t->rx_cma = cma;
+            t->rx_cma_addr = cma ? en_get64(hb + EN_HDR_SIZE) : 0;
+            t->rx_pad = cma ? 0 : pad8(EN_HDR_SIZE + c->hdr.len);
             c->t_frame_ns = bs_now_ns();
             if (!match(t)) break;
+            continue;
+        }
+        if (t->rx_cma) {
+            /* From the peer's memory; then its send may complete. */
+            if (!cma_payload(t)) return;
+            t->rx_cma = false;
+            atomic_fetch_add(&r->cma_done, 1); /* seq_cst: against the writer's wsleep */
+            rx_publish(t);
+            c->rstate = EN_RD_HDR;
+            en_exec_recv_done(rail, c);
             continue;
         }
         /* EN_RD_PAYLOAD: straight from the ring into the sink. */
@@ -583,6 +753,23 @@ static int send_hello(shm_conn_t *t)
     return 0;
 }
 
+/* Can this process read the peer's memory? Read the nonce the peer wrote
+ * in its ring from where the peer says it is; if it is there, let the peer
+ * send descriptors. */
+static void cma_probe(shm_conn_t *t)
+{
+    shm_ring_t *r = t->rx;
+    if (!t->tr->cma_bytes || r->cma_pid <= 0 || !r->cma_nonce) return;
+    uint64_t v = 0;
+    struct iovec l = {.iov_base = &v, .iov_len = sizeof(v)};
+    struct iovec rm = {.iov_base = (void *)(uintptr_t)r->cma_addr, .iov_len = sizeof(v)};
+    if (process_vm_readv((pid_t)r->cma_pid, &l, 1, &rm, 1, 0) != (ssize_t)sizeof(v) ||
+        v != r->cma_nonce)
+        return;
+    t->peer_pid = (pid_t)r->cma_pid;
+    atomic_store_explicit(&r->cma_ok, 1, memory_order_release);
+}
+
 static void on_hello(shm_conn_t *t)
 {
     en_conn_t *c = &t->base;
@@ -609,6 +796,7 @@ static void on_hello(shm_conn_t *t)
         r = COH_EPROTO;
     }
     if (r == 0) r = ring_map_peer(t, t->peer_memfd, why, sizeof(why));
+    if (r == 0) cma_probe(t);
     if (t->peer_memfd >= 0) {
         close(t->peer_memfd);
         t->peer_memfd = -1;
@@ -833,6 +1021,7 @@ static bool conn_ready(shm_conn_t *t)
     if (t->base.rstate != EN_RD_BLOCKED &&
         atomic_load_explicit(&t->rx->tail, memory_order_acquire) != t->rx_head)
         return true;
+    if (t->cma_head && atomic_load(&t->tx->cma_done) != t->cma_acked) return true;
     return t->q_head && t->tx->size - (t->tx_tail - atomic_load(&t->tx->head)) >= EN_HDR_SIZE;
 }
 
@@ -845,6 +1034,7 @@ bool en_shm_poll(en_rail_t *rail)
     for (shm_conn_t *t = tr->conns, *next; t; t = next) {
         next = t->next;
         if (!conn_ready(t)) continue;
+        cma_reap(t);
         kick(t);
         did = true;
     }
@@ -857,8 +1047,10 @@ bool en_shm_arm(en_rail_t *rail)
     if (tr->done_head) return false;
     for (shm_conn_t *t = tr->conns; t; t = t->next) {
         if (t->phase != SH_LIVE) continue;
-        /* seq_cst both ways: the writer publishes, then reads the flag. */
+        /* seq_cst both ways: the writer publishes, then reads the flag (and
+         * the reader counts what it read, then reads wsleep). */
         atomic_store(&t->rx->rsleep, 1);
+        if (t->cma_head) atomic_store(&t->tx->wsleep, 1);
         if (conn_ready(t)) return false;
     }
     return true;
@@ -875,7 +1067,8 @@ const en_transport_ops_t en_shm_ops = {
     .tr_cut = shm_cut,
 };
 
-int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_bytes)
+int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_bytes,
+                size_t cma_bytes)
 {
     shm_tr_t *tr = coh_zalloc(sizeof(*tr));
     if (!tr) return bs_fail(COH_ENOMEM, "out of memory");
@@ -885,6 +1078,7 @@ int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_
     size_t rb = 64 * 1024;
     while (rb < ring_bytes && rb < (1u << 30)) rb <<= 1;
     tr->ring_bytes = rb;
+    tr->cma_bytes = cma_bytes;
     snprintf(tr->dir, sizeof(tr->dir), "%s", dir);
     if (en_shm_path(dir, rail->token, name, rail->index, tr->path, sizeof(tr->path)) != 0) {
         coh_free(tr);

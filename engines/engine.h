@@ -154,6 +154,10 @@ typedef struct en_stash {
 
 /* Consume n bytes of payload into the sink (whole elements for REDUCE). */
 void en_sink_consume(en_sink_t *s, const uint8_t *bytes, size_t n);
+/* Where the transport can place payload itself (a copy sink: dst + done), or
+ * drop it (DISCARD): count n bytes as consumed without passing them. */
+bool en_sink_direct(const en_sink_t *s);
+void en_sink_placed(en_sink_t *s, size_t n);
 
 /* ---- connections ---- */
 
@@ -379,6 +383,7 @@ typedef struct en_rail_cfg {
     const char *shm_dir;
     const char *shm_name; /* this context's: rank, pid and a count (unique on the host) */
     size_t shm_ring_bytes;
+    size_t shm_cma_bytes; /* single copy (process_vm_readv) from this frame size; 0: never */
 } en_rail_cfg_t;
 
 struct en_rail {
@@ -450,6 +455,7 @@ struct en_rail {
     _Atomic uint64_t stat_returns;   /* links back on it */
     _Atomic uint64_t stat_resent;    /* bytes sent again after a move */
     _Atomic uint64_t stat_shm_out, stat_shm_in; /* of stat_bytes_*: through shared memory */
+    _Atomic uint64_t stat_cma_in;               /* of stat_shm_in: read from the sender's memory */
     struct en_udp *udp; /* a udp rail's datagram engine; NULL on tcp rails */
     struct en_shm *shm; /* the shared-memory transport; NULL: off */
     /* The reactor's: its loop thread blocks in epoll, relying on doorbells
@@ -544,7 +550,8 @@ void en_rail_event(en_rail_t *rail, int kind, int peer, int via, double pause_s,
 bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out);
 
 /* The shared-memory transport (en_shm.c). init and fini: any thread. */
-int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_bytes);
+int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_bytes,
+                size_t cma_bytes);
 void en_shm_fini(en_rail_t *rail);
 bool en_shm_poll(en_rail_t *rail);
 bool en_shm_arm(en_rail_t *rail);

@@ -622,7 +622,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         }
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
         ff_pack_str(&pk, "stats");
-        msgpack_pack_map(&pk, 21);
+        msgpack_pack_map(&pk, 22);
         ff_pack_kv_uint(&pk, "bytes_sent", s.bytes_sent);
         ff_pack_kv_uint(&pk, "bytes_received", s.bytes_received);
         ff_pack_kv_uint(&pk, "requests_completed", s.requests_completed);
@@ -644,6 +644,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_uint(&pk, "udp_resent_bytes", s.udp_resent_bytes);
         ff_pack_kv_uint(&pk, "shm_bytes_sent", s.shm_bytes_sent);
         ff_pack_kv_uint(&pk, "shm_bytes_received", s.shm_bytes_received);
+        ff_pack_kv_uint(&pk, "shm_cma_bytes_received", s.shm_cma_bytes_received);
         break;
     }
     case FF_EVENT_CLEAR:

@@ -184,6 +184,8 @@ typedef struct coh_config {
     int shm;                 /* COHORT_SHM: ranks on the same host (COHORT_HOST_ID) connect
                                 through shared memory on every rail (1) */
     size_t shm_ring_bytes;   /* COHORT_SHM_RING_BYTES: each shared-memory ring (4 MiB) */
+    size_t shm_cma_bytes;    /* COHORT_SHM_CMA_BYTES: frames this large are read by the receiver
+                                from the sender's memory, one copy (256 KiB; 0: never) */
     int hier;                /* COHORT_HIER: allreduces across hosts of equal size: 1
                                 hierarchical, 0 flat, -1 (auto) hierarchical for ring-sized ops */
     char _storage[320];      /* private: holds strings coh_config_init composes */
@@ -344,6 +346,9 @@ typedef struct coh_stats {
     /* Of bytes_sent and bytes_received, what went through shared memory to
      * ranks on the same host (COHORT_SHM, docs/shm.md). */
     uint64_t shm_bytes_sent, shm_bytes_received;
+    /* Of shm_bytes_received, the payload read straight from the sender's
+     * memory (single copy, COHORT_SHM_CMA_BYTES). */
+    uint64_t shm_cma_bytes_received;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went

@@ -139,6 +139,10 @@ typedef enum rx_knob_kind {
     X(shm_ring_bytes, RX_K_SIZE, "4M", "COHORT_SHM_RING_BYTES", 65536, 1ull << 30,                 \
       "bytes of each shared-memory ring (one per direction per peer on the host and rail; a "      \
       "power of two)")                                                                             \
+    X(shm_cma_bytes, RX_K_SIZE, "256K", "COHORT_SHM_CMA_BYTES", 0, 1ull << 40,                     \
+      "shared-memory frames of at least this many bytes are read by the receiver straight from "   \
+      "the sender's memory (process_vm_readv, where the kernel permits it): one copy instead of "  \
+      "two; 0: never")                                                                             \
     X(hier, RX_K_INT, "-1", "COHORT_HIER", -1, 1,                                                  \
       "allreduces across hosts of the same number (>= 2) of ranks: 1 hierarchical (inside each "   \
       "host, then between hosts, then inside again); 0 flat; -1 (auto) hierarchical where the "    \

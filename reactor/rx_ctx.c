@@ -815,7 +815,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                        .test_ctl_dgram_only = test_udp_ctl_dgram()},
             .shm_dir = ctx->shm_dir,
             .shm_name = ctx->shm_name,
-            .shm_ring_bytes = ctx->cfg.shm_ring_bytes};
+            .shm_ring_bytes = ctx->cfg.shm_ring_bytes,
+            .shm_cma_bytes = ctx->cfg.shm_cma_bytes};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];
@@ -945,6 +946,7 @@ static void rail_stats_add(const en_rail_t *en, coh_stats_t *s)
     s->udp_resent_bytes += us.resent_bytes;
     s->shm_bytes_sent += atomic_load(&en->stat_shm_out);
     s->shm_bytes_received += atomic_load(&en->stat_shm_in);
+    s->shm_cma_bytes_received += atomic_load(&en->stat_cma_in);
 }
 
 COH_API int coh_ctx_rail_stats(coh_ctx_t *ctx, int rail, coh_stats_t *s)

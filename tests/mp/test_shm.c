@@ -105,6 +105,26 @@ static void mode_split(int per_host)
         MP_FAIL(
             "every peer is on this host, but only %llu of %llu bytes went through shared memory",
             (unsigned long long)s.shm_bytes_sent, (unsigned long long)s.bytes_sent);
+    /* Frames of 256 KiB and more (the 1 and 3 MiB allreduces) are read from
+     * the sender's memory where the kernel lets a process read another of
+     * the same user (here: the test says so), never with the knob at 0. A
+     * rank whose ring neighbour is on another host gets little this way. */
+    const char *cma = getenv("COHORT_SHM_CMA_BYTES");
+    bool cma_off = cma && atoll(cma) == 0;
+    const char *want_cma = getenv("COHORT_TEST_EXPECT_CMA");
+    printf("rank %d: %llu bytes read from the senders' memory\n", R,
+           (unsigned long long)s.shm_cma_bytes_received);
+    if (cma_off && s.shm_cma_bytes_received)
+        MP_FAIL("COHORT_SHM_CMA_BYTES=0, but %llu bytes were read from peers' memory",
+                (unsigned long long)s.shm_cma_bytes_received);
+    if (!cma_off && want_cma && atoi(want_cma) && s.shm_bytes_received >= (1u << 20) &&
+        !s.shm_cma_bytes_received)
+        MP_FAIL("%llu bytes came through shared memory, none read from a peer's memory",
+                (unsigned long long)s.shm_bytes_received);
+    if (s.shm_cma_bytes_received > s.shm_bytes_received)
+        MP_FAIL("%llu bytes read from peers' memory, of %llu received through shared memory",
+                (unsigned long long)s.shm_cma_bytes_received,
+                (unsigned long long)s.shm_bytes_received);
     if (local > 0 && local < N - 1 && s.shm_bytes_sent >= s.bytes_sent)
         MP_FAIL("peers on other hosts, but all %llu bytes went through shared memory",
                 (unsigned long long)s.bytes_sent);
