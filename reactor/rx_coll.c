@@ -249,6 +249,12 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
+    /* With more ranks than cores, a waiter spins (yielding) only for ops
+     * that may end within the spin: a larger one would hand its work back to
+     * the loop threads half way anyway. Measured, 4 ranks on 2 cores: 4 KiB
+     * to 1 MiB faster with the spin (4 KiB 2x), 4-16 MiB 10-20% slower. */
+    if (ctx->oversubscribed && (uint64_t)a->count * es * per_rank > cfg->chunk_bytes)
+        req->spin_us = 0;
     bool stale;
     int gone = rx_comm_failed_member(ctx, comm, &stale);
     if (gone >= 0 && stale) {

@@ -207,7 +207,8 @@ for n in $RANKS; do
         mpi)
             sweep "mpi-$n" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" "$BIN/mpi-bench" ;;
         base)
-            sweep "base-$n" "$BASELINE/bin/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
+            sweep "base-$n" env COHORT_SHM=0 "$BASELINE/bin/cohortrun" -n "$n" --no-prefix \
+                --timeout "$TIMEOUT" -- \
                 "$BASELINE/bin/cohort-bench" ;;
         esac
     done
