@@ -208,8 +208,11 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
          * 5 us spinning, 55 us yielding after 20 us idle, 420 us after
          * 200 us idle (a yield hands the core to the busy process for its
          * slice, and the peer waits for this rank). */
-        if (helped == RX_HELP_BUSY || (helped == RX_HELP_IDLE && req->yield)) {
-            for (int i = 0; i < 64; i++) cpu_relax();
+        if (helped == RX_HELP_BUSY) {
+            /* Briefly: 64 pauses were 3 us, a 4 KiB op's time. */
+            for (int i = 0; i < 8; i++) cpu_relax();
+            sched_yield();
+        } else if (helped == RX_HELP_IDLE && req->yield) {
             sched_yield();
         }
     }
