@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# bench/contention.sh - small-op latency when the host's cores are contended
+# (issue 15 item 0, issue 12): 4 KiB and 64 KiB allreduce times with 0, 1 and
+# 2 foreign busy processes (shell loops), on 2 and 4 ranks, in one run:
+#   cohort tcp (COHORT_SHM=0) against Open MPI ob1/tcp on loopback,
+#   cohort shm (COHORT_SHM=1) against Open MPI vader.
+# Each cell is the median of --iters iterations (the slowest rank's time per
+# iteration), in microseconds; the ratio columns are cohort / Open MPI (lower
+# is better). A median favours waiters that never give the CPU away: an op
+# that ran while both ranks were on a core counts as much as one that waited
+# for a time slice; --pct also prints cohort's p90.
+#
+#   bench/contention.sh [--iters 2000] [--ranks "2 4"] [--busy "0 1 2"] [--build build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ITERS=2000 RANKS="2 4" BUSY="0 1 2" BUILD=build PCT=0
+while [ $# -gt 0 ]; do
+    case $1 in
+    --iters) ITERS=$2; shift 2 ;;
+    --ranks) RANKS=$2; shift 2 ;;
+    --busy) BUSY=$2; shift 2 ;;
+    --build) BUILD=$2; shift 2 ;;
+    --pct) PCT=1; shift ;;
+    *) echo "usage: $0 [--iters N] [--ranks LIST] [--busy LIST] [--build DIR] [--pct]" >&2; exit 2 ;;
+    esac
+done
+B=$BUILD/bin
+for b in cohortrun cohort-bench mpi-bench; do
+    [ -x "$B/$b" ] || { echo "contention.sh: $B/$b missing: build first" >&2; exit 2; }
+done
+command -v mpirun >/dev/null || { echo "contention.sh: mpirun not found" >&2; exit 2; }
+ROOT=()
+[ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
+MPI=(mpirun --oversubscribe --bind-to none --mca pml ob1 "${ROOT[@]}")
+ARGS=(--csv -b 4K -e 64K -f 16 -n "$ITERS" -w 100 -c 1 -o sum -d float)
+PIDS=()
+stop_busy() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    PIDS=()
+}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cohort-contention.XXXXXX")
+trap 'stop_busy; rm -rf "$WORK"' EXIT
+
+# run IMPL N: the benchmark's output in $WORK/IMPL
+run() {
+    local impl=$1 n=$2
+    case $impl in
+    tcp) COHORT_SHM=0 "$B/cohortrun" -n "$n" --no-prefix -- "$B/cohort-bench" "${ARGS[@]}" --pct ;;
+    shm) COHORT_SHM=1 "$B/cohortrun" -n "$n" --no-prefix -- "$B/cohort-bench" "${ARGS[@]}" --pct ;;
+    mpitcp) "${MPI[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo -np "$n" "$B/mpi-bench" "${ARGS[@]}" ;;
+    vader) "${MPI[@]}" --mca btl self,vader -np "$n" "$B/mpi-bench" "${ARGS[@]}" ;;
+    esac >"$WORK/$impl" 2>"$WORK/$impl.err" || { echo "contention.sh: $impl on $n ranks failed:" >&2; tail -5 "$WORK/$impl.err" >&2; exit 1; }
+}
+# med IMPL: "t4k t64k"; p90 IMPL: cohort's p90s
+med() { awk -F, '$1 == "sum" { printf "%s ", $6 }' "$WORK/$1"; }
+p90() { awk -F, '$1 == "pct" { printf "%s ", $4 }' "$WORK/$1"; }
+
+printf "# bench/contention.sh, %s, %s cpus, %s iterations; us per allreduce (median)\n" \
+    "$(date -Is)" "$(nproc)" "$ITERS"
+printf "%5s %4s | %9s %9s %9s %9s | %9s %9s %9s %9s | %7s %7s %7s %7s\n" ranks busy \
+    "tcp 4K" "mpi 4K" "tcp 64K" "mpi 64K" "shm 4K" "vader 4K" "shm 64K" "vader 64K" \
+    "tcp/mpi" "" "shm/vd" ""
+for n in $RANKS; do
+    for k in $BUSY; do
+        stop_busy
+        for _ in $(seq 1 "$k"); do
+            (while :; do :; done) &
+            PIDS+=($!)
+        done
+        for impl in tcp mpitcp shm vader; do run "$impl" "$n"; done
+        read -r t4 t64 <<<"$(med tcp)"
+        read -r m4 m64 <<<"$(med mpitcp)"
+        read -r s4 s64 <<<"$(med shm)"
+        read -r v4 v64 <<<"$(med vader)"
+        stop_busy
+        awk -v n="$n" -v k="$k" -v t4="$t4" -v m4="$m4" -v t64="$t64" -v m64="$m64" \
+            -v s4="$s4" -v v4="$v4" -v s64="$s64" -v v64="$v64" 'BEGIN {
+            printf "%5d %4d | %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f %9.2f | %7.2f %7.2f %7.2f %7.2f\n",
+                n, k, t4, m4, t64, m64, s4, v4, s64, v64, t4 / m4, t64 / m64, s4 / v4, s64 / v64 }'
+        if [ "$PCT" = 1 ]; then echo "           cohort p90 (4K 64K): tcp $(p90 tcp)  shm $(p90 shm)"; fi
+    done
+done
+echo "# ratio columns: cohort / Open MPI at 4K and 64K (tcp against ob1/tcp, shm against vader)"
