@@ -436,6 +436,21 @@ static en_wreq_t *q_sent(shm_conn_t *t, uint64_t bytes)
     return w;
 }
 
+/* Does frame w go as a descriptor (single copy)? */
+static bool by_cma(const shm_conn_t *t, const en_wreq_t *w)
+{
+    return t->tr->cma_bytes && w->len >= t->tr->cma_bytes && w->payload &&
+           w->hdr[4] == EN_FRAME_DATA && atomic_load_explicit(&t->tx->cma_ok, memory_order_acquire);
+}
+
+/* Room the frame at the head of the queue needs before pump_tx writes any
+ * of it: its header (and descriptor) at once, then whole words. */
+static uint64_t q_need(const shm_conn_t *t)
+{
+    if (t->q_off) return 8;
+    return EN_HDR_SIZE + (by_cma(t, t->q_head) ? SHM_CMA_DESC : 0);
+}
+
 /* Write what fits of the queued frames. A frame is header + payload +
  * padding to 8; payloads are published in pieces of whole 8-byte words. */
 static void pump_tx(shm_conn_t *t)
@@ -443,14 +458,10 @@ static void pump_tx(shm_conn_t *t)
     shm_ring_t *r = t->tx;
     while (t->q_head && t->phase == SH_LIVE) {
         en_wreq_t *w = t->q_head;
-        if (t->q_off == 0)
-            t->q_cma = t->tr->cma_bytes && w->len >= t->tr->cma_bytes && w->payload &&
-                       w->hdr[4] == EN_FRAME_DATA &&
-                       atomic_load_explicit(&r->cma_ok, memory_order_acquire);
+        if (t->q_off == 0) t->q_cma = by_cma(t, w);
         uint64_t total = EN_HDR_SIZE + (t->q_cma ? SHM_CMA_DESC : w->len),
                  padded = total + pad8(total);
-        /* What must fit at once: a header, or a header and its descriptor. */
-        uint64_t first = t->q_cma ? total : EN_HDR_SIZE;
+        uint64_t first = q_need(t);
         uint64_t room =
             r->size - (t->tx_tail - atomic_load_explicit(&r->head, memory_order_acquire));
         if (room < 8 || (t->q_off == 0 && room < first)) {
@@ -877,14 +888,9 @@ static void poll_cb(uv_poll_t *h, int status, int events)
     uint8_t buf[256];
     ssize_t n;
     bool gone = status < 0 || (events & UV_DISCONNECT);
-    bool rang = false;
-    while ((n = recv(t->fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) rang = true;
+    while ((n = recv(t->fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+    }
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone = true;
-    /* A thread helping the loop read the doorbell the sleeping loop thread
-     * asked for: ask for the next one in its place (the writer cleared the
-     * flag as it rang), or that thread would sleep through what follows. */
-    const _Atomic int *asleep = t->base.rail->loop_asleep;
-    if (rang && asleep && atomic_load(asleep)) atomic_store(&t->rx->rsleep, 1);
     kick(t); /* what the peer wrote before it went is still delivered */
     if (gone && t->phase == SH_LIVE) {
         en_conn_t *c = &t->base;
@@ -1018,11 +1024,11 @@ static void shm_shutdown(en_rail_t *rail)
 static bool conn_ready(shm_conn_t *t)
 {
     if (t->phase != SH_LIVE) return false;
-    if (t->base.rstate != EN_RD_BLOCKED &&
-        atomic_load_explicit(&t->rx->tail, memory_order_acquire) != t->rx_head)
-        return true;
+    /* seq_cst, not acquire: en_shm_arm stores a sleep flag, then reads
+     * here (Dekker's pattern with the writer's publish). */
+    if (t->base.rstate != EN_RD_BLOCKED && atomic_load(&t->rx->tail) != t->rx_head) return true;
     if (t->cma_head && atomic_load(&t->tx->cma_done) != t->cma_acked) return true;
-    return t->q_head && t->tx->size - (t->tx_tail - atomic_load(&t->tx->head)) >= EN_HDR_SIZE;
+    return t->q_head && t->tx->size - (t->tx_tail - atomic_load(&t->tx->head)) >= q_need(t);
 }
 
 bool en_shm_poll(en_rail_t *rail)

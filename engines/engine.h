@@ -458,11 +458,8 @@ struct en_rail {
     _Atomic uint64_t stat_cma_in;               /* of stat_shm_in: read from the sender's memory */
     struct en_udp *udp; /* a udp rail's datagram engine; NULL on tcp rails */
     struct en_shm *shm; /* the shared-memory transport; NULL: off */
-    /* The reactor's: its loop thread blocks in epoll, relying on doorbells
-     * (en_shm.c); NULL when no reactor runs the rail (tests). */
-    const _Atomic int *loop_asleep;
-    uint8_t *shm_peer; /* [world]: dial this peer through shared memory */
-    char *shm_names;   /* [world * EN_SHM_NAME]: their contexts' names */
+    uint8_t *shm_peer;  /* [world]: dial this peer through shared memory */
+    char *shm_names;    /* [world * EN_SHM_NAME]: their contexts' names */
     bool want_udp;
     en_udp_cfg_t udpcfg;
 };

@@ -106,10 +106,11 @@ typedef struct rx_reactor {
     int start_status;
     uv_mutex_t run_mu;   /* held by whichever thread runs the loop right now */
     _Atomic int helpers; /* waiters driving the loop: its thread sleeps meanwhile */
-    /* The loop thread armed (hooks.arm) and blocks in epoll: a doorbell that
-     * another thread's pass reads must be asked for again, or the loop
-     * thread would sleep on with nobody looking (en_rail_t.loop_asleep). */
+    /* The loop thread armed (hooks.arm) and blocks in epoll: another
+     * thread's pass may use up what it armed, and kicks it (kick_fd, an
+     * eventfd only it reads) so that it arms again. */
     _Atomic int asleep;
+    int kick_fd;
     _Atomic int closed;    /* rx_reactor_close posted its stop task */
     _Atomic int accepting; /* posts are taken (until the loop begins to stop) */
     _Atomic int posters;   /* threads inside rx_reactor_post right now */

@@ -5,12 +5,14 @@
  */
 #include "reactor/reactor.h"
 
+#include <errno.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -64,6 +66,34 @@ static bool mpsc_drained(rx_mpsc_t *q)
            atomic_load_explicit(&q->tail->next, memory_order_acquire) == NULL;
 }
 
+/* Wake the loop thread (any thread): as a post, so that no wake-up reaches
+ * a loop whose async handle is closing (see rx_reactor_post). */
+static void wake_loop(rx_reactor_t *rx)
+{
+    atomic_fetch_add(&rx->posters, 1);
+    if (atomic_load(&rx->accepting)) uv_async_send(&rx->wake);
+    atomic_fetch_sub(&rx->posters, 1);
+}
+
+/* A thread other than the loop's ran (or will run) the loop while the loop
+ * thread is blocked in epoll on the doorbells it armed: that pass may have
+ * read a doorbell, cleared a flag (a writer waiting for room or for its
+ * single-copy frames to be read) or queued frames whose completion needs a
+ * flag armed. Kick the loop thread: it arms again before it blocks (or,
+ * with helpers running, waits for them instead). Through an eventfd only
+ * that thread reads: a helper's pass would consume the async handle's
+ * wake-up. Free while it is awake or waiting for helpers, the steady state
+ * of back-to-back ops. */
+static void wake_if_asleep(rx_reactor_t *rx)
+{
+    if (rx->kick_fd >= 0 && atomic_load(&rx->asleep)) {
+        uint64_t one = 1;
+        ssize_t n;
+        do n = write(rx->kick_fd, &one, sizeof(one));
+        while (n < 0 && errno == EINTR);
+    }
+}
+
 /* One non-blocking pass of the loop, then the owner's poll hook until it
  * finds nothing more (bounded: the loop's fds get their turn). Run_mu held. */
 static int run_pass(rx_reactor_t *rx)
@@ -74,7 +104,7 @@ static int run_pass(rx_reactor_t *rx)
         while (rx->hooks.poll(rx))
             if (++i == 64) {
                 /* Still going: the loop thread (perhaps asleep) takes over. */
-                uv_async_send(&rx->wake);
+                wake_loop(rx);
                 break;
             }
     }
@@ -124,15 +154,21 @@ static void thread_main(void *arg)
             alive = run_pass(rx);
         }
         int timeout = alive ? uv_backend_timeout(&rx->loop) : 0;
-        /* Blocking in epoll from here on: ask for doorbells (not while
-         * helpers run the loop: they look, and the last to leave arms);
-         * work already there means another pass at once. */
-        int h = atomic_load(&rx->helpers);
-        if (alive && h == 0 && rx->hooks.arm) {
-            /* asleep first: a pass of another thread that reads a doorbell
-             * from here on asks for the next one (rx_reactor_t.asleep). */
+        /* Blocking in epoll from here on: ask for doorbells, unless helpers
+         * run the loop (they look; this thread waits for them to leave, then
+         * arms). asleep, then helpers, against a helper's helpers, then
+         * asleep (seq_cst both): one of the two sees the other. Work already
+         * there means another pass at once. */
+        int h;
+        if (alive && rx->hooks.arm) {
             atomic_store(&rx->asleep, 1);
-            if (!rx->hooks.arm(rx)) timeout = 0;
+            h = atomic_load(&rx->helpers);
+            if (h > 0)
+                atomic_store(&rx->asleep, 0);
+            else if (!rx->hooks.arm(rx))
+                timeout = 0;
+        } else {
+            h = atomic_load(&rx->helpers);
         }
         uv_mutex_unlock(&rx->run_mu);
         if (!alive) return;
@@ -146,9 +182,14 @@ static void thread_main(void *arg)
             syscall(SYS_futex, (int *)&rx->helpers, FUTEX_WAIT_PRIVATE, h, &ts, NULL, 0);
             continue;
         }
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        poll(&p, 1, timeout);
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = rx->kick_fd, .events = POLLIN}};
+        poll(p, rx->kick_fd >= 0 ? 2 : 1, timeout);
         atomic_store(&rx->asleep, 0);
+        if (rx->kick_fd >= 0 && (p[1].revents & POLLIN)) {
+            uint64_t v;
+            ssize_t n = read(rx->kick_fd, &v, sizeof(v));
+            (void)n;
+        }
     }
 }
 
@@ -193,6 +234,9 @@ void rx_reactor_help_begin(rx_reactor_t *rx)
 {
     rx_sigpipe_hold();
     atomic_fetch_add(&rx->helpers, 1);
+    /* From epoll to the helpers' futex: helpers look at everything, and the
+     * loop thread arms again only once they are gone. */
+    wake_if_asleep(rx);
 }
 
 void rx_reactor_help_end(rx_reactor_t *rx, bool wake)
@@ -236,6 +280,7 @@ int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(
                             void *owner, const rx_reactor_hooks_t *hooks, uint64_t poll_ns)
 {
     memset(rx, 0, sizeof(*rx));
+    rx->kick_fd = -1;
     if (hooks) rx->hooks = *hooks;
     if (!poll_ns) rx->hooks.busy = NULL;
     rx->poll_ns = poll_ns;
@@ -265,6 +310,15 @@ int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(
         uv_loop_close(&rx->loop);
         return bs_fail(COH_ESYS, "%s: uv_sem_init failed", name);
     }
+    if (rx->hooks.arm && (rx->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+        int err = errno;
+        uv_sem_destroy(&rx->started);
+        uv_mutex_destroy(&rx->run_mu);
+        uv_close((uv_handle_t *)&rx->wake, NULL);
+        uv_run(&rx->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&rx->loop);
+        return bs_fail(COH_ESYS, "%s: eventfd: %s", name, strerror(err));
+    }
     /* Loops need little stack; a smaller one keeps many rails cheap. */
     uv_thread_options_t opts = {.flags = UV_THREAD_HAS_STACK_SIZE, .stack_size = 1 << 20};
     atomic_store(&rx->state, RX_RUNNING);
@@ -273,6 +327,8 @@ int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(
     if (e) {
         atomic_store(&rx->state, RX_INIT);
         atomic_store(&rx->accepting, 0);
+        if (rx->kick_fd >= 0) close(rx->kick_fd);
+        rx->kick_fd = -1;
         uv_sem_destroy(&rx->started);
         uv_mutex_destroy(&rx->run_mu);
         uv_close((uv_handle_t *)&rx->wake, NULL);
@@ -322,6 +378,7 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                  * op whose peer's frames were already in (stashed) then
                  * waited ~50 ms for its own send's completion. */
                 run_pass(rx);
+                wake_if_asleep(rx);
             }
             rx_sigpipe_release();
             if (ran) {
@@ -425,5 +482,9 @@ void rx_reactor_fini(rx_reactor_t *rx)
 {
     int st = atomic_load(&rx->state);
     if (st == RX_STOPPED) uv_mutex_destroy(&rx->run_mu);
+    if (st == RX_STOPPED && rx->kick_fd >= 0) {
+        close(rx->kick_fd);
+        rx->kick_fd = -1;
+    }
     atomic_store(&rx->state, RX_INIT);
 }

@@ -57,7 +57,6 @@ int rx_rail_start(rx_rail_t *r, const en_rail_cfg_t *cfg, int poll_us)
 {
     memset(r, 0, sizeof(*r));
     BS_CHECK(en_rail_init(&r->en, cfg));
-    r->en.loop_asleep = &r->rx.asleep;
     char name[32];
     snprintf(name, sizeof(name), "cohort-rail%d", cfg->index);
     const rx_reactor_hooks_t hooks = {
