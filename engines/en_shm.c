@@ -80,9 +80,11 @@ typedef struct shm_ring {
     uint64_t size;           /* data bytes: a power of two */
     uint64_t magic;
     /* Single copy. The writer's: its pid, and where in its memory cma_nonce
-     * is. The reader's: cma_ok once it read the nonce there, cma_done the
-     * descriptors whose payload it has read. */
+     * is; cma_revoked once it gave unread payloads back to their owners (a
+     * link closing). The reader's: cma_ok once it read the nonce there,
+     * cma_done the descriptors whose payload it has read. */
     _Atomic uint64_t cma_done;
+    _Atomic uint64_t cma_revoked;
     uint64_t cma_addr;
     uint64_t cma_nonce;
     int32_t cma_pid;
@@ -364,7 +366,10 @@ static void conn_close(shm_conn_t *t, int status, const char *why)
         w->done(w, 0);
     }
     /* Descriptors: those the peer read are sent; the others' payload never
-     * left this process. */
+     * left this process. Those go back to their owners, who may write them
+     * at once: say so first, and a peer still reading one (a link closed
+     * while both live) throws away what it read (cma_payload). */
+    if (t->tx && t->cma_head) atomic_fetch_add(&t->tx->cma_revoked, 1);
     uint64_t read = t->tx ? atomic_load(&t->tx->cma_done) : 0;
     while (t->cma_head) {
         en_wreq_t *w = t->cma_head;
@@ -609,6 +614,12 @@ static bool cma_payload(shm_conn_t *t)
             char why[160];
             snprintf(why, sizeof(why), "reading rank %d's memory: %s", c->peer, strerror(errno));
             conn_close(t, COH_EPEER, why);
+            return false;
+        }
+        /* After the read (seq_cst): a revocation not seen here came after
+         * every byte of it, and so did the owner's next write. */
+        if (atomic_load(&t->rx->cma_revoked)) {
+            conn_close(t, COH_EPEER, "the peer withdrew a frame as its link closed");
             return false;
         }
         c->bytes_in += n;
