@@ -942,13 +942,22 @@ static int shm_listen(en_rail_t *rail, const struct sockaddr *addr, struct socka
     (void)addr;
     (void)bound;
     shm_tr_t *tr = rail->shm;
-    BS_CHECK(job_dir(tr->path));
     tr->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (tr->lfd < 0) return bs_fail(COH_ESYS, "shm: socket: %s", strerror(errno));
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof(a.sun_path), "%s", tr->path);
-    (void)unlink(tr->path); /* a crashed run's, in our private directory */
-    if (bind(tr->lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(tr->lfd, 256) != 0)
+    /* The job's directory goes with its last socket (shm_shutdown): another
+     * context of the job that finalizes between our mkdir and our bind
+     * removes it (mp.boot.reinit.n3 under ASan: ENOENT). Once our socket is
+     * in it, it stays: make it again and retry. */
+    int r = -1;
+    for (int attempt = 0; attempt < 100 && r != 0; attempt++) {
+        BS_CHECK(job_dir(tr->path));
+        (void)unlink(tr->path); /* a crashed run's, in our private directory */
+        r = bind(tr->lfd, (struct sockaddr *)&a, sizeof(a));
+        if (r != 0 && errno != ENOENT) break;
+    }
+    if (r != 0 || listen(tr->lfd, 256) != 0)
         return bs_fail(COH_ESYS, "shm: listening on %s: %s", tr->path, strerror(errno));
     int e = uv_poll_init(rail->loop, &tr->lpoll, tr->lfd);
     if (e) return bs_fail(COH_ESYS, "shm: poll: %s", uv_strerror(e));
