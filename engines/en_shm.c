@@ -259,6 +259,17 @@ static void ring_get(shm_ring_t *r, uint64_t pos, uint8_t *out, uint64_t n)
     if (n > first) memcpy(out + first, ring_data(r), n - first);
 }
 
+/* n bytes at addr in process pid into dst, whole or not at all. */
+static bool vm_read(pid_t pid, void *dst, uint64_t addr, size_t n)
+{
+    struct iovec l = {.iov_base = dst, .iov_len = n};
+    struct iovec rm = {.iov_base = (void *)(uintptr_t)addr, .iov_len = n};
+    ssize_t k;
+    do k = process_vm_readv(pid, &l, 1, &rm, 1, 0);
+    while (k < 0 && errno == EINTR);
+    return k == (ssize_t)n;
+}
+
 /* One byte on the socket: the peer looks at both rings again. */
 static void doorbell(shm_conn_t *t)
 {
@@ -577,12 +588,7 @@ static bool match(shm_conn_t *t)
 /* n bytes of the current single-copy payload, from offset off, into dst. */
 static bool cma_read(shm_conn_t *t, void *dst, uint64_t off, size_t n)
 {
-    struct iovec l = {.iov_base = dst, .iov_len = n};
-    struct iovec rm = {.iov_base = (void *)(uintptr_t)(t->rx_cma_addr + off), .iov_len = n};
-    ssize_t k;
-    do k = process_vm_readv(t->peer_pid, &l, 1, &rm, 1, 0);
-    while (k < 0 && errno == EINTR);
-    return k == (ssize_t)n;
+    return vm_read(t->peer_pid, dst, t->rx_cma_addr + off, n);
 }
 
 /* The payload of a descriptor frame, read from the peer's memory: straight
@@ -783,11 +789,7 @@ static void cma_probe(shm_conn_t *t)
     shm_ring_t *r = t->rx;
     if (!t->tr->cma_bytes || r->cma_pid <= 0 || !r->cma_nonce) return;
     uint64_t v = 0;
-    struct iovec l = {.iov_base = &v, .iov_len = sizeof(v)};
-    struct iovec rm = {.iov_base = (void *)(uintptr_t)r->cma_addr, .iov_len = sizeof(v)};
-    if (process_vm_readv((pid_t)r->cma_pid, &l, 1, &rm, 1, 0) != (ssize_t)sizeof(v) ||
-        v != r->cma_nonce)
-        return;
+    if (!vm_read((pid_t)r->cma_pid, &v, r->cma_addr, sizeof(v)) || v != r->cma_nonce) return;
     t->peer_pid = (pid_t)r->cma_pid;
     atomic_store_explicit(&r->cma_ok, 1, memory_order_release);
 }

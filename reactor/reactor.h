@@ -232,7 +232,6 @@ struct coh_request {
     _Atomic int slices;  /* rail slices still running */
     _Atomic int waiters; /* threads asleep in coh_wait on this request */
     int spin_us;
-    bool yield; /* coh_wait gives the CPU away after a pass that did nothing */
     struct coh_ctx *ctx;
     uint32_t comm; /* the op every slice runs: (comm, seq) */
     uint64_t seq;

@@ -297,27 +297,18 @@ int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(
         return bs_fail(bs_errno_status(e), "%s: uv_async_init: %s", name, uv_strerror(e));
     }
     rx->wake.data = rx;
+    int st;
     if (uv_mutex_init(&rx->run_mu) != 0) {
-        uv_close((uv_handle_t *)&rx->wake, NULL);
-        uv_run(&rx->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&rx->loop);
-        return bs_fail(COH_ESYS, "%s: uv_mutex_init failed", name);
+        st = bs_fail(COH_ESYS, "%s: uv_mutex_init failed", name);
+        goto no_mu;
     }
     if (uv_sem_init(&rx->started, 0) != 0) {
-        uv_mutex_destroy(&rx->run_mu);
-        uv_close((uv_handle_t *)&rx->wake, NULL);
-        uv_run(&rx->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&rx->loop);
-        return bs_fail(COH_ESYS, "%s: uv_sem_init failed", name);
+        st = bs_fail(COH_ESYS, "%s: uv_sem_init failed", name);
+        goto no_sem;
     }
     if (rx->hooks.arm && (rx->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
-        int err = errno;
-        uv_sem_destroy(&rx->started);
-        uv_mutex_destroy(&rx->run_mu);
-        uv_close((uv_handle_t *)&rx->wake, NULL);
-        uv_run(&rx->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&rx->loop);
-        return bs_fail(COH_ESYS, "%s: eventfd: %s", name, strerror(err));
+        st = bs_fail(COH_ESYS, "%s: eventfd: %s", name, strerror(errno));
+        goto no_kick;
     }
     /* Loops need little stack; a smaller one keeps many rails cheap. */
     uv_thread_options_t opts = {.flags = UV_THREAD_HAS_STACK_SIZE, .stack_size = 1 << 20};
@@ -327,17 +318,23 @@ int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(
     if (e) {
         atomic_store(&rx->state, RX_INIT);
         atomic_store(&rx->accepting, 0);
-        if (rx->kick_fd >= 0) close(rx->kick_fd);
-        rx->kick_fd = -1;
-        uv_sem_destroy(&rx->started);
-        uv_mutex_destroy(&rx->run_mu);
-        uv_close((uv_handle_t *)&rx->wake, NULL);
-        uv_run(&rx->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&rx->loop);
-        return bs_fail(bs_errno_status(e), "%s: thread: %s", name, uv_strerror(e));
+        st = bs_fail(bs_errno_status(e), "%s: thread: %s", name, uv_strerror(e));
+        goto no_thread;
     }
     uv_sem_wait(&rx->started);
     return 0;
+no_thread:
+    if (rx->kick_fd >= 0) close(rx->kick_fd);
+    rx->kick_fd = -1;
+no_kick:
+    uv_sem_destroy(&rx->started);
+no_sem:
+    uv_mutex_destroy(&rx->run_mu);
+no_mu:
+    uv_close((uv_handle_t *)&rx->wake, NULL);
+    uv_run(&rx->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&rx->loop);
+    return st;
 }
 
 bool rx_reactor_post(rx_reactor_t *rx, rx_task_t *task)

@@ -43,7 +43,6 @@ coh_request_t *rx_request_new(struct coh_ctx *ctx, int nslices)
     atomic_init(&r->state, RX_REQ_RUNNING);
     r->t_submit_ns = bs_now_ns();
     r->spin_us = ctx->spin_us;
-    r->yield = ctx->oversubscribed;
     return r;
 }
 
@@ -194,8 +193,7 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
                  ? req->nslices
                  : 0;
     for (int s = 0; s < nh; s++) rx_reactor_help_begin(&ctx->rails[req->slice[s].rail].rx);
-    uint64_t now;
-    while ((now = bs_now_ns()) < spin_end && !is_done(req)) {
+    while (bs_now_ns() < spin_end && !is_done(req)) {
         int helped = RX_HELP_BUSY;
         for (int s = 0; s < nh; s++) {
             int h = rx_reactor_help(&ctx->rails[req->slice[s].rail].rx);
@@ -212,7 +210,7 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
             /* Briefly: 64 pauses were 3 us, a 4 KiB op's time. */
             for (int i = 0; i < 8; i++) cpu_relax();
             sched_yield();
-        } else if (helped == RX_HELP_IDLE && req->yield) {
+        } else if (helped == RX_HELP_IDLE && ctx->oversubscribed) {
             sched_yield();
         }
     }
@@ -221,7 +219,7 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
     if (is_done(req)) return atomic_load(&req->status);
     atomic_fetch_add(&req->waiters, 1); /* seq_cst: see complete() */
     while (!is_done(req)) {
-        now = bs_now_ns();
+        uint64_t now = bs_now_ns();
         if (now >= deadline) break;
         futex_wait_state(req, deadline == UINT64_MAX ? UINT64_MAX : deadline - now);
     }
