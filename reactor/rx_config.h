@@ -165,7 +165,9 @@ typedef enum rx_knob_kind {
       "replay's)")                                                                                 \
     X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
       "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
-      "data joined has ended (between a relay group's phases)")                                    \
+      "data joined has ended (between a relay group's phases); die-after-phase1 20 ms after it "   \
+      "reported a relay group's phase 1 as a ready member; hold-relay-done holds a relay's "       \
+      "report of phase 1 back 300 ms")                                                             \
     X(test_udp_drop, RX_K_INT, "0", "COHORT_TEST_UDP_DROP_PPM", 0, 1000000,                        \
       "tests only: udp rails drop this many of every million datagrams that arrive, data and "     \
       "control (random loss without a network namespace)")                                         \

@@ -358,18 +358,24 @@ static void relay_stuck(rx_coord_t *c, co_group_t *g)
     coh_free(att);
 }
 
+/* A late rank whose data joined some segments of phase 1: the result has
+ * part of it, so a group that loses it starts over without it. */
+static bool relay_partial(const co_group_t *g, int i)
+{
+    return (g->rst[i] & RL_READY) && g->readys[i].join != RX_JOIN_NONE;
+}
+
 static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double duration)
 {
     if (g->relay && g->phase == 2) {
         /* Between the phases nobody owes a DONE: r is gone or failed, so
          * phase 2 goes on without it (its phase-1 part, if it was ready,
-         * is in the result already; a late rank's is not). Unless r was a
-         * late rank whose data joined some segments of phase 1: the result
-         * has part of it, and the group starts over without it. */
+         * is in the result already; a late rank's is not), unless its data
+         * partly joined phase 1. */
         bool partial = false;
         for (int i = 0; i < g->n; i++) {
             if (g->members[i] != r || (g->rst[i] & RL_OUT)) continue;
-            partial |= (g->rst[i] & RL_READY) && g->readys[i].join != RX_JOIN_NONE;
+            partial |= relay_partial(g, i);
             g->rst[i] |= RL_OUT;
             if (!g->done[i]) {
                 g->done[i] = 1;
@@ -388,7 +394,13 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
         return;
     }
     for (int i = 0; i < g->n; i++) {
-        if (g->members[i] != r || g->done[i]) continue;
+        if (g->members[i] != r) continue;
+        /* A relay member lost while its phase runs is out of what follows
+         * (phase 2's ring, the commit) even if its DONE came first: a
+         * phase 2 planned through the dead rank failed on every member,
+         * and the group then waited forever for the dead rank's DONE. */
+        if (g->relay && c->ranks[r].lost) g->rst[i] |= RL_OUT;
+        if (g->done[i]) continue;
         g->done[i] = status < 0 ? 2 : 1; /* 1: ended well (relay_commit) */
         g->ndone++;
         if (!g->t_first_done) g->t_first_done = now_s(c);
@@ -771,9 +783,15 @@ static void relay_phase1_end(rx_coord_t *c, co_group_t *g)
     if (c->sched[g->mode]) sc_sched_on_phase1_done(c->sched[g->mode], g->sgid, g->t_p1);
     g->phase = 2;
     g->ndone = 0;
+    bool partial = false;
     for (int i = 0; i < g->n; i++) {
         g->done[i] = (g->rst[i] & RL_OUT) != 0;
         g->ndone += g->done[i];
+        partial |= g->done[i] && relay_partial(g, i);
+    }
+    if (partial) { /* a member lost during phase 1 had joined it */
+        relay_retry_all(c, g);
+        return;
     }
     relay_try_phase2(c, g);
 }
@@ -1605,8 +1623,12 @@ static void on_tick(uv_timer_t *t)
         if (g->status == 0 || tnow - g->t_first_fail < 2 * limit) continue;
         for (int i = 0; i < g->n; i++)
             if (!g->done[i]) {
-                declare_lost_as(c, g->members[i], RX_LOST_SILENT, 0,
-                                "silent after its group failed");
+                /* One lost already will not report either: counted so. */
+                if (c->ranks[g->members[i]].lost)
+                    member_done(c, g, g->members[i], COH_EPEER, 0);
+                else
+                    declare_lost_as(c, g->members[i], RX_LOST_SILENT, 0,
+                                    "silent after its group failed");
                 break; /* the group may be gone now: next tick continues */
             }
         break;

@@ -59,6 +59,8 @@ struct rx_member {
     bool rejoining;          /* COHORT_REJOIN: looking for the coordinator among the ranks */
     uint64_t lockstep_syncs; /* relay and allreduce mode syncs (COHORT_PROBE_EVERY) */
     uv_timer_t redial;
+    uv_timer_t held; /* COHORT_TEST_FAULT=hold-relay-done: the DONE held back */
+    rx_ctl_msg_t held_msg;
     _Atomic bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
     /* coh_comm_shrink: one at a time; state under mu (the caller waits). */
     int shrink_state; /* 0 none, 1 asked, 2 answered, < 0 failed */
@@ -71,6 +73,8 @@ struct rx_member {
 };
 
 static void on_redial(uv_timer_t *t);
+static void done_msg(rx_member_t *m, coh_request_t *req, int status, rx_ctl_msg_t *msg);
+static void send_held(uv_timer_t *t);
 static void resend_pending(rx_member_t *m);
 static void send_state(rx_member_t *m);
 static void send_shrink(rx_member_t *m);
@@ -536,9 +540,17 @@ static void relay_start(rx_member_t *m, const rx_ctl_rplan_t *p, int *ring, int 
     }
 }
 
-/* COHORT_TEST_FAULT=die-after-joined-relay: die between a relay group's
- * phases, once this rank's data is partly in phase 1's result (tests). The
- * DONE just queued goes out first. */
+/* COHORT_TEST_FAULT (tests only): die-after-joined-relay dies between a
+ * relay group's phases once this rank's data is partly in phase 1's result;
+ * die-after-phase1 dies once its phase-1 DONE as a ready member is out, while
+ * the group still waits for others' (hold-relay-done: a relay that reports
+ * its phase 1 300 ms late). The DONE just queued goes out first. */
+static bool test_fault_is(const char *what)
+{
+    const char *f = getenv("COHORT_TEST_FAULT");
+    return f && strcmp(f, what) == 0;
+}
+
 static void *die_soon(void *arg)
 {
     (void)arg;
@@ -547,10 +559,9 @@ static void *die_soon(void *arg)
     return NULL;
 }
 
-static void test_fault_joined(void)
+static void test_fault_die(const char *when)
 {
-    const char *f = getenv("COHORT_TEST_FAULT");
-    if (!f || strcmp(f, "die-after-joined-relay") != 0) return;
+    if (!test_fault_is(when)) return;
     pthread_t t;
     if (pthread_create(&t, NULL, die_soon, NULL) == 0) pthread_detach(t);
 }
@@ -561,8 +572,13 @@ static void relay_end(rx_member_t *m, coh_request_t *req)
     rx_syncreq_t *s = req->sync;
     int status = atomic_load(&req->status);
     s->running = false;
-    send_done(m, req, status);
-    if (status == 0 && s->joined) test_fault_joined();
+    if (test_fault_is("hold-relay-done") && !uv_is_active((uv_handle_t *)&m->held)) {
+        done_msg(m, req, status, &m->held_msg); /* the loop goes on meanwhile */
+        uv_timer_start(&m->held, send_held, 300, 0);
+    } else {
+        send_done(m, req, status);
+    }
+    if (status == 0 && s->joined) test_fault_die("die-after-joined-relay");
     if (m->relay_req == req) m->relay_req = NULL;
     if (status == 0 && m->relay_gid == s->group_id) {
         relay_forget(m);
@@ -811,11 +827,11 @@ typedef struct done_task {
 /* Tell the coordinator how the op went, and what the links looked like:
  * bytes from each peer over the time they took, summed over the rails (they
  * run side by side, so the longest time counts). */
-static void send_done(rx_member_t *m, coh_request_t *req, int status)
+static void done_msg(rx_member_t *m, coh_request_t *req, int status, rx_ctl_msg_t *msg)
 {
     rx_syncreq_t *s = req->sync;
-    rx_ctl_msg_t msg = {.type = RX_CTL_DONE};
-    rx_ctl_done_t *d = &msg.u.done;
+    *msg = (rx_ctl_msg_t){.type = RX_CTL_DONE};
+    rx_ctl_done_t *d = &msg->u.done;
     d->group_id = s->group_id;
     d->rank = (uint32_t)m->ctx->rank;
     d->status = status;
@@ -830,7 +846,19 @@ static void send_done(rx_member_t *m, coh_request_t *req, int status)
             d->bw[j].bytes += b->bytes;
             if ((double)b->ns / 1e9 > d->bw[j].seconds) d->bw[j].seconds = (double)b->ns / 1e9;
         }
+}
+
+static void send_done(rx_member_t *m, coh_request_t *req, int status)
+{
+    rx_ctl_msg_t msg;
+    done_msg(m, req, status, &msg);
     if (m->conn) rx_ctl_send(m->conn, &msg);
+}
+
+static void send_held(uv_timer_t *t)
+{
+    rx_member_t *m = t->data;
+    if (m->conn) rx_ctl_send(m->conn, &m->held_msg);
 }
 
 static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
@@ -860,6 +888,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
         /* Phase 1 of a relay group: the coordinator sends phase 2 once the
          * late ranks are ready or excluded. */
         s->phase = 2;
+        test_fault_die("die-after-phase1");
         if (m->electing) return; /* resent to the new coordinator once reached */
         if (s->coord_epoch != m->coord_epoch) {
             resend_pending(m); /* the coordinator that planned it is gone */
@@ -1213,6 +1242,8 @@ static int dial_fn(rx_reactor_t *rx, void *arg)
     m->beat.data = m;
     uv_timer_init(&rx->loop, &m->redial);
     m->redial.data = m;
+    uv_timer_init(&rx->loop, &m->held);
+    m->held.data = m;
     m->beat_open = true;
     return dial(m);
 }
@@ -1263,6 +1294,7 @@ static int close_fn(rx_reactor_t *rx, void *arg)
     if (m->beat_open) {
         uv_close((uv_handle_t *)&m->beat, NULL);
         uv_close((uv_handle_t *)&m->redial, NULL);
+        uv_close((uv_handle_t *)&m->held, NULL);
     }
     m->beat_open = false;
     return 0;

@@ -34,7 +34,9 @@
  *       the last rank 300 ms; the victim's data joins phase 1 mid-way, and it
  *       dies (COHORT_TEST_FAULT) while phase 2 still waits for the last rank,
  *       its data partly in phase 1's result: the group starts over without
- *       it.
+ *       it. "p1": the victim (a ready rank) dies just after its report of a
+ *       relay group's phase 1, which the straggler (the relay) holds back
+ *       300 ms: phase 2 must go on without it.
  *   test_relay shrink VICTIM  world allreduces until VICTIM dies (SIGKILL);
  *       the survivors shrink the world (coh_comm_shrink) and run checked
  *       collectives on the new communicator: its size and renumbering, an
@@ -375,6 +377,7 @@ static void run_fault(int victim)
 #define AGREE_COUNT 262147 /* 2 MiB: 8 segments of phase 1 */
 static size_t agree_count = AGREE_COUNT;
 static bool agree_joined; /* the victim dies between the phases, its data partly in */
+static bool agree_p1;     /* the victim (ready) dies after its phase-1 DONE, others' to come */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -391,7 +394,7 @@ static void run_agree(int iters, int victim)
      * straggler's data) and the commit that follows: the straggler itself
      * within 4 ms of its READY, another rank 20-30 ms after its own (the
      * straggler is 25 ms late), at a random iteration. */
-    int die_at = R == victim && !agree_joined ? 10 + rand() % (iters / 2) : -1;
+    int die_at = R == victim && !agree_joined && !agree_p1 ? 10 + rand() % (iters / 2) : -1;
     useconds_t die_us = (useconds_t)(R == N - 1 ? rand() % 4000 : 20000 + rand() % 10000);
     double *x = malloc(agree_count * sizeof(double));
     uint64_t *dig = calloc((size_t)iters, sizeof(uint64_t));
@@ -753,6 +756,17 @@ int main(int argc, char **argv)
         const char *me = getenv("COHORT_RANK");
         if (me && atoi(me) == atoi(argv[4]))
             setenv("COHORT_TEST_FAULT", "die-after-joined-relay", 1);
+    }
+    /* agree ... p1: the victim (a ready rank) dies just after it reported
+     * its first relay group's phase 1, while the straggler (the relay)
+     * holds its own report back 300 ms: the coordinator learns of the death
+     * before phase 1 ends. */
+    if (argc > 6 && !strcmp(argv[1], "agree") && !strcmp(argv[6], "p1")) {
+        agree_p1 = true;
+        const char *me = getenv("COHORT_RANK"), *size = getenv("COHORT_WORLD_SIZE");
+        if (me && atoi(me) == atoi(argv[4])) setenv("COHORT_TEST_FAULT", "die-after-phase1", 1);
+        if (me && size && atoi(me) == atoi(size) - 1)
+            setenv("COHORT_TEST_FAULT", "hold-relay-done", 1);
     }
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
     if (!strcmp(argv[1], "fault")) {
