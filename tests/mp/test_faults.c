@@ -20,7 +20,8 @@ static int R, N;
 static coh_comm_t *W;
 
 /* Submit, wait, and require a failure; returns how long it took. */
-static double expect_failure(const char *what, coh_request_t *req, double bound_s)
+/* want: the status the op must fail with (0: any). */
+static double expect_failure(const char *what, coh_request_t *req, double bound_s, int want)
 {
     double t0 = mp_now_s();
     int st = coh_wait(req, (int)(bound_s * 1000) + 1000);
@@ -29,6 +30,9 @@ static double expect_failure(const char *what, coh_request_t *req, double bound_
     if (st == 0) MP_FAIL("%s: succeeded but should have failed", what);
     const char *why = coh_request_error(req);
     if (!why[0]) MP_FAIL("%s: failed (%s) without a reason", what, coh_status_name(st));
+    if (want && st != want)
+        MP_FAIL("%s: failed with %s (%s), expected %s", what, coh_status_name(st), why,
+                coh_status_name(want));
     printf("rank %d: %s failed as expected in %.3f s: %s: %s\n", R, what, dt, coh_status_name(st),
            why);
     coh_request_free(req);
@@ -59,7 +63,7 @@ static void mode_mismatch(void)
         for (size_t i = 0; i < n + guard; i++) buf[i] = 7.0f;
         coh_request_t *req;
         MP_OK(coh_allreduce(W, NULL, buf, n, COH_F32, COH_SUM, &req));
-        expect_failure("count mismatch", req, 5);
+        expect_failure("count mismatch", req, 5, 0);
         for (size_t i = n; i < n + guard; i++)
             if (buf[i] != 7.0f) MP_FAIL("count mismatch wrote past the buffer at %zu", i);
         free(buf);
@@ -68,15 +72,15 @@ static void mode_mismatch(void)
     int32_t ibuf[64] = {0};
     coh_request_t *req;
     MP_OK(coh_allreduce(W, NULL, ibuf, 64, R == N - 1 ? COH_I32 : COH_F32, COH_SUM, &req));
-    expect_failure("dtype mismatch", req, 5);
+    expect_failure("dtype mismatch", req, 5, 0);
     /* op */
     MP_OK(coh_allreduce(W, NULL, ibuf, 64, COH_I32, R == 0 ? COH_MAX : COH_SUM, &req));
-    expect_failure("op mismatch", req, 5);
+    expect_failure("op mismatch", req, 5, 0);
     /* Broadcast root: ranks 0 and 1 both believe they are the root, so each
      * sends and the frames' signatures disagree. (If no rank believed it was
      * the root nobody would send: that case ends at COHORT_TIMEOUT_MS.) */
     MP_OK(coh_broadcast(W, ibuf, 64, COH_I32, R == 1 ? 1 : 0, &req));
-    expect_failure("root mismatch", req, 5);
+    expect_failure("root mismatch", req, 5, 0);
     check_works();
     printf("rank %d: OK\n", R);
 }
@@ -94,11 +98,13 @@ static void mode_kill(void)
         usleep(2000);
         raise(SIGKILL);
     }
-    double dt = expect_failure("allreduce with a killed peer", req, 10);
+    /* EPEER, naming the peer: what a caller retries on (over shared memory
+     * the unsent frames' ECANCELED came first). */
+    double dt = expect_failure("allreduce with a killed peer", req, 10, COH_EPEER);
     if (dt > 5) MP_FAIL("took %.1f s to notice the dead rank", dt);
     /* The communicator is broken for good: the next op fails at once. */
     MP_OK(coh_allreduce(W, NULL, buf, 1000, COH_F32, COH_SUM, &req));
-    expect_failure("allreduce after the peer died", req, 5);
+    expect_failure("allreduce after the peer died", req, 5, COH_EPEER);
     free(buf);
     printf("rank %d: OK\n", R);
 }
@@ -115,7 +121,7 @@ static void mode_silent(void)
     }
     coh_request_t *req;
     MP_OK(coh_allreduce(W, NULL, buf, 4096, COH_F32, COH_SUM, &req));
-    double dt = expect_failure("allreduce with a silent peer", req, 5);
+    double dt = expect_failure("allreduce with a silent peer", req, 5, 0);
     /* COHORT_TIMEOUT_MS=1000 in the test, plus up to one check period, plus
      * the time for the abort from a neighbour to arrive. */
     if (dt < 0.9 || dt > 3) MP_FAIL("timed out after %.2f s, expected about 1 s", dt);
