@@ -238,12 +238,15 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                      .nlayers = a->nlayers};
     /* Across hosts: inside each host, then between them (COHORT_HIER). Every
      * rank decides alike (the same hosts, sizes and knob); the signature
-     * says so. Bounded-loss ops keep their push/pull plan. */
+     * says so. Auto: where the flat plan would be the bandwidth one (ring,
+     * chain), and every barrier (log2 H network rounds, not log2 N).
+     * Bounded-loss ops keep their push/pull plan. */
     bool lossy = a->loss[SC_STAGE_PUSH] > 0 || a->loss[SC_STAGE_PULL] > 0;
-    if (a->kind == SC_ALLREDUCE && cfg->hier != 0 && !lossy && ctx->host_idx) {
+    if (cfg->hier != 0 && !lossy && ctx->host_idx) {
         L.coll.host = ctx->host_idx;
         if (sc_plan_hier_shape(&L.coll, NULL, NULL) &&
-            (cfg->hier == 1 || sc_plan_resolve_algo(&L.coll) == SC_ALGO_RING))
+            (cfg->hier == 1 || a->kind == SC_BARRIER ||
+             sc_plan_resolve_algo(&L.coll) == SC_ALGO_RING))
             L.coll.algo = SC_ALGO_HIER;
     }
     L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);

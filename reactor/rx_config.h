@@ -144,9 +144,9 @@ typedef enum rx_knob_kind {
       "the sender's memory (process_vm_readv, where the kernel permits it): one copy instead of "  \
       "two; 0: never")                                                                             \
     X(hier, RX_K_INT, "-1", "COHORT_HIER", -1, 1,                                                  \
-      "allreduces across hosts of the same number (>= 2) of ranks: 1 hierarchical (inside each "   \
+      "collectives across hosts of the same number (>= 2) of ranks: 1 hierarchical (inside each "  \
       "host, then between hosts, then inside again); 0 flat; -1 (auto) hierarchical where the "    \
-      "flat plan would be the ring (every rank must get the same)")
+      "flat plan would be the ring or chain, and for barriers (every rank must get the same)")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

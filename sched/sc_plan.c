@@ -717,7 +717,7 @@ static bool hier_groups(const sc_coll_t *c, int *H, int *L, int *pos)
 bool sc_plan_hier_shape(const sc_coll_t *c, int *hosts, int *per_host)
 {
     int H = 0, L = 0;
-    if (!c || c->kind != SC_ALLREDUCE || c->scale != 0 || !hier_groups(c, &H, &L, NULL))
+    if (!c || (c->kind == SC_ALLREDUCE && c->scale != 0) || !hier_groups(c, &H, &L, NULL))
         return false;
     if (hosts) *hosts = H;
     if (per_host) *per_host = L;
@@ -839,6 +839,217 @@ static void build_allreduce_hier(bld_t *b)
     coh_free(p1);
 }
 
+/* ---- the other collectives across hosts (SC_ALGO_HIER) ----
+ * The same grouping: H hosts of L members, this rank member l of host h.
+ * Network steps join members of different hosts with the same index, so
+ * every member of a host uses the network at once; steps inside a host use
+ * the HIER_TAG range. */
+
+static bool hier_me(bld_t *b, int **pos, int *H, int *L, int *h, int *l)
+{
+    *pos = coh_malloc(sizeof(int) * (size_t)b->n);
+    if (!*pos) {
+        b->err = COH_ENOMEM;
+        return false;
+    }
+    if (!hier_groups(b->c, H, L, *pos)) {
+        coh_free(*pos);
+        *pos = NULL;
+        return false;
+    }
+    for (int i = 0; i < b->n; i++)
+        if ((*pos)[i] == b->r) {
+            *h = i / *L;
+            *l = i % *L;
+        }
+    return true;
+}
+
+/* Broadcast: each chunk goes down a chain of one member per host (those with
+ * the root's index in their host; the root leads its own), and each of them
+ * hands it to the other members of its host as it comes: the network
+ * carries the buffer once into each host. */
+static void build_bcast_hier(bld_t *b, const int *pos, int H, int L, int h, int l)
+{
+    int hr = 0, lr = 0;
+    for (int i = 0; i < H * L; i++)
+        if (pos[i] == b->c->root) {
+            hr = i / L;
+            lr = i % L;
+        }
+    const int v = (h - hr + H) % H;
+    b->k = chunks_for(b->len, b->c->chunk_elems);
+    for (uint32_t k = 0; k < b->k; k++) {
+        uint64_t o, c;
+        chunk_range(b, 1, 0, k, &o, &c);
+        if (!c) continue;
+        uint64_t off = b->lo + o;
+        if (l != lr) {
+            add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, pos[h * L + lr], HIER_TAG + k, off, off, c, 0,
+                NODEPS);
+            continue;
+        }
+        uint32_t got = NONE;
+        if (v > 0)
+            got = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, pos[((h - 1 + H) % H) * L + lr], k, off,
+                      off, c, 0, NODEPS);
+        if (v < H - 1)
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, pos[((h + 1) % H) * L + lr], k, off, off, c,
+                0, DEPS(got));
+        for (int j = 0; j < L; j++)
+            if (j != lr)
+                add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, pos[h * L + j], HIER_TAG + k, off, off, c,
+                    0, DEPS(got));
+    }
+}
+
+/* Allgather: the members with this rank's index exchange their blocks
+ * between the hosts, then each hands the H blocks it has to the other
+ * members of its host. Each host sends L(H-1) blocks over the network
+ * (a flat ring: LH-1 through each host's boundary link, one flow). */
+static void build_allgather_hier(bld_t *b, const int *pos, int H, int L, int h, int l)
+{
+    const uint64_t lo = b->lo, len = b->len;
+    add(b, SC_COPY, SC_BUF_SEND, SC_BUF_RECV, LOCAL, 0, lo, block(b, b->r) + lo, len, 0, NODEPS);
+    uint32_t *got = coh_malloc(sizeof(uint32_t) * (size_t)H);
+    if (!got) {
+        b->err = COH_ENOMEM;
+        return;
+    }
+    got[h] = NONE;
+    for (int d = 1; d < H; d++) {
+        int g = (h - d + H) % H;
+        add(b, SC_SEND, SC_BUF_SEND, SC_BUF_RECV, pos[((h + d) % H) * L + l], 0, lo, 0, len, 0,
+            NODEPS);
+        got[g] = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, pos[g * L + l], 0, 0,
+                     block(b, pos[g * L + l]) + lo, len, 0, NODEPS);
+    }
+    for (int j = 0; j < L; j++) {
+        if (j == l) continue;
+        int peer = pos[h * L + j];
+        for (int g = 0; g < H; g++) {
+            uint32_t tag = HIER_TAG + (uint32_t)g;
+            if (g == h)
+                add(b, SC_SEND, SC_BUF_SEND, SC_BUF_RECV, peer, tag, lo, 0, len, 0, NODEPS);
+            else
+                add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, peer, tag, block(b, pos[g * L + l]) + lo,
+                    0, len, 0, DEPS(got[g]));
+            add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, peer, tag, 0, block(b, pos[g * L + j]) + lo,
+                len, 0, NODEPS);
+        }
+    }
+    coh_free(got);
+}
+
+/* Reduce-scatter: inside the host, member l sums the blocks of the members
+ * with index l of every host (shared memory); then those members send each
+ * other the sums between the hosts, and each adds up its own block. */
+static void build_rs_hier(bld_t *b, const int *pos, int H, int L, int h, int l)
+{
+    const bool inplace = b->c->rs_in_place;
+    const uint64_t lo = b->lo, len = b->len;
+    const uint64_t out = inplace ? block(b, b->r) + lo : lo;
+    const int in = inplace ? SC_BUF_RECV : SC_BUF_SEND;
+    /* Where the host's sum of block (g, l) builds up: the output for this
+     * rank's own block; in place the input block itself; else scratch. */
+    int *abuf = coh_malloc(sizeof(int) * (size_t)H);
+    uint64_t *aoff = coh_malloc(sizeof(uint64_t) * (size_t)H);
+    uint32_t *first = coh_malloc(sizeof(uint32_t) * (size_t)H);
+    const int S = L + H; /* room per block: L - 1 + 1 reduces; the own one H - 1 more */
+    uint32_t *red = coh_malloc(sizeof(uint32_t) * (size_t)(H * S));
+    uint32_t *nred = coh_calloc((size_t)H, sizeof(uint32_t));
+    if (!abuf || !aoff || !first || !red || !nred) {
+        b->err = COH_ENOMEM;
+        goto out;
+    }
+    if (!inplace) b->plan->scratch_count = (uint64_t)H * len;
+    for (int g = 0; g < H; g++) {
+        uint64_t src = block(b, pos[g * L + l]) + lo;
+        first[g] = NONE;
+        if (g == h) {
+            abuf[g] = SC_BUF_RECV;
+            aoff[g] = out;
+        } else {
+            abuf[g] = inplace ? SC_BUF_RECV : SC_BUF_SCRATCH;
+            aoff[g] = inplace ? src : (uint64_t)g * len;
+        }
+        if (!inplace)
+            first[g] =
+                add(b, SC_COPY, SC_BUF_SEND, abuf[g], LOCAL, 0, src, aoff[g], len, 0, NODEPS);
+    }
+    /* 1. Inside the host. */
+    for (int j = 0; j < L; j++) {
+        if (j == l) continue;
+        int peer = pos[h * L + j];
+        for (int g = 0; g < H; g++) {
+            uint32_t tag = HIER_TAG + (uint32_t)g;
+            add(b, SC_SEND, in, in, peer, tag, block(b, pos[g * L + j]) + lo, 0, len, 0, NODEPS);
+            red[g * S + nred[g]++] = add(b, SC_RECV_REDUCE, abuf[g], abuf[g], peer, tag, aoff[g],
+                                         aoff[g], len, 0, DEPS(first[g]));
+        }
+    }
+    /* 2. Between the hosts: each sum to its owner, once complete here. */
+    for (int g = 0; g < H; g++)
+        if (first[g] != NONE) red[g * S + nred[g]++] = first[g];
+    for (int d = 1; d < H; d++) {
+        int g = (h + d) % H;
+        add(b, SC_SEND, abuf[g], abuf[g], pos[g * L + l], 0, aoff[g], 0, len, 0, red + g * S,
+            nred[g]);
+        red[h * S + nred[h]++] =
+            add(b, SC_RECV_REDUCE, SC_BUF_RECV, SC_BUF_RECV, pos[((h - d + H) % H) * L + l], 0, out,
+                out, len, 0, DEPS(first[h]));
+    }
+    if (b->c->avg)
+        add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, out, out, len, (double)b->n, red + h * S,
+            nred[h]);
+out:
+    coh_free(abuf);
+    coh_free(aoff);
+    coh_free(first);
+    coh_free(red);
+    coh_free(nred);
+}
+
+/* Barrier: the members of a host check in with its first member (shared
+ * memory), the first members run the dissemination barrier between the
+ * hosts (log2 H network rounds instead of log2 LH), and release their
+ * hosts. */
+static void build_barrier_hier(bld_t *b, const int *pos, int H, int L, int h, int l)
+{
+    const int lead = pos[h * L];
+    if (l != 0) {
+        add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, lead, HIER_TAG, 0, 0, 0, 0, NODEPS);
+        add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, lead, HIER_TAG + 1, 0, 0, 0, 0, NODEPS);
+        return;
+    }
+    /* Every step moves nothing, so the joins are dependencies, not steps. */
+    uint32_t *in = coh_malloc(sizeof(uint32_t) * (size_t)L);
+    uint32_t *got = coh_malloc(sizeof(uint32_t) * 32);
+    if (!in || !got) {
+        b->err = COH_ENOMEM;
+        coh_free(in);
+        coh_free(got);
+        return;
+    }
+    for (int j = 1; j < L; j++)
+        in[j - 1] =
+            add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, pos[h * L + j], HIER_TAG, 0, 0, 0, 0, NODEPS);
+    uint32_t nd = 0;
+    for (uint32_t round = 0, dist = 1; (int)dist < H; round++, dist <<= 1) {
+        int to = pos[((h + (int)dist) % H) * L], from = pos[((h - (int)dist % H + H) % H) * L];
+        if (round == 0)
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, to, round, 0, 0, 0, 0, in, (uint32_t)(L - 1));
+        else
+            add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, to, round, 0, 0, 0, 0, DEPS(got[nd - 1]));
+        got[nd++] = add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, from, round, 0, 0, 0, 0, NODEPS);
+    }
+    for (int j = 1; j < L; j++)
+        add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, pos[h * L + j], HIER_TAG + 1, 0, 0, 0, 0, got,
+            nd);
+    coh_free(in);
+    coh_free(got);
+}
+
 sc_algo sc_plan_resolve_algo(const sc_coll_t *c)
 {
     if (c->algo != SC_ALGO_AUTO) return c->algo;
@@ -875,7 +1086,14 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
         b.in = SC_BUF_RECV;
     }
     sc_algo algo = sc_plan_resolve_algo(c);
-    if (c->kind == SC_BARRIER || c->count == 0) {
+    int *hpos = NULL, H = 0, L = 0, h = 0, l = 0;
+    bool hier = algo == SC_ALGO_HIER && c->kind != SC_ALLREDUCE && c->nranks > 1 &&
+                (c->kind == SC_BARRIER || (c->count > 0 && b.len > 0)) &&
+                hier_me(&b, &hpos, &H, &L, &h, &l);
+    if (b.err) return b.err;
+    if (hier && c->kind == SC_BARRIER) {
+        build_barrier_hier(&b, hpos, H, L, h, l);
+    } else if (c->kind == SC_BARRIER || c->count == 0) {
         /* Zero elements still meet the other ranks so a count mismatch is seen. */
         build_barrier(&b);
     } else if (b.len == 0) {
@@ -900,20 +1118,26 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
                 build_allreduce_ring(&b);
             break;
         case SC_BROADCAST:
-            if (algo == SC_ALGO_RD)
+            if (hier)
+                build_bcast_hier(&b, hpos, H, L, h, l);
+            else if (algo == SC_ALGO_RD)
                 build_bcast_tree(&b);
             else
                 build_bcast_chain(&b);
             build_fence(&b);
             break;
         case SC_ALLGATHER:
-            if (algo == SC_ALGO_RD)
+            if (hier)
+                build_allgather_hier(&b, hpos, H, L, h, l);
+            else if (algo == SC_ALGO_RD)
                 build_allgather_direct(&b);
             else
                 build_allgather_ring(&b);
             break;
         case SC_REDUCE_SCATTER:
-            if (algo == SC_ALGO_RD)
+            if (hier)
+                build_rs_hier(&b, hpos, H, L, h, l);
+            else if (algo == SC_ALGO_RD)
                 build_rs_direct(&b);
             else
                 build_rs_ring(&b);
@@ -921,6 +1145,7 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
         default: break;
         }
     }
+    coh_free(hpos);
     if (b.err) return b.err;
     return sc_plan_finish(plan);
 }

@@ -3,7 +3,7 @@
  * processes. Modes:
  *
  *   split H      ranks pose as hosts of H ranks each (COHORT_HOST_ID from
- *                the rank): every collective is exact, and the traffic splits
+ *                the rank): every collective (reduce-scatter too) is exact, and the traffic splits
  *                as it must: only links inside a host go through shared
  *                memory (H = 1: none; H = world size: all).
  *   stranger     rank 0 dials rank 1's shared-memory socket as a stranger
@@ -64,6 +64,26 @@ static void check_bcast_gather(size_t n)
     free(all);
 }
 
+/* Each rank's block b of the input is R + b + i % 100: its own block sums
+ * to N(N-1)/2 + N R + N (i % 100). */
+static void check_rs(size_t n)
+{
+    float *in = malloc(n * (size_t)N * sizeof(float)), *out = malloc(n * sizeof(float));
+    for (int b = 0; b < N; b++)
+        for (size_t i = 0; i < n; i++) in[(size_t)b * n + i] = (float)(R + b + (int)(i % 100));
+    coh_request_t *q;
+    MP_OK(coh_reduce_scatter(W, in, out, n, COH_F32, COH_SUM, &q));
+    MP_OK(coh_wait(q, -1));
+    coh_request_free(q);
+    for (size_t i = 0; i < n; i++) {
+        float want = (float)(N * (N - 1) / 2 + N * R + N * (int)(i % 100));
+        if (out[i] != want)
+            MP_FAIL("reduce-scatter of %zu: [%zu] = %g, want %g", n, i, out[i], want);
+    }
+    free(in);
+    free(out);
+}
+
 static void mode_split(int per_host)
 {
     /* Before init: which pretend host this rank is on. */
@@ -84,6 +104,7 @@ static void mode_split(int per_host)
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         if (sizes[k]) check_sum(sizes[k]);
         check_bcast_gather(sizes[k] ? sizes[k] : 1);
+        check_rs(sizes[k] ? sizes[k] : 1);
         coh_request_t *q;
         MP_OK(coh_barrier(W, &q));
         MP_OK(coh_wait(q, -1));

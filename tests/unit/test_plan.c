@@ -38,6 +38,9 @@
 
 /* The broadcast fence's tags (sc_plan.c): its steps move no data. */
 #define FENCE_TAG 0x40000000u
+/* A fence has log2(n) rounds; the hierarchical plans' tags inside a host
+ * (0x50000000 on) are above it. */
+#define IS_FENCE(tag) ((tag) >= FENCE_TAG && (tag) < FENCE_TAG + 64)
 
 enum { OP_SUM = 0, OP_MAX = 1 };
 enum { ST_WAIT = 0, ST_RUN = 1, ST_DONE = 2 };
@@ -167,9 +170,10 @@ static void describe(const scen_t *s, char *out, size_t cap)
              "%s algo=%s n=%d order=[%s] root=%d count=%llu slice=[%llu,%llu) rails=%d "
              "chunk=%llu avg=%d in_place=%d rs_in_place=%d op=%s fifo=%d rendezvous=%d seed=%llu",
              kind_name(s->kind),
-             s->algo == SC_ALGO_RING ? "ring"
-             : s->algo == SC_ALGO_RD ? "rd"
-                                     : "direct",
+             s->algo == SC_ALGO_RING   ? "ring"
+             : s->algo == SC_ALGO_RD   ? "rd"
+             : s->algo == SC_ALGO_HIER ? "hier"
+                                       : "direct",
              s->n, ord, s->root, (unsigned long long)s->count, (unsigned long long)s->lo,
              (unsigned long long)s->hi, s->nrails, (unsigned long long)s->chunk, s->avg,
              s->in_place, s->rs_in_place, s->op == OP_SUM ? "sum" : "max", s->fifo, s->rendezvous,
@@ -469,7 +473,7 @@ static void check_plan(ex_t *e, int proc, int rail, const sc_plan_t *p, uint64_t
                     sc_step_kind_name(st->kind), st->peer);
         if (!net && st->peer != -1)
             ex_fail(e, "rank %d step %u: local step with peer %d", proc, i, st->peer);
-        bool fence = s->kind == SC_BROADCAST && st->tag >= FENCE_TAG;
+        bool fence = s->kind == SC_BROADCAST && IS_FENCE(st->tag);
         if (barrier || fence) {
             if (st->count != 0 || !net || st->kind == SC_RECV_REDUCE)
                 ex_fail(e, "rank %d step %u: barrier/fence step %s with count %llu", proc, i,
@@ -973,6 +977,100 @@ static void test_allreduce_hier(void **state)
     }
 }
 
+/* Broadcast, allgather, reduce-scatter and barrier across hosts: every root,
+ * in and out of place, exact in every order of events; the network steps
+ * join members of different hosts only, and a rank's network peers are the
+ * members with its index in the other hosts (the barrier: only the first
+ * member of each host uses the network). Unequal hosts fall back. */
+static void hier_peers(sc_coll_kind kind, int n, const int *host, int per)
+{
+    for (int r = 0; r < n; r++) {
+        sc_plan_t pl;
+        sc_plan_init(&pl);
+        sc_coll_t b = {.kind = kind,
+                       .algo = SC_ALGO_HIER,
+                       .nranks = n,
+                       .rank = r,
+                       .root = n - 1,
+                       .count = 1000,
+                       .hi = 1000,
+                       .chunk_elems = 100,
+                       .host = host};
+        assert_int_equal(sc_plan_build(&b, &pl), 0);
+        /* this rank's index in its host */
+        int idx = 0, remote = 0;
+        for (int q = 0; q < r; q++) idx += host[q] == host[r];
+        bool seen[16] = {false};
+        for (uint32_t i = 0; i < pl.nsteps; i++) {
+            const sc_step_t *st = &pl.steps[i];
+            if (st->peer < 0 || IS_FENCE(st->tag)) continue;
+            bool inside = st->tag >= 0x50000000u;
+            assert_int_equal(inside, host[st->peer] == host[r]);
+            if (inside) continue;
+            int pidx = 0;
+            for (int q = 0; q < st->peer; q++) pidx += host[q] == host[st->peer];
+            if (kind == SC_BARRIER) assert_int_equal(idx, 0);
+            if (kind != SC_BROADCAST) assert_int_equal(pidx, idx);
+            remote += !seen[st->peer];
+            seen[st->peer] = true;
+        }
+        if (kind == SC_ALLGATHER || kind == SC_REDUCE_SCATTER)
+            assert_int_equal(remote, n / per - 1);
+        sc_plan_free(&pl);
+    }
+}
+
+static void test_other_hier(void **state)
+{
+    (void)state;
+    static const struct {
+        int n, per;
+    } shapes[] = {{4, 2}, {6, 2}, {6, 3}, {8, 4}, {9, 3}, {5, 0}};
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        int n = shapes[k].n, per = shapes[k].per;
+        int host[16];
+        for (int q = 0; q < n; q++) host[q] = per ? (q * 7 % n) / per : (q < 2 ? 0 : 1);
+        for (int kind = SC_BROADCAST; kind <= SC_BARRIER; kind++) {
+            sc_coll_t c = {.kind = (sc_coll_kind)kind, .nranks = n, .host = host};
+            assert_int_equal(sc_plan_hier_shape(&c, NULL, NULL), per != 0);
+            if (per) hier_peers((sc_coll_kind)kind, n, host, per);
+        }
+        scen_t bar = {.kind = SC_BARRIER, .algo = SC_ALGO_HIER, .n = n, .host = host};
+        run_variants(bar);
+        for (int ci = 0; ci < 5; ci++) {
+            for (int root = 0; root < n; root++) {
+                scen_t s = {.kind = SC_BROADCAST,
+                            .algo = SC_ALGO_HIER,
+                            .n = n,
+                            .root = root,
+                            .count = counts_for(n, ci),
+                            .host = host};
+                run_variants(s);
+            }
+            for (int ip = 0; ip < 2; ip++) {
+                scen_t s = {.kind = SC_ALLGATHER,
+                            .algo = SC_ALGO_HIER,
+                            .n = n,
+                            .count = counts_for(n, ci),
+                            .in_place = ip,
+                            .host = host};
+                run_variants(s);
+                for (int v = 0; v < 3; v++) {
+                    scen_t r = {.kind = SC_REDUCE_SCATTER,
+                                .algo = SC_ALGO_HIER,
+                                .n = n,
+                                .count = counts_for(n, ci),
+                                .avg = v == 1,
+                                .op = v == 2 ? OP_MAX : OP_SUM,
+                                .rs_in_place = ip,
+                                .host = host};
+                    run_variants(r);
+                }
+            }
+        }
+    }
+}
+
 static void test_broadcast(void **state)
 {
     (void)state;
@@ -1424,12 +1522,19 @@ static void test_executor_catches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_args),     cmocka_unit_test(test_resolve_algo),
-        cmocka_unit_test(test_executor_catches), cmocka_unit_test(test_allreduce),
-        cmocka_unit_test(test_allreduce_hier),   cmocka_unit_test(test_broadcast),
-        cmocka_unit_test(test_allgather),        cmocka_unit_test(test_reduce_scatter),
-        cmocka_unit_test(test_barrier),          cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_subset),           cmocka_unit_test(test_many_orders),
+        cmocka_unit_test(test_invalid_args),
+        cmocka_unit_test(test_resolve_algo),
+        cmocka_unit_test(test_executor_catches),
+        cmocka_unit_test(test_allreduce),
+        cmocka_unit_test(test_allreduce_hier),
+        cmocka_unit_test(test_other_hier),
+        cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_allgather),
+        cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_subset),
+        cmocka_unit_test(test_many_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
