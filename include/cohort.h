@@ -186,8 +186,12 @@ typedef struct coh_config {
     size_t shm_ring_bytes;   /* COHORT_SHM_RING_BYTES: each shared-memory ring (4 MiB) */
     size_t shm_cma_bytes;    /* COHORT_SHM_CMA_BYTES: frames this large are read by the receiver
                                 from the sender's memory, one copy (256 KiB; 0: never) */
-    int hier;                /* COHORT_HIER: allreduces across hosts of equal size: 1
-                                hierarchical, 0 flat, -1 (auto) hierarchical for ring-sized ops */
+    int hier;                /* COHORT_HIER: collectives across hosts of equal size: 1
+                                hierarchical, 0 flat, -1 (auto) by the link model below */
+    int hier_net_us;         /* COHORT_HIER_NET_US: latency between hosts (20 us) */
+    int hier_net_mbps;       /* COHORT_HIER_NET_MBPS: a rank's rate to another host (10000) */
+    int hier_local_us;       /* COHORT_HIER_LOCAL_US: latency inside a host (2 us) */
+    int hier_local_mbps;     /* COHORT_HIER_LOCAL_MBPS: a rank's rate inside a host (40000) */
     char _storage[320];      /* private: holds strings coh_config_init composes */
 } coh_config_t;
 

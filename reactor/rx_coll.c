@@ -236,18 +236,23 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                      .loss = {0, a->loss[SC_STAGE_PUSH], a->loss[SC_STAGE_PULL]},
                      .layer = a->layer,
                      .nlayers = a->nlayers};
-    /* Across hosts: inside each host, then between them (COHORT_HIER). Every
-     * rank decides alike (the same hosts, sizes and knob); the signature
-     * says so. Auto: where the flat plan would be the bandwidth one (ring,
-     * chain), and every barrier (log2 H network rounds, not log2 N).
+    /* Across hosts: inside each host, then between them (COHORT_HIER). Auto:
+     * whichever the link model expects to be faster. Every rank decides
+     * alike (the same hosts, sizes and knobs); the signature says so.
      * Bounded-loss ops keep their push/pull plan. */
     bool lossy = a->loss[SC_STAGE_PUSH] > 0 || a->loss[SC_STAGE_PULL] > 0;
     if (cfg->hier != 0 && !lossy && ctx->host_idx) {
         L.coll.host = ctx->host_idx;
-        if (sc_plan_hier_shape(&L.coll, NULL, NULL) &&
-            (cfg->hier == 1 || a->kind == SC_BARRIER ||
-             sc_plan_resolve_algo(&L.coll) == SC_ALGO_RING))
-            L.coll.algo = SC_ALGO_HIER;
+        if (sc_plan_hier_shape(&L.coll, NULL, NULL)) {
+            sc_link_model_t m = {.net_lat = cfg->hier_net_us * 1e-6,
+                                 .net_bw = cfg->hier_net_mbps * 125e3,
+                                 .local_lat = cfg->hier_local_us * 1e-6,
+                                 .local_bw = cfg->hier_local_mbps * 125e3};
+            sc_coll_t h = L.coll;
+            h.algo = SC_ALGO_HIER;
+            if (cfg->hier == 1 || sc_plan_cost(&h, es, &m) < sc_plan_cost(&L.coll, es, &m))
+                L.coll.algo = SC_ALGO_HIER;
+        }
     }
     L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);
     coh_request_t *req = rx_request_new(ctx, 0);

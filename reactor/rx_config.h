@@ -145,8 +145,17 @@ typedef enum rx_knob_kind {
       "two; 0: never")                                                                             \
     X(hier, RX_K_INT, "-1", "COHORT_HIER", -1, 1,                                                  \
       "collectives across hosts of the same number (>= 2) of ranks: 1 hierarchical (inside each "  \
-      "host, then between hosts, then inside again); 0 flat; -1 (auto) hierarchical where the "    \
-      "flat plan would be the ring or chain, and for barriers (every rank must get the same)")
+      "host, then between hosts, then inside again); 0 flat; -1 (auto) whichever the link model "  \
+      "(COHORT_HIER_NET_*, COHORT_HIER_LOCAL_*) expects to be faster (every rank must get the "    \
+      "same)")                                                                                     \
+    X(hier_net_us, RX_K_INT, "20", "COHORT_HIER_NET_US", 0, 10000000,                              \
+      "the link model of COHORT_HIER=-1: latency of a message between hosts, microseconds")        \
+    X(hier_net_mbps, RX_K_INT, "10000", "COHORT_HIER_NET_MBPS", 1, INT_MAX,                        \
+      "the link model: one rank's rate to another host, Mbit/s (its share of the NIC)")           \
+    X(hier_local_us, RX_K_INT, "2", "COHORT_HIER_LOCAL_US", 0, 10000000,                           \
+      "the link model: latency of a message inside a host, microseconds")                          \
+    X(hier_local_mbps, RX_K_INT, "40000", "COHORT_HIER_LOCAL_MBPS", 1, INT_MAX,                    \
+      "the link model: one rank's rate to another on its host, Mbit/s")
 
 /* Knobs without a coh_config_t field: X(name, kind, default, env, lo, hi, help) */
 #define RX_ENV_MAP(X)                                                                              \

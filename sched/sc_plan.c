@@ -6,6 +6,7 @@
 #include "sched/sc_plan.h"
 
 #include "base/bs_alloc.h"
+#include <math.h>
 #include <string.h>
 
 #include "cohort.h"
@@ -1048,6 +1049,57 @@ static void build_barrier_hier(bld_t *b, const int *pos, int H, int L, int h, in
             nd);
     coh_free(in);
     coh_free(got);
+}
+
+/* ---- the cost model (COHORT_HIER=-1) ---- */
+
+static double log2_ceil(int n)
+{
+    int r = 0;
+    while ((1 << r) < n) r++;
+    return r;
+}
+
+double sc_plan_cost(const sc_coll_t *c, size_t es, const sc_link_model_t *m)
+{
+    const int n = c->nranks;
+    const double an = m->net_lat, bn = m->net_bw, al = m->local_lat, bl = m->local_bw;
+    /* s: the buffer (allreduce, broadcast) or one rank's block; ch: a chunk */
+    const double s = (double)c->count * (double)es;
+    const double ch = fmin(s, (double)(c->chunk_elems ? c->chunk_elems : 1) * (double)es);
+    sc_algo algo = sc_plan_resolve_algo(c);
+    if (algo == SC_ALGO_HIER) {
+        int H = 0, L = 0;
+        if (!sc_plan_hier_shape(c, &H, &L)) return -1;
+        switch (c->kind) {
+        case SC_ALLREDUCE: /* reduce-scatter and allgather inside, a ring of shards between */
+            return 2 * (al + (L - 1) * (s / L) / bl) + 2 * (H - 1) * (an + s / L / H / bn);
+        case SC_BROADCAST: /* a chain of hosts, each handing chunks on inside */
+            return (H - 1) * an + al + fmax(s / bn, (L - 1) * s / bl) +
+                   (H > 2 ? H - 2 : 0) * ch / bn + ch / bl;
+        case SC_ALLGATHER:
+        case SC_REDUCE_SCATTER: /* between hosts, inside (or inside, then between) */
+            return an + (H - 1) * s / bn + al + (double)(L - 1) * H * s / bl;
+        case SC_BARRIER: return 2 * al + log2_ceil(H) * an;
+        default: return -1;
+        }
+    }
+    if (n <= 1) return 0;
+    switch (c->kind) {
+    case SC_ALLREDUCE:
+        if (algo == SC_ALGO_RD) return log2_ceil(n) * (an + s / bn);
+        if (algo == SC_ALGO_DIRECT) return 2 * (an + (n - 1) * (s / n) / bn);
+        return 2 * (n - 1) * (an + s / n / bn);
+    case SC_BROADCAST:
+        if (algo == SC_ALGO_RD) return log2_ceil(n) * (an + s / bn);
+        return (n - 1) * an + s / bn + (n - 2) * ch / bn;
+    case SC_ALLGATHER:
+    case SC_REDUCE_SCATTER:
+        if (algo == SC_ALGO_RD) return an + (n - 1) * s / bn;
+        return (n - 1) * (an + s / bn);
+    case SC_BARRIER: return log2_ceil(n) * an;
+    default: return -1;
+    }
 }
 
 sc_algo sc_plan_resolve_algo(const sc_coll_t *c)

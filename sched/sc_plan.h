@@ -137,6 +137,22 @@ sc_algo sc_plan_resolve_algo(const sc_coll_t *coll);
  * members; no weighting prologue); false otherwise. */
 bool sc_plan_hier_shape(const sc_coll_t *coll, int *hosts, int *per_host);
 
+/* A two-level link model for choosing a hierarchical plan (COHORT_HIER=-1):
+ * latency (s) and rate (bytes/s) of a message between hosts (one rank's share
+ * of its NIC) and inside a host. Every rank must use the same model. */
+typedef struct sc_link_model {
+    double net_lat, net_bw;
+    double local_lat, local_bw;
+} sc_link_model_t;
+
+/* Expected seconds of coll with elements of es bytes under model m, for its
+ * algo (SC_ALGO_AUTO: what sc_plan_resolve_algo picks). Flat plans are paced
+ * by their slowest link, a network one (a ring over several hosts has some);
+ * SC_ALGO_HIER by its phases, each on its own kind of link. Alpha-beta terms
+ * only: no contention between phases, no reduction cost. -1 when SC_ALGO_HIER
+ * does not apply (sc_plan_hier_shape). */
+double sc_plan_cost(const sc_coll_t *coll, size_t es, const sc_link_model_t *m);
+
 /* Low-level building blocks, used by the builders above and by the subset and
  * relay plans of the scheduler. Return the new step index or -1 on ENOMEM. */
 int64_t sc_plan_add(sc_plan_t *plan, const sc_step_t *step, const uint32_t *deps, uint32_t ndeps);

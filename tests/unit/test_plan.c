@@ -22,6 +22,7 @@
  * stay untouched, and elements outside the plan's slice must not change.
  * A few deliberately broken plans check that the executor notices.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -1071,6 +1072,72 @@ static void test_other_hier(void **state)
     }
 }
 
+/* The link model of COHORT_HIER=-1 (the knobs' defaults: 20 us / 10 Gbit/s
+ * between hosts, 2 us / 40 Gbit/s inside). */
+static double cost(sc_coll_kind kind, sc_algo algo, int n, const int *host, uint64_t count,
+                   const sc_link_model_t *m)
+{
+    sc_coll_t c = {.kind = kind,
+                   .algo = algo,
+                   .nranks = n,
+                   .count = count,
+                   .hi = count,
+                   .chunk_elems = 1u << 18,
+                   .small_elems = 16384,
+                   .host = host};
+    return sc_plan_cost(&c, 4, m);
+}
+
+static bool hier_wins(sc_coll_kind kind, int n, const int *host, uint64_t count,
+                      const sc_link_model_t *m)
+{
+    return cost(kind, SC_ALGO_HIER, n, host, count, m) <
+           cost(kind, SC_ALGO_AUTO, n, host, count, m);
+}
+
+static void test_cost_model(void **state)
+{
+    (void)state;
+    const sc_link_model_t dflt = {20e-6, 10e3 * 125e3, 2e-6, 40e3 * 125e3};
+    int h4[] = {0, 0, 1, 1}, h16[16], h8x2[16], odd[] = {0, 0, 0, 1, 1};
+    for (int i = 0; i < 16; i++) {
+        h16[i] = i / 8;  /* 2 hosts of 8 */
+        h8x2[i] = i / 2; /* 8 hosts of 2 */
+    }
+    /* 2 hosts of 2: small allreduces keep recursive doubling (2 network
+     * rounds against 2 local and 2 network), large ones go hierarchical. */
+    assert_false(hier_wins(SC_ALLREDUCE, 4, h4, 16, &dflt));
+    assert_true(hier_wins(SC_ALLREDUCE, 4, h4, 1u << 22, &dflt));
+    /* 2 hosts of 8: even a small allreduce crosses the network less. */
+    assert_true(hier_wins(SC_ALLREDUCE, 16, h16, 16, &dflt));
+    /* Barriers: log2 H network rounds instead of log2 N. */
+    assert_true(hier_wins(SC_BARRIER, 16, h16, 0, &dflt));
+    assert_true(hier_wins(SC_BARRIER, 16, h8x2, 0, &dflt));
+    assert_true(hier_wins(SC_BARRIER, 4, h4, 0, &dflt)); /* 1 network round, not 2 */
+    for (int kind = SC_ALLREDUCE; kind <= SC_REDUCE_SCATTER; kind++) {
+        assert_true(hier_wins((sc_coll_kind)kind, 16, h16, 1u << 20, &dflt));
+        assert_true(hier_wins((sc_coll_kind)kind, 16, h8x2, 1u << 20, &dflt));
+        /* Costs grow with the size. */
+        double prev = 0;
+        for (uint64_t cnt = 1; cnt <= (1u << 24); cnt <<= 4) {
+            double t = cost((sc_coll_kind)kind, SC_ALGO_HIER, 16, h16, cnt, &dflt);
+            assert_true(t > prev);
+            prev = t;
+        }
+    }
+    /* A network as fast as memory and a host slower than it (a fabric of
+     * 400 Gbit/s against one busy socket): flat rings for large buffers. */
+    const sc_link_model_t fast_net = {2e-6, 400e3 * 125e3, 2e-6, 20e3 * 125e3};
+    assert_false(hier_wins(SC_ALLREDUCE, 16, h16, 1u << 24, &fast_net));
+    assert_false(hier_wins(SC_ALLGATHER, 16, h16, 1u << 20, &fast_net));
+    /* Unequal hosts: no hierarchical plan, no cost for it. */
+    assert_true(cost(SC_ALLREDUCE, SC_ALGO_HIER, 5, odd, 1000, &dflt) < 0);
+    /* The ring's alpha-beta time: 2(n-1)(a + S/n/b). */
+    double ring = cost(SC_ALLREDUCE, SC_ALGO_RING, 4, h4, 1u << 20, &dflt);
+    double want = 6 * (20e-6 + (4.0 * (1u << 20)) / 4 / (10e3 * 125e3));
+    assert_true(fabs(ring - want) < 1e-12);
+}
+
 static void test_broadcast(void **state)
 {
     (void)state;
@@ -1528,6 +1595,7 @@ int main(void)
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_allreduce_hier),
         cmocka_unit_test(test_other_hier),
+        cmocka_unit_test(test_cost_model),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_reduce_scatter),
