@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "cohort.h"
@@ -252,6 +253,15 @@ static long check(const void *recv, size_t count)
     return wrong;
 }
 
+/* CPU seconds (user + system, every thread) this process has used so far. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -360,7 +370,9 @@ int main(int argc, char **argv)
             put(send, i, o.coll == C_ALLGATHER ? in_val(R, i) : in_val(R, i));
         for (size_t i = 0; i < recv_n; i++)
             put(recv, i, o.coll == C_BROADCAST ? in_val(R == o.root ? o.root : 99, i) : 0);
+        double cpu0 = 0;
         for (int it = 0; it < o.warmup + o.iters; it++) {
+            if (it == o.warmup) cpu0 = cpu_s();
             if (o.coll == C_BROADCAST && R == o.root)
                 for (size_t i = 0; i < recv_n && it == 0; i++) put(recv, i, in_val(o.root, i));
             coh_request_t *req;
@@ -382,8 +394,9 @@ int main(int argc, char **argv)
         /* Slowest rank per iteration, and the total of wrong elements. */
         st = coh_allreduce_sync(W, NULL, times, (size_t)o.iters, COH_F64, COH_MAX);
         if (st) die("gathering times", st, NULL);
-        double w3[3] = {(double)wrong, lossacc[0], lossacc[1]};
-        st = coh_allreduce_sync(W, NULL, w3, 3, COH_F64, COH_SUM);
+        /* w3[3]: every rank's CPU seconds over the timed iterations. */
+        double w3[4] = {(double)wrong, lossacc[0], lossacc[1], cpu_s() - cpu0};
+        st = coh_allreduce_sync(W, NULL, w3, 4, COH_F64, COH_SUM);
         if (st) die("gathering checks", st, NULL);
         double w = w3[0];
         /* With a loss bound, short elements are the point, not a failure. */
@@ -413,6 +426,12 @@ int main(int argc, char **argv)
                 printf(" %12llu %12zu %7s %6s %10.2f %8.3f %8.3f %7s\n", (unsigned long long)b,
                        total, coh_dtype_name(o.dtype), coh_redop_name(o.op), t, algbw, algbw * bus,
                        o.check ? (w ? "WRONG" : "0") : "n/a");
+            /* CPU seconds of all ranks per decimal GB of buffer (as peers_common.h). */
+            double cpu_gb = b ? w3[3] / ((double)b * o.iters / 1e9) : 0;
+            if (o.csv)
+                printf("cpu,%llu,%.4f\n", (unsigned long long)b, cpu_gb);
+            else
+                printf("# cpu: %.3f s per GB (all ranks)\n", cpu_gb);
             fflush(stdout);
         }
         free(send);

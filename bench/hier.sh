@@ -52,7 +52,7 @@ for coll in $COLLS; do
 echo "$coll:"
 printf "%10s %10s %10s %10s %12s %12s\n" bytes tcp flat hier hier/flat hier/tcp
 for m in tcp flat hier; do
-  grep -hE '^\[0\] [a-z_]+,[0-9]' "$OUT/$m.$coll.out" | sed 's/^\[0\] //' | awk -F, -v m="$m" '{print m, $2, $6, $8}'
+  grep -hE '^\[0\] (sum|broadcast|allgather|reduce_scatter),[0-9]' "$OUT/$m.$coll.out" | sed 's/^\[0\] //' | awk -F, -v m="$m" '{print m, $2, $6, $8}'
 done | awk '{ t[$1 SUBSEP $2] = $3; bw[$1 SUBSEP $2] = $4; s[$2] = 1 }
   END { n = 0; for (k in s) sz[++n] = k + 0
         for (i = 2; i <= n; i++) { v = sz[i]; for (j = i - 1; j >= 1 && sz[j] > v; j--) sz[j + 1] = sz[j]; sz[j + 1] = v }

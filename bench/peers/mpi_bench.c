@@ -65,12 +65,16 @@ int main(int argc, char **argv)
            timestamp pair per iteration, no barrier. A rank that finishes early waits for
            the others inside the next call, so the max over ranks is the iteration period. */
         memset(recv, 0, nbytes);
+        double cpu0 = 0;
         for (int it = 0; it < o.warmup + o.iters; it++) {
+            if (it == o.warmup) cpu0 = pb_cpu_s();
             double t0 = pb_now_us();
             MPI_CHECK(MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
             double t1 = pb_now_us();
             if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
         }
+        double cpu = pb_cpu_s() - cpu0, cpu_all = 0;
+        MPI_CHECK(MPI_Allreduce(&cpu, &cpu_all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
         /* Checked on the last timed result, as cohort-bench does. */
         long long mine = o.check ? (long long)pb_count_wrong(recv, (size_t)count, nranks) : 0;
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, times, o.iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
@@ -83,6 +87,7 @@ int main(int argc, char **argv)
                     wrong);
         if (!o.check) wrong = -1;
         if (rank == 0) pb_print_row(&o, nbytes, nranks, t_us, wrong);
+        if (rank == 0) pb_print_cpu(&o, nbytes, cpu_all);
     }
 
     free(times);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 typedef struct pb_opts {
@@ -225,6 +226,29 @@ static inline void pb_print_row(const pb_opts_t *o, size_t bytes, int nranks, do
         printf("  %12zu %12zu %6s %12.2f %10.3f %10.3f %8s\n", bytes, count, o->dtype, time_us,
                algbw, busbw, w);
     }
+    fflush(stdout);
+}
+
+/* CPU seconds (user + system, every thread) this process has used so far. */
+static inline double pb_cpu_s(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* The CPU cost of a size: every rank's CPU seconds over the timed iterations
+ * (summed by the caller), per decimal GB of buffer allreduced. --csv prints
+ * "cpu,BYTES,S_PER_GB" after the size's row (bench/peers/run.sh joins them). */
+static inline void pb_print_cpu(const pb_opts_t *o, size_t bytes, double cpu_s_all)
+{
+    double gb = (double)bytes * (double)o->iters / 1e9;
+    double per = gb > 0 ? cpu_s_all / gb : 0;
+    if (o->csv)
+        printf("cpu,%zu,%.4f\n", bytes, per);
+    else
+        printf("# cpu: %.3f s per GB (all ranks)\n", per);
     fflush(stdout);
 }
 

@@ -221,9 +221,9 @@ say "# B (end) = ${B1:-?} GB/s"
 # Everything in one CSV: every row of every benchmark, with B (start) and each
 # implementation's fraction of the ideal ring time (= busbw / B).
 {
-    echo "impl,nranks,op,bytes,count,dtype,time_us,algbw_GBps,busbw_GBps,B_GBps,ideal_time_us,ideal_frac,note"
-    echo "tcp_stream_start,1,,,,,,,,${B0},,,"
-    echo "tcp_stream_end,1,,,,,,,,${B1},,,"
+    echo "impl,nranks,op,bytes,count,dtype,time_us,algbw_GBps,busbw_GBps,B_GBps,ideal_time_us,ideal_frac,note,cpu_s_per_GB"
+    echo "tcp_stream_start,1,,,,,,,,${B0},,,,"
+    echo "tcp_stream_end,1,,,,,,,,${B1},,,,"
     for n in $RANKS; do
         for impl in $IMPLS; do
             f=$WORK/$impl-$n.out
@@ -236,12 +236,16 @@ say "# B (end) = ${B1:-?} GB/s"
                             split(l, w, /[ =]/); best[w[2]] = w[5]
                         }
                 }
+                # "cpu,BYTES,S_PER_GB" follows its size row (all ranks CPU seconds per GB).
+                $1 == "cpu" && NF == 3 { cpu[$2] = $3; next }
                 NF == 8 && $2 ~ /^[0-9]+$/ {
                     n = $5; ideal = (B > 0) ? 2 * (n - 1) / n * $2 / (B * 1e3) : 0
                     note = (impl == "gloo" && ($2 in best)) ? "algo=" best[$2] : ""
-                    printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.2f,%.4f,%s\n", impl, n, $1, $2, $3,
-                        $4, $6, $7, $8, B, ideal, (ideal > 0 && $6 > 0) ? ideal / $6 : 0, note
-                }' "$f"
+                    row[++nr] = sprintf("%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%.2f,%.4f,%s", impl, n, $1,
+                        $2, $3, $4, $6, $7, $8, B, ideal, (ideal > 0 && $6 > 0) ? ideal / $6 : 0, note)
+                    rb[nr] = $2
+                }
+                END { for (i = 1; i <= nr; i++) printf "%s,%s\n", row[i], cpu[rb[i]] }' "$f"
         done
     done
 } >"$OUT"
@@ -259,7 +263,7 @@ awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" -v base="$BASELINE" '
     $1 ~ /^tcp_stream/ { next }
     {
         key = $1 SUBSEP $2 SUBSEP $4
-        bus[key] = $9; tus[key] = $7; frac[key] = $12; note[key] = $13
+        bus[key] = $9; tus[key] = $7; frac[key] = $12; note[key] = $13; cpu[key] = $14
         if (!(($2 SUBSEP $4) in seen)) { seen[$2 SUBSEP $4] = 1; sizes[$2] = sizes[$2] " " $4 }
     }
     END {
@@ -320,6 +324,23 @@ awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" -v base="$BASELINE" '
                     printf "%8s %10s %10s %10s %12s %12s  %s\n", human(s), cell(c, 10), cell(v, 10),
                         cell(r, 10), tus["shm" SUBSEP n SUBSEP s], tus["vader" SUBSEP n SUBSEP s], verdict
                 }
+            }
+            # CPU cost: the CPU seconds of every rank (user + sys, all threads) per GB
+            # allreduced, over the timed iterations; the issue: at most the best peer at >= 1 MiB.
+            printf "   CPU seconds per GB allreduced (all ranks; target at >= 1M: cohort <= best peer)\n"
+            printf "%8s %10s %10s %10s %10s %10s %14s  %s\n", "size", "cohort", "gloo", "mpi", "shm",
+                "vader", "cohort/best", ""
+            for (i = 1; i <= ns; i++) {
+                s = ss[i]
+                c = cpu["cohort" SUBSEP n SUBSEP s]; g = cpu["gloo" SUBSEP n SUBSEP s]
+                m = cpu["mpi" SUBSEP n SUBSEP s]
+                best = (g != "" && (m == "" || g + 0 < m + 0)) ? g : m
+                r = (c != "" && best != "" && best > 0) ? c / best : ""
+                verdict = ""
+                if (s + 0 >= 1048576 && r != "") verdict = r <= 1.0 ? "ok" : "over"
+                printf "%8s %10s %10s %10s %10s %10s %14s  %s\n", human(s), cell(c, 10), cell(g, 10),
+                    cell(m, 10), cell(cpu["shm" SUBSEP n SUBSEP s], 10),
+                    cell(cpu["vader" SUBSEP n SUBSEP s], 10), cell(r, 14), verdict
             }
             s = 4096
             c = tus["cohort" SUBSEP n SUBSEP s]; g = tus["gloo" SUBSEP n SUBSEP s]; m = tus["mpi" SUBSEP n SUBSEP s]
