@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/peers/run.sh - cohort, Gloo and Open MPI allreduce side by side, in one run.
 #
-# Measures the loopback single-stream TCP throughput B, then for each rank count
+# Measures the loopback single-stream TCP throughput B and, per rank count N,
+# A_N (N streams at once, together: a TCP ring's busbw cannot exceed A_N / N
+# here; every result is also printed as a fraction of that), then for each rank count
 # runs cohort-bench, gloo-bench and mpi-bench with the same flags, prints one table
 # per rank count (busbw of each, cohort's ratios, cohort's fraction of the ideal
 # ring time 2(n-1)/n * S / B, the 4 KiB latencies), measures B again as a noise
@@ -188,6 +190,15 @@ sweep() {
 run tcp-start "$BIN/tcp-stream" -q -t 1.5 || true
 B0=$(tail -n 1 "$WORK/tcp-start.out" 2>/dev/null)
 say "# B (loopback TCP single stream, start) = ${B0:-?} GB/s"
+# A_N: what N streams at once carry together; a TCP ring of N ranks cannot
+# exceed A_N / N busbw here (issue 15).
+AN=""
+for n in $RANKS; do
+    run "tcp-streams-$n" "$BIN/tcp-stream" -q -t 1.5 -p "$n" || true
+    a=$(tail -n 1 "$WORK/tcp-streams-$n.out" 2>/dev/null)
+    AN="$AN $n:${a:-0}"
+    say "# A_$n (loopback TCP, $n streams at once) = ${a:-?} GB/s: ceiling A_$n/$n"
+done
 
 for n in $RANKS; do
     for impl in $IMPLS; do
@@ -224,6 +235,7 @@ say "# B (end) = ${B1:-?} GB/s"
     echo "impl,nranks,op,bytes,count,dtype,time_us,algbw_GBps,busbw_GBps,B_GBps,ideal_time_us,ideal_frac,note,cpu_s_per_GB"
     echo "tcp_stream_start,1,,,,,,,,${B0},,,,"
     echo "tcp_stream_end,1,,,,,,,,${B1},,,,"
+    for kv in $AN; do echo "tcp_streams,${kv%%:*},,,,,,,,${kv#*:},,,,"; done
     for n in $RANKS; do
         for impl in $IMPLS; do
             f=$WORK/$impl-$n.out
@@ -252,7 +264,7 @@ say "# B (end) = ${B1:-?} GB/s"
 
 # The tables, and the targets of the issue: for S >= 1 MiB cohort busbw >= 2x Gloo,
 # >= 1.3x Open MPI, >= 0.75 of ideal; at 4 KiB with 2 ranks, time <= Open MPI's.
-awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" -v base="$BASELINE" '
+awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" -v base="$BASELINE" -v AN="$AN" '
     function human(b) {
         if (b >= 1048576 && b % 1048576 == 0) return (b / 1048576) "M"
         if (b >= 1024 && b % 1024 == 0) return (b / 1024) "K"
@@ -341,6 +353,21 @@ awk -F, -v ranks="$RANKS" -v B0="$B0" -v B1="$B1" -v base="$BASELINE" '
                 printf "%8s %10s %10s %10s %10s %10s %14s  %s\n", human(s), cell(c, 10), cell(g, 10),
                     cell(m, 10), cell(cpu["shm" SUBSEP n SUBSEP s], 10),
                     cell(cpu["vader" SUBSEP n SUBSEP s], 10), cell(r, 14), verdict
+            }
+            # Every TCP result as a fraction of the ceiling A_N / N (goal: cohort >= 0.85 at >= 16 MiB).
+            ceil = 0; na = split(AN, an, " ")
+            for (i = 1; i <= na; i++) { split(an[i], kv, ":"); if (kv[1] == n) ceil = kv[2] / n }
+            if (ceil > 0) {
+                printf "   fraction of the ceiling A_%d/%d = %.3f GB/s (target: cohort >= 0.85 at >= 16M)\n", n, n, ceil
+                printf "%8s %10s %10s %10s  %s\n", "size", "cohort", "gloo", "mpi", ""
+                for (i = 1; i <= ns; i++) {
+                    s = ss[i]; c = bus["cohort" SUBSEP n SUBSEP s]
+                    g = bus["gloo" SUBSEP n SUBSEP s]; m = bus["mpi" SUBSEP n SUBSEP s]
+                    verdict = ""
+                    if (s + 0 >= 16777216 && c != "") { verdict = c / ceil >= 0.85 ? "ok" : "MISS"; if (c / ceil < 0.85) misses++ }
+                    printf "%8s %10s %10s %10s  %s\n", human(s), cell(c != "" ? c / ceil : "", 10),
+                        cell(g != "" ? g / ceil : "", 10), cell(m != "" ? m / ceil : "", 10), verdict
+                }
             }
             s = 4096
             c = tus["cohort" SUBSEP n SUBSEP s]; g = tus["gloo" SUBSEP n SUBSEP s]; m = tus["mpi" SUBSEP n SUBSEP s]

@@ -1,15 +1,17 @@
 /*
- * tcp-stream - single-stream TCP throughput over loopback right now: the B in
- * bench/peers/run.sh's ideal ring time 2(n-1)/n * S / B.
+ * tcp-stream - TCP throughput over loopback right now: the B in
+ * bench/peers/run.sh's ideal ring time 2(n-1)/n * S / B, and with -p N the
+ * A_N of issue 15: what N streams at once carry together, so that a ring of
+ * N ranks cannot exceed A_N / N busbw on this host.
  *
- *   tcp-stream [-t SECONDS] [-s WRITE_SIZE] [--host ADDR] [-q]
+ *   tcp-stream [-t SECONDS] [-s WRITE_SIZE] [-p STREAMS] [--host ADDR] [-q]
  *
- * One sender thread writes WRITE_SIZE buffers (default 4 MiB) to one receiver
- * thread for SECONDS (default 1.5) over one connection, one direction, with the
- * kernel's default socket buffers (what the benchmarks get too). The receiver
- * times from its first byte to end of stream, so connection set-up is not
- * counted. Prints decimal GB/s (1e9 bytes), the unit of algbw/busbw; -q prints
- * only the number.
+ * Each stream is one sender thread writing WRITE_SIZE buffers (default 4 MiB)
+ * to one receiver thread for SECONDS (default 1.5) over one connection, one
+ * direction, with the kernel's default socket buffers (what the benchmarks
+ * get too). A receiver times from its first byte to end of stream, so
+ * connection set-up is not counted. Prints decimal GB/s (1e9 bytes), the sum
+ * of the streams' rates; -q prints only the number.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -78,6 +80,42 @@ static void *recv_main(void *arg)
     return NULL;
 }
 
+#define TS_MAX 64
+
+typedef struct ts_send {
+    int fd;
+    size_t bufsize;
+    double end;
+    int err;
+} ts_send_t;
+
+static void *send_main(void *arg)
+{
+    ts_send_t *w = arg;
+    char *buf = malloc(w->bufsize);
+    if (!buf) {
+        w->err = ENOMEM;
+        close(w->fd);
+        return NULL;
+    }
+    memset(buf, 0x5a, w->bufsize); /* touch every page so faults are not timed */
+    while (now_s() < w->end && !w->err) {
+        size_t off = 0;
+        while (off < w->bufsize) {
+            ssize_t n = write(w->fd, buf + off, w->bufsize - off);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) {
+                w->err = errno;
+                break;
+            }
+            off += (size_t)n;
+        }
+    }
+    close(w->fd);
+    free(buf);
+    return NULL;
+}
+
 static size_t parse_size(const char *s)
 {
     char *end;
@@ -100,8 +138,9 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tcp-stream [-t SECONDS] [-s WRITE_SIZE] [--host ADDR] [-q]\n"
-               "  single-stream TCP throughput from one thread to another, in GB/s (1e9 B/s)\n");
+    fprintf(f, "usage: tcp-stream [-t SECONDS] [-s WRITE_SIZE] [-p STREAMS] [--host ADDR] [-q]\n"
+               "  TCP throughput of STREAMS (1) streams at once, each from one thread to "
+               "another,\n  summed, in GB/s (1e9 B/s)\n");
 }
 
 int main(int argc, char **argv)
@@ -110,6 +149,7 @@ int main(int argc, char **argv)
     size_t wsize = 4u << 20;
     const char *host = "127.0.0.1";
     bool quiet = false;
+    int streams = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-q")) {
@@ -119,6 +159,8 @@ int main(int argc, char **argv)
             return 0;
         } else if (v && !strcmp(a, "-t")) {
             seconds = atof(v), i++;
+        } else if (v && !strcmp(a, "-p")) {
+            streams = atoi(v), i++;
         } else if (v && !strcmp(a, "-s")) {
             wsize = parse_size(v), i++;
         } else if (v && !strcmp(a, "--host")) {
@@ -128,7 +170,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (seconds <= 0 || wsize == 0) {
+    if (seconds <= 0 || wsize == 0 || streams < 1 || streams > TS_MAX) {
         usage(stderr);
         return 2;
     }
@@ -138,71 +180,67 @@ int main(int argc, char **argv)
         fprintf(stderr, "tcp-stream: bad IPv4 address %s\n", host);
         return 2;
     }
-    socklen_t salen = sizeof(sa);
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, salen) < 0 || listen(lfd, 1) < 0 ||
-        getsockname(lfd, (struct sockaddr *)&sa, &salen) < 0) {
-        perror("tcp-stream: listen");
-        return 1;
-    }
-
-    ts_recv_t r = {.listen_fd = lfd, .bufsize = wsize};
-    pthread_t th;
-    if (pthread_create(&th, NULL, recv_main, &r) != 0) {
-        fprintf(stderr, "tcp-stream: pthread_create failed\n");
-        return 1;
-    }
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, salen) < 0) {
-        perror("tcp-stream: connect");
-        return 1;
-    }
-    /* Every benchmark's transport sets TCP_NODELAY; with full-size writes it changes
-       nothing here, but the stream should be configured like theirs. */
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-
-    char *buf = malloc(wsize);
-    if (!buf) {
-        fprintf(stderr, "tcp-stream: out of memory\n");
-        return 1;
-    }
-    memset(buf, 0x5a, wsize); /* touch every page so faults are not timed */
-    double end = now_s() + seconds;
-    int rc = 0;
-    while (now_s() < end) {
-        size_t off = 0;
-        while (off < wsize) {
-            ssize_t n = write(fd, buf + off, wsize - off);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) {
-                perror("tcp-stream: write");
-                rc = 1;
-                goto done;
-            }
-            off += (size_t)n;
+    ts_recv_t r[TS_MAX];
+    ts_send_t w[TS_MAX];
+    pthread_t rt[TS_MAX], wt[TS_MAX];
+    double end = now_s() + seconds + 0.05 * streams; /* set-up is not timed */
+    for (int i = 0; i < streams; i++) {
+        struct sockaddr_in a = sa;
+        socklen_t alen = sizeof(a);
+        int lfd = socket(AF_INET, SOCK_STREAM, 0);
+        if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, alen) < 0 || listen(lfd, 1) < 0 ||
+            getsockname(lfd, (struct sockaddr *)&a, &alen) < 0) {
+            perror("tcp-stream: listen");
+            return 1;
         }
+        r[i] = (ts_recv_t){.listen_fd = lfd, .bufsize = wsize};
+        if (pthread_create(&rt[i], NULL, recv_main, &r[i]) != 0) {
+            fprintf(stderr, "tcp-stream: pthread_create failed\n");
+            return 1;
+        }
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, alen) < 0) {
+            perror("tcp-stream: connect");
+            return 1;
+        }
+        /* Every benchmark's transport sets TCP_NODELAY; with full-size writes it
+           changes nothing here, but the stream should be configured like theirs. */
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        w[i] = (ts_send_t){.fd = fd, .bufsize = wsize, .end = end};
     }
-done:
-    close(fd);
-    pthread_join(th, NULL);
-    close(lfd);
-    free(buf);
+    for (int i = 0; i < streams; i++)
+        if (pthread_create(&wt[i], NULL, send_main, &w[i]) != 0) {
+            fprintf(stderr, "tcp-stream: pthread_create failed\n");
+            return 1;
+        }
+    double gbps = 0;
+    uint64_t bytes = 0;
+    int rc = 0;
+    for (int i = 0; i < streams; i++) {
+        pthread_join(wt[i], NULL);
+        pthread_join(rt[i], NULL);
+        close(r[i].listen_fd);
+        if (w[i].err || r[i].err) {
+            fprintf(stderr, "tcp-stream: stream %d: %s\n", i,
+                    strerror(w[i].err ? w[i].err : r[i].err));
+            rc = 1;
+            continue;
+        }
+        double dt = r[i].t_last - r[i].t_first;
+        if (dt <= 0) {
+            fprintf(stderr, "tcp-stream: too little data to time\n");
+            rc = 1;
+            continue;
+        }
+        gbps += (double)r[i].bytes / dt / 1e9;
+        bytes += r[i].bytes;
+    }
     if (rc) return rc;
-    if (r.err) {
-        fprintf(stderr, "tcp-stream: receive: %s\n", strerror(r.err));
-        return 1;
-    }
-    double dt = r.t_last - r.t_first;
-    if (dt <= 0) {
-        fprintf(stderr, "tcp-stream: too little data to time\n");
-        return 1;
-    }
-    double gbps = (double)r.bytes / dt / 1e9;
     if (quiet)
         printf("%.4f\n", gbps);
     else
-        printf("tcp-stream: %s single stream %.3f GB/s (%llu bytes in %.3f s, %zu-byte writes)\n",
-               host, gbps, (unsigned long long)r.bytes, dt, wsize);
+        printf("tcp-stream: %s %d stream(s) %.3f GB/s together (%llu bytes, %zu-byte writes)\n",
+               host, streams, gbps, (unsigned long long)bytes, wsize);
     return 0;
 }
