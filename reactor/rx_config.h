@@ -74,7 +74,9 @@ typedef enum rx_knob_kind {
     X(coordinator, RX_K_INT, "0", "COHORT_COORDINATOR", 0, RX_MAX_WORLD - 1,                       \
       "the rank that runs the scheduler")                                                          \
     X(tick_ms, RX_K_INT, "2", "COHORT_TICK_MS", 1, 10000,                                          \
-      "the scheduler fiber's period (it also runs after every event)")                             \
+      "the scheduler fiber's period while a rank waits for a decision or a group runs (it also "   \
+      "runs after every event); with nothing to decide it ticks every COHORT_LIVENESS_MS / 10, "   \
+      "at most 100 ms")                                                                            \
     X(sched, RX_K_STR, "", "COHORT_SCHED", 0, RX_STR_MAX,                                          \
       "scheduler parameters name=value,... (docs/sched.md); also COHORT_SCHED_<NAME> each")        \
     X(poll_us, RX_K_INT, "50", "COHORT_POLL_US", 0, 1000000,                                       \

@@ -94,6 +94,7 @@ struct rx_coord {
     rx_reactor_t *rx;
     rx_listener_t *listener;
     uv_timer_t tick;
+    bool tick_slow; /* nothing waits on a decision: the tick only checks liveness */
     bool closing;
     bool dormant;         /* not (yet) the coordinator: no timer, no scheduler */
     bool elected;         /* became the coordinator after the configured one failed */
@@ -1420,12 +1421,43 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
     tick_all(c);
 }
 
+static void on_tick(uv_timer_t *t);
+
+/* The scheduler's period (COHORT_TICK_MS), or, while no rank waits for a
+ * decision and no group runs, one that only keeps the liveness checks in
+ * time: an idle job's coordinator woke 500 times a second. Every message
+ * brings the fast one back before it is handled. */
+static void tick_pace(rx_coord_t *c, bool slow)
+{
+    if (c->tick_slow == slow || c->dormant || c->closing) return;
+    c->tick_slow = slow;
+    uint64_t p = (uint64_t)(c->ctx->cfg.tick_ms > 0 ? c->ctx->cfg.tick_ms : 2);
+    int live = c->ctx->cfg.liveness_ms;
+    if (slow) {
+        uint64_t s = live > 0 && live / 10 < 100 ? (uint64_t)live / 10 : 100;
+        if (s > p) p = s;
+    }
+    uv_timer_start(&c->tick, on_tick, p, p);
+}
+
+/* Nothing time-based to decide: no READY waiting, no group, no shrink. */
+static bool coord_idle(const rx_coord_t *c)
+{
+    if (c->groups || c->shrinks) return false;
+    for (int r = 0; r < c->world; r++) {
+        const co_rank_t *cr = &c->ranks[r];
+        if (cr->has_ready || cr->deferred || cr->awaiting) return false;
+    }
+    return true;
+}
+
 static int on_bytes(rx_conn_t *conn, const uint8_t *buf, size_t len)
 {
     rx_coord_t *c = conn->owner;
     rx_ctl_msg_t m;
     int n = rx_ctl_parse(buf, len, &m);
     if (n <= 0) return n;
+    if (m.type != RX_CTL_PING) tick_pace(c, false);
     if (conn->peer >= 0 && conn->peer < c->world) c->ranks[conn->peer].t_heard_ns = bs_now_ns();
     on_msg(conn, &m);
     return n;
@@ -1633,6 +1665,7 @@ static void on_tick(uv_timer_t *t)
             }
         break;
     }
+    tick_pace(c, coord_idle(c));
 }
 
 static void tick_closed(uv_handle_t *h)
