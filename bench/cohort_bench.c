@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "cohort.h"
+#include "peers/peers_common.h" /* pb_cpu_s */
 
 typedef enum { C_ALLREDUCE, C_BROADCAST, C_ALLGATHER, C_REDUCE_SCATTER } coll_t;
 
@@ -253,15 +254,6 @@ static long check(const void *recv, size_t count)
     return wrong;
 }
 
-/* CPU seconds (user + system, every thread) this process has used so far. */
-static double cpu_s(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -372,7 +364,7 @@ int main(int argc, char **argv)
             put(recv, i, o.coll == C_BROADCAST ? in_val(R == o.root ? o.root : 99, i) : 0);
         double cpu0 = 0;
         for (int it = 0; it < o.warmup + o.iters; it++) {
-            if (it == o.warmup) cpu0 = cpu_s();
+            if (it == o.warmup) cpu0 = pb_cpu_s();
             if (o.coll == C_BROADCAST && R == o.root)
                 for (size_t i = 0; i < recv_n && it == 0; i++) put(recv, i, in_val(o.root, i));
             coh_request_t *req;
@@ -395,7 +387,7 @@ int main(int argc, char **argv)
         st = coh_allreduce_sync(W, NULL, times, (size_t)o.iters, COH_F64, COH_MAX);
         if (st) die("gathering times", st, NULL);
         /* w3[3]: every rank's CPU seconds over the timed iterations. */
-        double w3[4] = {(double)wrong, lossacc[0], lossacc[1], cpu_s() - cpu0};
+        double w3[4] = {(double)wrong, lossacc[0], lossacc[1], pb_cpu_s() - cpu0};
         st = coh_allreduce_sync(W, NULL, w3, 4, COH_F64, COH_SUM);
         if (st) die("gathering checks", st, NULL);
         double w = w3[0];

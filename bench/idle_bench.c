@@ -26,16 +26,9 @@
 #include <unistd.h>
 
 #include "cohort.h"
+#include "peers/peers_common.h" /* pb_cpu_s */
 
 enum { F_CPU, F_VCSW, F_NVCSW, F_THREADS, F_RSS_KB, F_COUNT };
-
-static double cpu_s(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
-}
 
 /* A counter of a status file of /proc ("voluntary_ctxt_switches", "Threads",
  * "VmRSS"), or -1. */
@@ -116,13 +109,13 @@ int main(int argc, char **argv)
     if ((st = coh_barrier(w, &req)) || (st = coh_wait(req, -1))) die("barrier", st);
     coh_request_free(req);
 
-    double c0 = cpu_s(), v0 = switches("voluntary_ctxt_switches"),
+    double c0 = pb_cpu_s(), v0 = switches("voluntary_ctxt_switches"),
            nv0 = switches("nonvoluntary_ctxt_switches");
     struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
     while (nanosleep(&ts, &ts) != 0) {
     }
     double mine[F_COUNT] = {
-        [F_CPU] = (cpu_s() - c0) / seconds,
+        [F_CPU] = (pb_cpu_s() - c0) / seconds,
         [F_VCSW] = (switches("voluntary_ctxt_switches") - v0) / seconds,
         [F_NVCSW] = (switches("nonvoluntary_ctxt_switches") - nv0) / seconds,
         [F_THREADS] = status_field("Threads"),
