@@ -254,21 +254,23 @@ int rx_config_validate(const coh_config_t *cfg)
     return 0;
 }
 
-/* More ranks on this host than cores. The local rank count comes from the
- * launcher (COHORT_LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE, Open MPI's
- * OMPI_COMM_WORLD_LOCAL_SIZE). */
-bool rx_config_oversubscribed(void)
+/* Ranks on this host, as the launcher says (COHORT_LOCAL_SIZE, torchrun's
+ * LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE); 1 if none does. */
+int rx_config_local_size(void)
 {
     static const char *const vars[] = {"COHORT_LOCAL_SIZE", "LOCAL_WORLD_SIZE",
                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
-    long local = 1;
     for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
         const char *v = getenv(vars[i]);
-        if (v && atol(v) > 0) {
-            local = atol(v);
-            break;
-        }
+        if (v && atol(v) > 0 && atol(v) <= RX_MAX_WORLD) return (int)atol(v);
     }
+    return 1;
+}
+
+/* More ranks on this host than cores. */
+bool rx_config_oversubscribed(void)
+{
+    long local = rx_config_local_size();
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     return cpus > 0 && local > cpus;
 }
@@ -283,4 +285,21 @@ bool rx_config_oversubscribed(void)
 int rx_config_spin_us(const coh_config_t *cfg)
 {
     return cfg->spin_us >= 0 ? cfg->spin_us : 2000;
+}
+
+/* Each rank populates a ring per peer on its host per rail: at 4 MiB, 32
+ * ranks on one host held 4 GB of rings between them, 48 would hold 9. Auto
+ * keeps a rank's rings on one rail within 64 MiB: 4 MiB up to 17 ranks on
+ * the host, then halving, down to 256 KiB. Frames of COHORT_SHM_CMA_BYTES
+ * and more do not pass through the ring (a descriptor does). local_n is the
+ * launcher's count of ranks on the host (COHORT_LOCAL_SIZE): the mesh learns
+ * who shares it only after the first rings exist. A reader maps a ring by
+ * its own size, so the two ends need not agree. */
+size_t rx_config_shm_ring_bytes(const coh_config_t *cfg, int local_n)
+{
+    if (cfg->shm_ring_bytes) return cfg->shm_ring_bytes;
+    size_t per = local_n > 1 ? ((size_t)64 << 20) / (size_t)(local_n - 1) : (size_t)4 << 20;
+    size_t rb = (size_t)256 << 10;
+    while (rb * 2 <= per && rb < ((size_t)4 << 20)) rb *= 2;
+    return rb;
 }

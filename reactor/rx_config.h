@@ -138,9 +138,10 @@ typedef enum rx_knob_kind {
     X(shm, RX_K_INT, "1", "COHORT_SHM", 0, 1,                                                      \
       "ranks on the same host (COHORT_HOST_ID) connect through shared memory on every rail "       \
       "(docs/shm.md); 0: through each rail's network transport")                                   \
-    X(shm_ring_bytes, RX_K_SIZE, "4M", "COHORT_SHM_RING_BYTES", 65536, 1ull << 30,                 \
+    X(shm_ring_bytes, RX_K_SIZE, "0", "COHORT_SHM_RING_BYTES", 0, 1ull << 30,                      \
       "bytes of each shared-memory ring (one per direction per peer on the host and rail; a "      \
-      "power of two)")                                                                             \
+      "power of two, at least 64K); 0 (auto): 4M up to 17 ranks on the host (COHORT_LOCAL_SIZE), "  \
+      "then smaller so a rank's rings on a rail stay within 64M (at least 256K)")                  \
     X(shm_cma_bytes, RX_K_SIZE, "256K", "COHORT_SHM_CMA_BYTES", 0, 1ull << 40,                     \
       "shared-memory frames of at least this many bytes are read by the receiver straight from "   \
       "the sender's memory (process_vm_readv, where the kernel permits it): one copy instead of "  \
@@ -219,6 +220,11 @@ int rx_env_knob_str(const char *name, const char **out);
 int rx_config_validate(const coh_config_t *cfg);
 /* spin_us resolved: -1 (auto) becomes 2000. */
 int rx_config_spin_us(const coh_config_t *cfg);
+/* shm_ring_bytes resolved: 0 (auto) sizes the rings by the ranks on the
+ * host (64 MiB per rank and rail, each ring 256 KiB to 4 MiB). */
+size_t rx_config_shm_ring_bytes(const coh_config_t *cfg, int local_n);
+/* Ranks on this host, from the launcher's variables (1 when none says). */
+int rx_config_local_size(void);
 /* More local ranks than cores (from the launcher's variables). */
 bool rx_config_oversubscribed(void);
 

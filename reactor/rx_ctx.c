@@ -815,7 +815,9 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                        .test_ctl_dgram_only = test_udp_ctl_dgram()},
             .shm_dir = ctx->shm_dir,
             .shm_name = ctx->shm_name,
-            .shm_ring_bytes = ctx->cfg.shm_ring_bytes,
+            /* The launcher says how many ranks share the host before the mesh
+             * does (COHORT_LOCAL_SIZE, LOCAL_WORLD_SIZE, ...). */
+            .shm_ring_bytes = rx_config_shm_ring_bytes(&ctx->cfg, rx_config_local_size()),
             .shm_cma_bytes = ctx->cfg.shm_cma_bytes};
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {

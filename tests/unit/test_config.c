@@ -390,6 +390,29 @@ static void test_spin_auto(void **state)
     assert_int_equal(rx_config_spin_us(&cfg), 7);
 }
 
+/* Rings sized by the ranks on the host: 4 MiB up to 17, then within 64 MiB
+ * per rank and rail, never below 256 KiB; a set value is kept. */
+static void test_shm_ring_auto(void **state)
+{
+    (void)state;
+    coh_config_t cfg;
+    assert_int_equal(coh_config_init(&cfg), 0);
+    assert_int_equal(cfg.shm_ring_bytes, 0);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1), 4u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2), 4u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 17), 4u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 18), 2u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 32), 2u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 48), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1000), 256u << 10);
+    for (int n = 2; n < 300; n++)
+        assert_true(rx_config_shm_ring_bytes(&cfg, n) * (size_t)(n - 1) <= (64u << 20) ||
+                    rx_config_shm_ring_bytes(&cfg, n) == (256u << 10));
+    cfg.shm_ring_bytes = 1u << 20;
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 100), 1u << 20);
+}
+
 /* The knob table lists every field of coh_config_t: when the struct grows,
  * add the field to RX_CONFIG_MAP (reactor/rx_config.h), which gives it a
  * default, its variable, validation, the ABI field and the README row. */
@@ -498,6 +521,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_invalid_ints, setup, teardown),
         cmocka_unit_test_setup_teardown(test_table_covers_the_struct, setup, teardown),
         cmocka_unit_test_setup_teardown(test_spin_auto, setup, teardown),
+        cmocka_unit_test(test_shm_ring_auto),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (size_t i = 0; i < NVARS; i++) {
