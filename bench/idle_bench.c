@@ -72,6 +72,12 @@ static double switches(const char *name)
     return sum;
 }
 
+static void log_to_stderr(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "cohort[%d]: %s\n", level, msg);
+}
+
 static void die(const char *what, int st)
 {
     fprintf(stderr, "cohort-idlebench: %s: %s: %s\n", what, coh_status_name(st), coh_last_error());
@@ -95,6 +101,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (getenv("COHORT_LOG")) coh_set_log_handler(log_to_stderr, NULL, atoi(getenv("COHORT_LOG")));
     coh_config_t cfg;
     int st = coh_config_init(&cfg);
     if (st) die("config", st);

@@ -1000,8 +1000,13 @@ static void hs_timeout(uv_timer_t *h)
 {
     tcp_sock_t *s = h->data;
     atomic_fetch_add(&s->rail->stat_rejected, 1);
-    if (s->conn && !s->resume && s->conn->base.state != EN_CONN_READY)
-        conn_close(s->conn, COH_ETIMEDOUT, "no handshake in time");
+    if (s->conn && !s->resume && s->conn->base.state != EN_CONN_READY) {
+        char why[96];
+        snprintf(why, sizeof(why), "no handshake in time (%s rank %d, %s)",
+                 s->outgoing ? "dialling" : "dialled by", s->expect_peer,
+                 s->phase == SK_CONNECTING ? "not connected" : "connected");
+        conn_close(s->conn, COH_ETIMEDOUT, why);
+    }
     else
         sock_close(s);
 }

@@ -335,6 +335,34 @@ table inet cohort_loss {
 EOF
     fi
   done
+  # The kernel keeps one ARP table for every namespace, gc_thresh3 (1024)
+  # entries in all: 32 ranks that all talk to each other need 32 x 31 + 32,
+  # and the next SYNs go nowhere ("neighbor table overflow"; 32 ranks failed
+  # to connect, 31 did not). Permanent entries do not count against it, and
+  # setting them here leaves the root namespace's sysctls alone.
+  if ((n * n * k_nics > 512)); then
+    local -a mac=()
+    for ((i = 0; i < n; i++)); do
+      for ((k = 0; k < k_nics; k++)); do
+        mac[i * k_nics + k]=$(ip netns exec "$name-$i" cat "/sys/class/net/eth$k/address")
+      done
+    done
+    local -a brmac=()
+    for ((k = 0; k < k_nics; k++)); do
+      brmac[k]=$(ip netns exec "$hub" cat "/sys/class/net/br$k/address")
+    done
+    for ((j = 0; j < n; j++)); do
+      {
+        for ((k = 0; k < k_nics; k++)); do
+          echo "neigh replace 10.$subnet.$k.254 lladdr ${brmac[k]} dev eth$k nud permanent"
+          for ((i = 0; i < n; i++)); do
+            ((i == j)) && continue
+            echo "neigh replace 10.$subnet.$k.$((i + 1)) lladdr ${mac[i * k_nics + k]} dev eth$k nud permanent"
+          done
+        done
+      } | "$IPBIN" -n "$name-$j" -batch -
+    done
+  fi
 }
 
 # --- down ---------------------------------------------------------------------
