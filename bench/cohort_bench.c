@@ -418,12 +418,7 @@ int main(int argc, char **argv)
                 printf(" %12llu %12zu %7s %6s %10.2f %8.3f %8.3f %7s\n", (unsigned long long)b,
                        total, coh_dtype_name(o.dtype), coh_redop_name(o.op), t, algbw, algbw * bus,
                        o.check ? (w ? "WRONG" : "0") : "n/a");
-            /* CPU seconds of all ranks per decimal GB of buffer (as peers_common.h). */
-            double cpu_gb = b ? w3[3] / ((double)b * o.iters / 1e9) : 0;
-            if (o.csv)
-                printf("cpu,%llu,%.4f\n", (unsigned long long)b, cpu_gb);
-            else
-                printf("# cpu: %.3f s per GB (all ranks)\n", cpu_gb);
+            pb_print_cpu(o.csv, o.iters, (size_t)b, w3[3]);
             fflush(stdout);
         }
         free(send);

@@ -335,6 +335,18 @@ static void tx_fail_all(shm_conn_t *t, int status)
     t->q_tail = NULL;
 }
 
+/* The oldest frame sent as a descriptor ends with status (a closing link). */
+static void cma_pop(shm_conn_t *t, int status)
+{
+    en_wreq_t *w = t->cma_head;
+    t->cma_head = w->tx_next;
+    if (!t->cma_head) t->cma_tail = NULL;
+    w->tx_next = NULL;
+    t->base.writes_out--;
+    t->cma_acked++;
+    w->done(w, status);
+}
+
 static void conn_close(shm_conn_t *t, int status, const char *why)
 {
     en_conn_t *c = &t->base;
@@ -382,24 +394,15 @@ static void conn_close(shm_conn_t *t, int status, const char *why)
      * while both live) throws away what it read (cma_payload). */
     if (t->tx && t->cma_head) atomic_fetch_add(&t->tx->cma_revoked, 1);
     uint64_t read = t->tx ? atomic_load(&t->tx->cma_done) : 0;
-    for (int pass = 0; pass < 2; pass++) {
-        /* Those the peer read are sent (an op they finish does not fail
-         * with the link: a peer that read them and finalized closes it).
-         * Then the ops learn why (EPEER, naming the peer) before the unread
-         * ones come back cancelled: a dead peer's ops failed ECANCELED,
-         * which a relay sync does not try again. */
-        if (pass == 1)
-            en_rail_conn_lost(c->rail, c,
-                              was == EN_CONN_READY ? status : (status ? status : COH_EPROTO), why);
-        while (t->cma_head && (pass == 1 || t->cma_acked < read)) {
-            en_wreq_t *w = t->cma_head;
-            t->cma_head = w->tx_next;
-            w->tx_next = NULL;
-            c->writes_out--;
-            w->done(w, t->cma_acked++ < read ? 0 : COH_ECANCELED);
-        }
-    }
-    t->cma_tail = NULL;
+    /* Those the peer read are sent (an op they finish does not fail with the
+     * link: a peer that read them and finalized closes it). Then the ops
+     * learn why (EPEER, naming the peer) before the unread ones come back
+     * cancelled: a dead peer's ops failed ECANCELED, which a relay sync does
+     * not try again. */
+    while (t->cma_head && t->cma_acked < read) cma_pop(t, 0);
+    en_rail_conn_lost(c->rail, c, was == EN_CONN_READY ? status : (status ? status : COH_EPROTO),
+                      why);
+    while (t->cma_head) cma_pop(t, COH_ECANCELED);
     tx_fail_all(t, COH_ECANCELED);
     c->state = EN_CONN_CLOSED;
     uv_close((uv_handle_t *)&t->poll, handle_closed);

@@ -1006,8 +1006,7 @@ static void hs_timeout(uv_timer_t *h)
                  s->outgoing ? "dialling" : "dialled by", s->expect_peer,
                  s->phase == SK_CONNECTING ? "not connected" : "connected");
         conn_close(s->conn, COH_ETIMEDOUT, why);
-    }
-    else
+    } else
         sock_close(s);
 }
 

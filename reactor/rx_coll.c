@@ -243,16 +243,15 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     bool lossy = a->loss[SC_STAGE_PUSH] > 0 || a->loss[SC_STAGE_PULL] > 0;
     if (cfg->hier != 0 && !lossy && ctx->host_idx) {
         L.coll.host = ctx->host_idx;
-        if (sc_plan_hier_shape(&L.coll, NULL, NULL)) {
-            sc_link_model_t m = {.net_lat = cfg->hier_net_us * 1e-6,
-                                 .net_bw = cfg->hier_net_mbps * 125e3,
-                                 .local_lat = cfg->hier_local_us * 1e-6,
-                                 .local_bw = cfg->hier_local_mbps * 125e3};
-            sc_coll_t h = L.coll;
-            h.algo = SC_ALGO_HIER;
-            if (cfg->hier == 1 || sc_plan_cost(&h, es, &m) < sc_plan_cost(&L.coll, es, &m))
-                L.coll.algo = SC_ALGO_HIER;
-        }
+        sc_link_model_t m = {.net_lat = cfg->hier_net_us * 1e-6,
+                             .net_bw = cfg->hier_net_mbps * 125e3,
+                             .local_lat = cfg->hier_local_us * 1e-6,
+                             .local_bw = cfg->hier_local_mbps * 125e3};
+        sc_coll_t h = L.coll;
+        h.algo = SC_ALGO_HIER;
+        double th = sc_plan_cost(&h, es, &m); /* < 0: the hosts do not allow it */
+        if (th >= 0 && (cfg->hier == 1 || th < sc_plan_cost(&L.coll, es, &m)))
+            L.coll.algo = SC_ALGO_HIER;
     }
     L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);
     coh_request_t *req = rx_request_new(ctx, 0);

@@ -140,7 +140,7 @@ typedef enum rx_knob_kind {
       "(docs/shm.md); 0: through each rail's network transport")                                   \
     X(shm_ring_bytes, RX_K_SIZE, "0", "COHORT_SHM_RING_BYTES", 0, 1ull << 30,                      \
       "bytes of each shared-memory ring (one per direction per peer on the host and rail; a "      \
-      "power of two, at least 64K); 0 (auto): 4M up to 17 ranks on the host (COHORT_LOCAL_SIZE), "  \
+      "power of two, at least 64K); 0 (auto): 4M up to 17 ranks on the host (COHORT_LOCAL_SIZE), " \
       "then smaller so a rank's rings on a rail stay within 64M (at least 256K)")                  \
     X(shm_cma_bytes, RX_K_SIZE, "256K", "COHORT_SHM_CMA_BYTES", 0, 1ull << 40,                     \
       "shared-memory frames of at least this many bytes are read by the receiver straight from "   \
@@ -154,7 +154,7 @@ typedef enum rx_knob_kind {
     X(hier_net_us, RX_K_INT, "20", "COHORT_HIER_NET_US", 0, 10000000,                              \
       "the link model of COHORT_HIER=-1: latency of a message between hosts, microseconds")        \
     X(hier_net_mbps, RX_K_INT, "10000", "COHORT_HIER_NET_MBPS", 1, INT_MAX,                        \
-      "the link model: one rank's rate to another host, Mbit/s (its share of the NIC)")           \
+      "the link model: one rank's rate to another host, Mbit/s (its share of the NIC)")            \
     X(hier_local_us, RX_K_INT, "2", "COHORT_HIER_LOCAL_US", 0, 10000000,                           \
       "the link model: latency of a message inside a host, microseconds")                          \
     X(hier_local_mbps, RX_K_INT, "40000", "COHORT_HIER_LOCAL_MBPS", 1, INT_MAX,                    \

@@ -61,6 +61,7 @@ struct rx_member {
     uv_timer_t redial;
     uv_timer_t held; /* COHORT_TEST_FAULT=hold-relay-done: the DONE held back */
     rx_ctl_msg_t held_msg;
+    char test_fault[32];   /* COHORT_TEST_FAULT, read once at start */
     _Atomic bool excluded; /* the coordinator took this rank out for good (LOST about itself) */
     /* coh_comm_shrink: one at a time; state under mu (the caller waits). */
     int shrink_state; /* 0 none, 1 asked, 2 answered, < 0 failed */
@@ -545,10 +546,9 @@ static void relay_start(rx_member_t *m, const rx_ctl_rplan_t *p, int *ring, int 
  * die-after-phase1 dies once its phase-1 DONE as a ready member is out, while
  * the group still waits for others' (hold-relay-done: a relay that reports
  * its phase 1 300 ms late). The DONE just queued goes out first. */
-static bool test_fault_is(const char *what)
+static bool test_fault_is(const rx_member_t *m, const char *what)
 {
-    const char *f = getenv("COHORT_TEST_FAULT");
-    return f && strcmp(f, what) == 0;
+    return m->test_fault[0] && strcmp(m->test_fault, what) == 0;
 }
 
 static void *die_soon(void *arg)
@@ -559,9 +559,9 @@ static void *die_soon(void *arg)
     return NULL;
 }
 
-static void test_fault_die(const char *when)
+static void test_fault_die(const rx_member_t *m, const char *when)
 {
-    if (!test_fault_is(when)) return;
+    if (!test_fault_is(m, when)) return;
     pthread_t t;
     if (pthread_create(&t, NULL, die_soon, NULL) == 0) pthread_detach(t);
 }
@@ -572,13 +572,13 @@ static void relay_end(rx_member_t *m, coh_request_t *req)
     rx_syncreq_t *s = req->sync;
     int status = atomic_load(&req->status);
     s->running = false;
-    if (test_fault_is("hold-relay-done") && !uv_is_active((uv_handle_t *)&m->held)) {
+    if (test_fault_is(m, "hold-relay-done") && !uv_is_active((uv_handle_t *)&m->held)) {
         done_msg(m, req, status, &m->held_msg); /* the loop goes on meanwhile */
         uv_timer_start(&m->held, send_held, 300, 0);
     } else {
         send_done(m, req, status);
     }
-    if (status == 0 && s->joined) test_fault_die("die-after-joined-relay");
+    if (status == 0 && s->joined) test_fault_die(m, "die-after-joined-relay");
     if (m->relay_req == req) m->relay_req = NULL;
     if (status == 0 && m->relay_gid == s->group_id) {
         relay_forget(m);
@@ -888,7 +888,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
         /* Phase 1 of a relay group: the coordinator sends phase 2 once the
          * late ranks are ready or excluded. */
         s->phase = 2;
-        test_fault_die("die-after-phase1");
+        test_fault_die(m, "die-after-phase1");
         if (m->electing) return; /* resent to the new coordinator once reached */
         if (s->coord_epoch != m->coord_epoch) {
             resend_pending(m); /* the coordinator that planned it is gone */
@@ -1253,6 +1253,9 @@ int rx_member_start(struct coh_ctx *ctx)
     rx_member_t *m = coh_zalloc(sizeof(*m));
     if (!m) return bs_fail(COH_ENOMEM, "out of memory");
     m->ctx = ctx;
+    const char *tf = NULL;
+    if (rx_env_knob_str("test_fault", &tf) == 0 && tf)
+        snprintf(m->test_fault, sizeof(m->test_fault), "%s", tf);
     m->last_done_ns = bs_now_ns();
     m->coord_rank = ctx->cfg.coordinator;
     if (ctx->cfg.rejoin) {

@@ -259,7 +259,7 @@ int run(int argc, char **argv)
         if (algos.size() > 1 && b.rank == 0)
             fprintf(stderr, "gloo-bench: %zu bytes best=%s\n", nbytes, best_name.c_str());
         if (b.rank == 0) pb_print_row(&b.o, nbytes, b.nranks, best_t, b.o.check ? wrong_sum : -1);
-        if (b.rank == 0) pb_print_cpu(&b.o, nbytes, best_cpu);
+        if (b.rank == 0) pb_print_cpu(b.o.csv, b.o.iters, nbytes, best_cpu);
     }
     return total_wrong ? 1 : 0;
 }

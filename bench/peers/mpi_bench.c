@@ -87,7 +87,7 @@ int main(int argc, char **argv)
                     wrong);
         if (!o.check) wrong = -1;
         if (rank == 0) pb_print_row(&o, nbytes, nranks, t_us, wrong);
-        if (rank == 0) pb_print_cpu(&o, nbytes, cpu_all);
+        if (rank == 0) pb_print_cpu(o.csv, o.iters, nbytes, cpu_all);
     }
 
     free(times);

@@ -241,11 +241,11 @@ static inline double pb_cpu_s(void)
 /* The CPU cost of a size: every rank's CPU seconds over the timed iterations
  * (summed by the caller), per decimal GB of buffer allreduced. --csv prints
  * "cpu,BYTES,S_PER_GB" after the size's row (bench/peers/run.sh joins them). */
-static inline void pb_print_cpu(const pb_opts_t *o, size_t bytes, double cpu_s_all)
+static inline void pb_print_cpu(bool csv, int iters, size_t bytes, double cpu_s_all)
 {
-    double gb = (double)bytes * (double)o->iters / 1e9;
+    double gb = (double)bytes * (double)iters / 1e9;
     double per = gb > 0 ? cpu_s_all / gb : 0;
-    if (o->csv)
+    if (csv)
         printf("cpu,%zu,%.4f\n", bytes, per);
     else
         printf("# cpu: %.3f s per GB (all ranks)\n", per);

@@ -1589,20 +1589,13 @@ static void test_executor_catches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_args),
-        cmocka_unit_test(test_resolve_algo),
-        cmocka_unit_test(test_executor_catches),
-        cmocka_unit_test(test_allreduce),
-        cmocka_unit_test(test_allreduce_hier),
-        cmocka_unit_test(test_other_hier),
-        cmocka_unit_test(test_cost_model),
-        cmocka_unit_test(test_broadcast),
-        cmocka_unit_test(test_allgather),
-        cmocka_unit_test(test_reduce_scatter),
-        cmocka_unit_test(test_barrier),
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_subset),
-        cmocka_unit_test(test_many_orders),
+        cmocka_unit_test(test_invalid_args),     cmocka_unit_test(test_resolve_algo),
+        cmocka_unit_test(test_executor_catches), cmocka_unit_test(test_allreduce),
+        cmocka_unit_test(test_allreduce_hier),   cmocka_unit_test(test_other_hier),
+        cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_allgather),        cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_barrier),          cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_subset),           cmocka_unit_test(test_many_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
