@@ -115,7 +115,8 @@ typedef struct coh_config {
     const char *token;       /* COHORT_TOKEN: job token every connection must present */
     const char *nics;        /* COHORT_NICS: comma list of interfaces or addresses; "lo" */
     int timeout_ms;          /* COHORT_TIMEOUT_MS: op fails after this long without progress
-                                (default 10000) */
+                                (default 300000, 5 min, as PyTorch users expect:
+                                a dead peer still fails it at once) */
     int connect_timeout_ms;  /* COHORT_CONNECT_TIMEOUT_MS: bootstrap deadline (default 60000) */
     size_t chunk_bytes;      /* COHORT_CHUNK_BYTES: pipeline chunk of ring plans (1 MiB) */
     size_t small_bytes;      /* COHORT_SMALL_BYTES: at or below, latency-optimal

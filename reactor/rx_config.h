@@ -48,8 +48,9 @@ typedef enum rx_knob_kind {
       "comma list of interfaces or addresses, one rail (reactor) each; every rank needs the "      \
       "same count; NIC:udp makes a rail bounded-loss capable (ops with a loss bound send their "   \
       "data there as datagrams; docs/udp.md), NIC:udp@MBPS also gives its line rate")              \
-    X(timeout_ms, RX_K_INT, "10000", "COHORT_TIMEOUT_MS", 1, INT_MAX,                              \
-      "an op fails after this long without progress")                                              \
+    X(timeout_ms, RX_K_INT, "300000", "COHORT_TIMEOUT_MS", 1, INT_MAX,                             \
+      "an op fails after this long without progress (5 min: a rank may be writing a checkpoint; "  \
+      "a dead peer fails it at once through its connection, a hung one after COHORT_LIVENESS_MS)") \
     X(connect_timeout_ms, RX_K_INT, "60000", "COHORT_CONNECT_TIMEOUT_MS", 1, INT_MAX,              \
       "deadline for bootstrap (store and every peer connected)")                                   \
     X(chunk_bytes, RX_K_SIZE, "1M", "COHORT_CHUNK_BYTES", 1, SIZE_MAX,                             \

@@ -5,7 +5,10 @@
  *
  * Each rank gets COHORT_RANK, COHORT_WORLD_SIZE, COHORT_LOCAL_RANK,
  * COHORT_STORE (host:port of the bootstrap store), COHORT_TOKEN (a random job
- * token unless one is set) and COHORT_NICS (with --nics). The launcher binds
+ * token unless one is set) and COHORT_NICS (with --nics), and torch's
+ * variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+ * MASTER_PORT, a free port for torch's own store), so a torch program starts
+ * under it unchanged. The launcher binds
  * the store's listening socket itself and hands it to rank 0 as an inherited
  * descriptor (COHORT_STORE_FD), so no port can be taken between choosing it
  * and using it. Output lines are prefixed with "[rank] ". When a rank fails
@@ -50,6 +53,7 @@ typedef struct rank {
     bool running;
     int64_t status;
     int term_signal;
+    bool stopped; /* running when cohortrun was interrupted: it stopped this rank */
 } rank_t;
 
 static struct {
@@ -66,6 +70,7 @@ static struct {
     int alive;
     int first_fail;
     bool killing;
+    int interrupted; /* the signal that interrupted cohortrun, 0 if none */
     uv_timer_t kill_timer, timeout_timer;
     uv_signal_t sigint, sigterm;
     uv_loop_t *loop;
@@ -84,6 +89,8 @@ static void usage(FILE *f)
             "                     by the rank (e.g. --wrap 'ip netns exec coh{rank}')\n"
             "  --timeout SEC      kill every rank after SEC seconds and exit 124\n"
             "  --keep-going       do not kill the other ranks when one fails\n"
+            "  (torch programs start unchanged: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
+            "  MASTER_ADDR and MASTER_PORT, a free port, are set for every rank)\n"
             "  --no-prefix        do not prefix output lines with [rank]\n"
             "  --knobs [config|sched]  print the knobs the ranks read, as markdown tables\n"
             "\nThe ranks read these variables (defaults in brackets):\n");
@@ -252,11 +259,43 @@ static void on_timeout(uv_timer_t *t)
     start_killing();
 }
 
+/* Interrupted (Ctrl-C, a scheduler's SIGTERM): say which ranks it stops. */
 static void on_signal(uv_signal_t *h, int sig)
 {
     (void)h;
     if (g.first_fail == 0) g.first_fail = 128 + sig;
+    if (!g.interrupted) {
+        g.interrupted = sig;
+        fprintf(stderr, "cohortrun: %s: stopping rank%s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                g.alive == 1 ? "" : "s");
+        const char *sep = " ";
+        for (int i = 0; i < g.n; i++) {
+            if (!g.ranks[i].running) continue;
+            g.ranks[i].stopped = true;
+            fprintf(stderr, "%s%d", sep, i);
+            sep = ", ";
+        }
+        fprintf(stderr, " (SIGTERM, SIGKILL after 3 s)\n");
+    }
     start_killing();
+}
+
+/* After an interruption: how each stopped rank ended. */
+static void report_interrupted(void)
+{
+    if (!g.interrupted) return;
+    fprintf(stderr, "cohortrun: interrupted:");
+    const char *sep = " ";
+    for (int i = 0; i < g.n; i++) {
+        rank_t *r = &g.ranks[i];
+        if (!r->stopped) continue;
+        if (r->term_signal)
+            fprintf(stderr, "%srank %d ended by %s", sep, i, strsignal(r->term_signal));
+        else
+            fprintf(stderr, "%srank %d exited with status %d", sep, i, (int)r->status);
+        sep = ", ";
+    }
+    fprintf(stderr, "%s\n", *sep == ' ' ? " no rank was running" : "");
 }
 
 static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -300,6 +339,56 @@ static int remove_one(const char *p, const struct stat *st, int flag, struct FTW
 static void remove_tree(const char *path)
 {
     nftw(path, remove_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+static void set_port(struct sockaddr_storage *sa, uint16_t port)
+{
+    if (sa->ss_family == AF_INET)
+        ((struct sockaddr_in *)sa)->sin_port = htons(port);
+    else
+        ((struct sockaddr_in6 *)sa)->sin6_port = htons(port);
+}
+
+static int get_port(const struct sockaddr_storage *sa)
+{
+    return ntohs(sa->ss_family == AF_INET ? ((const struct sockaddr_in *)sa)->sin_port
+                                          : ((const struct sockaddr_in6 *)sa)->sin6_port);
+}
+
+/* Bind fd to a random free port below the kernel's ephemeral range: a
+ * later init in the job binds COHORT_STORE again, and an ephemeral port can
+ * meanwhile be any connection's source port (mp.lb.n4.rails2 once failed
+ * with "address already in use"). On failure the port is left 0 (the
+ * kernel's pick at bind). */
+static bool bind_low_port(int fd, struct sockaddr_storage *sa, socklen_t sl)
+{
+    int lo_eph = 32768;
+    FILE *pr = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (pr) {
+        if (fscanf(pr, "%d", &lo_eph) != 1) lo_eph = 32768;
+        fclose(pr);
+    }
+    for (int k = 0; fd >= 0 && k < 64 && lo_eph > 11024; k++) {
+        unsigned r = 0;
+        if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r)) break;
+        set_port(sa, (uint16_t)(10000 + r % (unsigned)(lo_eph - 10000)));
+        if (bind(fd, (struct sockaddr *)sa, sl) == 0) return true;
+    }
+    set_port(sa, 0);
+    return false;
+}
+
+/* A free port for torch's store (MASTER_PORT): bound, then released just
+ * before the ranks start, so nothing else of ours takes it meanwhile. */
+static int reserve_port(const struct sockaddr_storage *store_sa, socklen_t sl)
+{
+    struct sockaddr_storage sa = *store_sa;
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    set_port(&sa, 0);
+    bool ok = fd >= 0 && (bind_low_port(fd, &sa, sl) || bind(fd, (struct sockaddr *)&sa, sl) == 0);
+    int port = ok && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 ? get_port(&sa) : 0;
+    if (fd >= 0) close(fd);
+    return port;
 }
 
 int main(int argc, char **argv)
@@ -376,40 +465,18 @@ int main(int argc, char **argv)
     int lfd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     socklen_t sl =
         sa.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
-    /* A port below the kernel's ephemeral range: a later init in the job
-     * binds COHORT_STORE again, and an ephemeral port can meanwhile be any
-     * connection's source port (mp.lb.n4.rails2 once failed with "address
-     * already in use"). Port 0 (ephemeral) only if none is free. */
-    int lo_eph = 32768;
-    FILE *pr = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-    if (pr) {
-        if (fscanf(pr, "%d", &lo_eph) != 1) lo_eph = 32768;
-        fclose(pr);
-    }
-    bool bound = false;
-    for (int k = 0; lfd >= 0 && k < 64 && lo_eph > 11024 && !bound; k++) {
-        unsigned r = 0;
-        if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r)) break;
-        uint16_t port = (uint16_t)(10000 + r % (unsigned)(lo_eph - 10000));
-        if (sa.ss_family == AF_INET)
-            ((struct sockaddr_in *)&sa)->sin_port = htons(port);
-        else
-            ((struct sockaddr_in6 *)&sa)->sin6_port = htons(port);
-        bound = bind(lfd, (struct sockaddr *)&sa, sl) == 0;
-    }
-    if (!bound) {
-        if (sa.ss_family == AF_INET)
-            ((struct sockaddr_in *)&sa)->sin_port = 0;
-        else
-            ((struct sockaddr_in6 *)&sa)->sin6_port = 0;
-    }
+    bool bound = bind_low_port(lfd, &sa, sl);
     if (lfd < 0 || (!bound && bind(lfd, (struct sockaddr *)&sa, sl) != 0) ||
         listen(lfd, 1024) != 0 || getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
         fprintf(stderr, "cohortrun: cannot listen on %s: %s\n", g.store_host, strerror(errno));
         return 1;
     }
-    int port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
-                                             : ((struct sockaddr_in6 *)&sa)->sin6_port);
+    int port = get_port(&sa);
+    int master_port = reserve_port(&sa, sl);
+    if (master_port == 0) {
+        fprintf(stderr, "cohortrun: no free port for MASTER_PORT on %s\n", g.store_host);
+        return 1;
+    }
 
     g.loop = uv_default_loop();
     uv_timer_init(g.loop, &g.kill_timer);
@@ -433,14 +500,16 @@ int main(int argc, char **argv)
     /* The environment every rank shares, minus the variables set per rank. */
     size_t nenv = 0;
     while (environ[nenv]) nenv++;
-    static const char *const ours[] = {
-        "COHORT_RANK=",     "COHORT_WORLD_SIZE=", "COHORT_LOCAL_RANK=", "COHORT_STORE=",
-        "COHORT_STORE_FD=", "COHORT_TOKEN=",      "COHORT_NICS=",       "COHORT_LOCAL_SIZE="};
+    static const char *const ours[] = {"COHORT_RANK=",  "COHORT_WORLD_SIZE=", "COHORT_LOCAL_RANK=",
+                                       "COHORT_STORE=", "COHORT_STORE_FD=",   "COHORT_TOKEN=",
+                                       "COHORT_NICS=",  "COHORT_LOCAL_SIZE=", "RANK=",
+                                       "WORLD_SIZE=",   "LOCAL_RANK=",        "LOCAL_WORLD_SIZE=",
+                                       "MASTER_ADDR=",  "MASTER_PORT="};
     g.ranks = calloc((size_t)g.n, sizeof(rank_t));
     for (int r = 0; r < g.n; r++) {
         rank_t *rk = &g.ranks[r];
         rk->id = r;
-        char **env = calloc(nenv + 16, sizeof(char *));
+        char **env = calloc(nenv + 24, sizeof(char *));
         size_t e = 0, ours_from;
         for (size_t k = 0; k < nenv; k++) {
             bool skip = false;
@@ -458,6 +527,13 @@ int main(int argc, char **argv)
             xasprintf(sa.ss_family == AF_INET ? "COHORT_STORE=%s:%d" : "COHORT_STORE=[%s]:%d",
                       g.store_host, port);
         env[e++] = xasprintf("COHORT_TOKEN=%s", g.token);
+        /* torch's (torch.distributed's env:// rendezvous, torchrun's names) */
+        env[e++] = xasprintf("RANK=%d", r);
+        env[e++] = xasprintf("WORLD_SIZE=%d", g.n);
+        env[e++] = xasprintf("LOCAL_RANK=%d", r);
+        env[e++] = xasprintf("LOCAL_WORLD_SIZE=%d", g.n);
+        env[e++] = xasprintf("MASTER_ADDR=%s", g.store_host);
+        env[e++] = xasprintf("MASTER_PORT=%d", master_port);
         if (g.nics) env[e++] = xasprintf("COHORT_NICS=%s", g.nics);
         if (r == 0) env[e++] = xasprintf("COHORT_STORE_FD=%d", 3);
         if (shm_dir[0]) env[e++] = xasprintf("COHORT_SHM_DIR=%s", shm_dir);
@@ -521,5 +597,6 @@ int main(int argc, char **argv)
     uv_loop_close(g.loop);
     free(g.ranks);
     if (shm_dir[0]) remove_tree(shm_dir);
+    report_interrupted();
     return g.first_fail;
 }

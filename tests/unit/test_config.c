@@ -109,7 +109,7 @@ static void test_defaults(void **state)
     assert_non_null(cfg.token);
     assert_string_equal(cfg.token, "");
     assert_string_equal(cfg.nics, "lo");
-    assert_int_equal(cfg.timeout_ms, 10000);
+    assert_int_equal(cfg.timeout_ms, 300000);
     assert_int_equal(cfg.connect_timeout_ms, 60000);
     assert_int_equal(cfg.chunk_bytes, 1 << 20);
     assert_int_equal(cfg.small_bytes, 64 << 10);
@@ -126,7 +126,7 @@ static void test_defaults(void **state)
     assert_int_equal(again.world_size, 1);
     assert_null(again.store);
     assert_string_equal(again.nics, "lo");
-    assert_int_equal(again.timeout_ms, 10000);
+    assert_int_equal(again.timeout_ms, 300000);
     assert_int_equal(again.chunk_bytes, 1 << 20);
     /* NULL is refused */
     assert_int_equal(coh_config_init(NULL), COH_EINVAL);

@@ -105,9 +105,45 @@ def _check(resp, what):
 def _array(arr, what, field):
     if not isinstance(arr, np.ndarray):
         raise errors.InvalidArgumentError(
-            "%s: %s must be a numpy.ndarray, got %s" % (what, field, type(arr).__name__),
-            field=field)
+            "%s: %s must be a numpy.ndarray or a torch.Tensor, got %s" % (
+                what, field, type(arr).__name__), field=field)
     return arr
+
+
+def _is_tensor(x):
+    t = type(x)
+    return t.__module__.startswith("torch") and hasattr(x, "data_ptr") and hasattr(x, "numpy")
+
+
+def _host(x, dtype, what, field):
+    """A torch tensor as a numpy array over the same memory (zero copy), and
+    the dtype name (bfloat16 has no numpy dtype: it goes as uint16 with
+    dtype bf16); numpy arrays pass through."""
+    if not _is_tensor(x):
+        return x, dtype
+    if x.device.type != "cpu":
+        raise errors.InvalidArgumentError(
+            "%s: %s is on %s: the cohort package reduces CPU tensors (move it with .cpu(), "
+            "or use torch.distributed with backend 'cohort')" % (what, field, x.device),
+            field=field)
+    if not x.is_contiguous():
+        raise errors.InvalidArgumentError(
+            "%s: %s is not contiguous (strides %s): cohort works in place on the tensor's "
+            "memory; pass tensor.contiguous() and copy the result back" % (
+                what, field, tuple(x.stride())), field=field)
+    x = x.detach()
+    name = str(x.dtype).replace("torch.", "")
+    if name == "bfloat16":
+        return x.view(_torch_int16(x)).numpy().view(np.uint16), dtype or "bf16"
+    if name not in _ALIASES:
+        raise errors.DtypeError("%s: unsupported dtype %s (supported: %s)" % (
+            what, x.dtype, ", ".join(SUPPORTED_DTYPES)), field="dtype")
+    return x.numpy(), dtype
+
+
+def _torch_int16(x):
+    import torch  # only reached with a torch tensor in hand
+    return torch.int16
 
 
 def _dtype_of(arr, dtype, what, field="array"):
@@ -154,7 +190,34 @@ def _tensor(arr, what, field, writable=True):
     return {"addr": arr.__array_interface__["data"][0], "nbytes": n}
 
 
+_TORCH_OPS = None
+
+
+def _torch_op(op, what):
+    """torch.distributed.ReduceOp.SUM (or its RedOpType) -> "sum"; None if op
+    is not one."""
+    global _TORCH_OPS
+    if "ReduceOp" not in type(op).__qualname__ and "RedOpType" not in type(op).__qualname__:
+        return None
+    if _TORCH_OPS is None:
+        import torch.distributed as dist
+        R = dist.ReduceOp
+        _TORCH_OPS = [(R.SUM, "sum"), (R.AVG, "avg"), (R.PRODUCT, "prod"), (R.MIN, "min"),
+                      (R.MAX, "max")]
+    for k, v in _TORCH_OPS:
+        if op == k:
+            return v
+    import torch.distributed as dist
+    kinds = getattr(dist.ReduceOp, "RedOpType", None)
+    label = next((k for k, v in getattr(kinds, "__members__", {}).items() if op == v), op)
+    raise errors.InvalidArgumentError(
+        "%s: unsupported torch ReduceOp %s (SUM, AVG, PRODUCT, MIN, MAX are)" % (what, label),
+        field="op")
+
+
 def _op(op, what):
+    if not isinstance(op, str):
+        op = _torch_op(op, what) or op
     if not isinstance(op, str) or op not in OPS:
         shown = repr(op) if isinstance(op, str) else "of type %s" % type(op).__name__
         raise errors.InvalidArgumentError("%s: unknown op %s (one of %s)" % (
@@ -672,6 +735,7 @@ class Context:
             shown = repr(algo) if isinstance(algo, str) else "of type %s" % type(algo).__name__
             raise errors.InvalidArgumentError("%s: unknown algo %s (one of %s)" % (
                 what, shown, ", ".join(ALLREDUCE_ALGOS)), field="algo")
+        arr, dtype = _host(arr, dtype, what, "array")
         t = _tensor(arr, what, "array")
         req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "op": _op(op, what), "buf": t}
         if iteration is not None:
@@ -707,6 +771,7 @@ class Context:
             raise errors.InvalidArgumentError(
                 "%s: src %d is not a rank of a world of %d" % (what, src, self._size), field="root")
         src = int(src)
+        arr, dtype = _host(arr, dtype, what, "array")
         t = _tensor(arr, what, "array")
         req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "root": src, "buf": t}
         return self._submit(req, (arr,), what, async_op)
@@ -716,6 +781,9 @@ class Context:
         order. input None: in place, this rank's block of output is its input."""
         what = "allgather"
         async_op = _flag(async_op, what, "async", "async_op")
+        output, dtype = _host(output, dtype, what, "output")
+        if input is not None:
+            input, _ = _host(input, dtype, what, "input")  # noqa: A001
         name = _dtype_of(output, dtype, what, "output")
         req = {"type": what, "dtype": name, "recv": _tensor(output, what, "output")}
         keep = (output,)
@@ -745,6 +813,9 @@ class Context:
         input and the result is left in output's block `rank`."""
         what = "reduce_scatter"
         async_op = _flag(async_op, what, "async", "async_op")
+        output, dtype = _host(output, dtype, what, "output")
+        if input is not None:
+            input, _ = _host(input, dtype, what, "input")  # noqa: A001
         name = _dtype_of(output, dtype, what, "output")
         req = {"type": what, "dtype": name, "op": _op(op, what),
                "recv": _tensor(output, what, "output")}
@@ -790,6 +861,7 @@ class Context:
             shown = repr(mode) if isinstance(mode, str) else "of type %s" % type(mode).__name__
             raise errors.InvalidArgumentError("sync: unknown mode %s (one of %s)" % (
                 shown, ", ".join(SYNC_MODES)), field="mode")
+        arr, dtype = _host(arr, dtype, what, "array")
         t = _tensor(arr, what, "array")
         req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "buf": t,
                "iteration": iteration, "weight": weight}

@@ -4,16 +4,18 @@ gradient buckets with cohort instead of the process group's allreduce.
     import torch, cohort
     from cohort.torch_hook import register
     cohort.init()
-    torch.distributed.init_process_group("gloo", ...)   # DDP still needs one
+    torch.distributed.init_process_group("gloo", ...)
     model = torch.nn.parallel.DistributedDataParallel(net)
     register(model)                                    # gradients go through cohort
+
+With the "cohort" backend (cohort.torch) DDP needs no hook and no gloo
+group: dist.init_process_group("cohort") and plain DDP(net) run on cohort.
 
 CPU tensors are reduced in place (zero copy through numpy); CUDA tensors are
 staged through host memory (cohort's CUDA path is not in this build).
 """
 import concurrent.futures
 
-import numpy as np
 import torch
 
 from . import _core
@@ -38,13 +40,6 @@ class HookState:
         raise TypeError("cohort.torch_hook.HookState cannot be pickled")
 
 
-def _as_numpy(t):
-    """A numpy view of a contiguous CPU tensor, and the cohort dtype name."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16), "bf16"
-    return t.numpy(), None
-
-
 def allreduce_hook(state, bucket):
     """DDP comm hook: average bucket.buffer() over the ranks with cohort."""
     if isinstance(state, _core.Context):
@@ -58,8 +53,7 @@ def allreduce_hook(state, bucket):
         host = host.to("cpu")
     if not host.is_contiguous():
         host = host.contiguous()
-    arr, dt = _as_numpy(host)
-    work = state.ctx.allreduce(arr, op=state.op, async_op=True, dtype=dt)
+    work = state.ctx.allreduce(host, op=state.op, async_op=True)  # zero copy on CPU
     fut = torch.futures.Future()
 
     def finish():

@@ -18,7 +18,9 @@ def run_alone(code):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     for k in list(env):
-        if k.startswith("COHORT_") and k != "COHORT_LIBRARY":
+        if (k.startswith("COHORT_") and k != "COHORT_LIBRARY") or k in (
+                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT"):  # cohortrun sets torch's too
             del env[k]
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
@@ -64,7 +66,7 @@ def test_dtype_argument(ctx):
         cohort.allreduce(np.zeros(4, np.float32), dtype="bf16")
     with pytest.raises(cohort.InvalidArgumentError, match="unknown op of type ndarray"):
         cohort.allreduce(np.zeros(4, np.float32), np.zeros(4, np.float32))
-    with pytest.raises(cohort.InvalidArgumentError, match="must be a numpy.ndarray, got list"):
+    with pytest.raises(cohort.InvalidArgumentError, match="must be a numpy.ndarray or a torch.Tensor, got list"):
         cohort.allreduce([1.0, 2.0])
 
 
@@ -281,7 +283,7 @@ def test_non_arrays_everywhere(ctx, size, x, async_op):
     ]
     for field, call in calls:
         with pytest.raises(cohort.InvalidArgumentError,
-                           match="%s must be a numpy.ndarray, got %s" % (
+                           match="%s must be a numpy.ndarray or a torch.Tensor, got %s" % (
                                field, type(x).__name__)) as e:
             call()
         assert e.value.field == field and isinstance(e.value, ValueError)
