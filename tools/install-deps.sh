@@ -12,9 +12,10 @@ pkgs=(
   iproute2 nftables                            # namespace cluster tests
   libgloo-dev openmpi-bin libopenmpi-dev       # side-by-side benchmarks
 )
-# The DDP hook's test (ffi/python/tests/test_torch.py) runs when torch imports;
-# python3-torch is ~560 MB with its 160 dependencies, so only on request.
-if [ "${COHORT_DEPS_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch); fi
+# torch 1.13 and its C++ headers: the torch.distributed backend (ffi/torch) and
+# its tests. ~700 MB with ~240 dependencies (about 2-4 minutes on a fresh
+# machine); tools/test.sh asks for them (COHORT_DEPS_TORCH=1), the demo does not.
+if [ "${COHORT_DEPS_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch libtorch-dev pybind11-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,11 +5,14 @@ use the library it was built with, the build copies that library into
 cohort/_lib/: the one named by $COHORT_LIBRARY at install time, else the
 first of <repo>/build/lib, <repo>/build-ffi/lib found next to this source
 tree. Without either, the package is pure Python and finds the library at
-run time ($COHORT_LIBRARY or the system's search path).
+run time ($COHORT_LIBRARY or the system's search path). The torch backend's
+module (_c10d, built where torch's headers are) is bundled beside it when it
+sits next to that library, or $COHORT_TORCH_EXT names it.
 
     COHORT_LIBRARY=$PWD/build/lib/libcohort.so \
         python3 -m pip install --no-deps --no-build-isolation ./ffi/python
 """
+import glob
 import os
 import shutil
 
@@ -34,6 +37,18 @@ def built_library():
     return None
 
 
+def built_torch_extension(lib):
+    """The torch.distributed backend's module (_c10d) built with lib: from
+    $COHORT_TORCH_EXT, else beside lib (build/lib); None without one."""
+    env = os.environ.get("COHORT_TORCH_EXT")
+    if env:
+        return env if os.path.isfile(env) else None
+    if not lib:
+        return None
+    found = sorted(glob.glob(os.path.join(os.path.dirname(lib), "_c10d*.so")))
+    return found[0] if found else None
+
+
 class BuildPy(build_py):
     def run(self):
         super().run()
@@ -43,6 +58,10 @@ class BuildPy(build_py):
             os.makedirs(dest, exist_ok=True)
             shutil.copyfile(lib, os.path.join(dest, "libcohort.so"))  # follows the symlinks
             print("cohort: bundling %s" % lib)
+            ext = built_torch_extension(lib)
+            if ext:  # cohort.torch loads it after the bundled libcohort (same soname)
+                shutil.copyfile(ext, os.path.join(dest, os.path.basename(ext)))
+                print("cohort: bundling the torch backend %s" % ext)
         else:
             print("cohort: no libcohort.so to bundle; set COHORT_LIBRARY at run time")
 

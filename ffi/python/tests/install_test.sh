@@ -24,5 +24,22 @@ with cohort.init() as ctx:
     cohort.allreduce(a)
     assert list(a) == [0, 1, 2, 3]
 print("installed package OK:", p)
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None and any(f.startswith("_c10d") for f in os.listdir(os.path.dirname(p))):
+    import torch.distributed as dist, cohort.torch
+    assert "site-packages" in cohort.torch.extension_path(), cohort.torch.extension_path()
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    dist.init_process_group("cohort", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    print("installed torch backend OK:", cohort.torch.extension_path())
 PY
 "$work/venv/bin/python" -m pip uninstall -q -y cohort

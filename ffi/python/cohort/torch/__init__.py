@@ -34,6 +34,8 @@ _here = os.path.dirname(os.path.abspath(__file__))
 
 
 def _candidates():
+    """$COHORT_TORCH_EXT; the package's _lib/ (pip install, cmake --install);
+    the build tree this source tree sits in."""
     env = os.environ.get("COHORT_TORCH_EXT")
     if env:
         return [env]
@@ -45,13 +47,6 @@ def _candidates():
         p = os.path.join(repo, d, "lib", "_c10d" + suffix)
         if os.path.exists(p):
             found.append(p)
-    try:
-        from .. import _paths  # written by cmake --install
-        p = getattr(_paths, "TORCH_EXTENSION", None)
-        if p and os.path.exists(p):
-            found.append(p)
-    except ImportError:
-        pass
     return found
 
 
