@@ -12,10 +12,7 @@
  *   test_collectives            the full matrix
  *   test_collectives --big MiB  one large f32 allreduce, checked exactly
  */
-#include <math.h>
-#include <stdint.h>
-
-#include "gpu/gpu.h"
+#include "mp_data.h"
 #include "mp_util.h"
 
 static int R, N;
@@ -24,83 +21,24 @@ static coh_comm_t *W;
 static const coh_dtype DTYPES[] = {COH_F32, COH_F64, COH_F16, COH_BF16, COH_I32, COH_I64, COH_U8};
 static const coh_redop OPS[] = {COH_SUM, COH_AVG, COH_MIN, COH_MAX, COH_PROD};
 
-/* The value rank r contributes at index i (prod uses +-1, +-2 so 7 ranks stay exact). */
+/* mp_data.h's values for this world. */
 static double val(coh_dtype dt, coh_redop op, int r, size_t i, int seed)
 {
-    unsigned k = (unsigned)(r * 7 + (int)(i % 1000003) * 13 + seed * 5);
-    if (op == COH_PROD) {
-        static const double p[] = {1, 2, -1, -2};
-        double v = p[k % 4];
-        return dt == COH_U8 ? fabs(v) : v;
-    }
-    double v = (double)(k % 17) - 8.0;
-    return dt == COH_U8 ? v + 8.0 : v;
+    return mpd_val(dt, op, r, i, (unsigned)seed, N);
 }
 
-static void put(void *buf, coh_dtype dt, size_t i, double v)
-{
-    switch (dt) {
-    case COH_F32: ((float *)buf)[i] = (float)v; break;
-    case COH_F64: ((double *)buf)[i] = v; break;
-    case COH_F16: ((uint16_t *)buf)[i] = gpu_f32_to_f16((float)v); break;
-    case COH_BF16: ((uint16_t *)buf)[i] = gpu_f32_to_bf16((float)v); break;
-    case COH_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case COH_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case COH_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double get(const void *buf, coh_dtype dt, size_t i)
-{
-    switch (dt) {
-    case COH_F32: return ((const float *)buf)[i];
-    case COH_F64: return ((const double *)buf)[i];
-    case COH_F16: return gpu_f16_to_f32(((const uint16_t *)buf)[i]);
-    case COH_BF16: return gpu_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case COH_I32: return ((const int32_t *)buf)[i];
-    case COH_I64: return (double)((const int64_t *)buf)[i];
-    case COH_U8: return ((const uint8_t *)buf)[i];
-    default: return NAN;
-    }
-}
-
-static bool is_int(coh_dtype dt)
-{
-    return dt == COH_I32 || dt == COH_I64 || dt == COH_U8;
-}
+#define put mpd_put
+#define get mpd_get
 
 static double expect(coh_dtype dt, coh_redop op, size_t i, int seed, int nranks)
 {
-    double acc = val(dt, op, 0, i, seed);
-    for (int r = 1; r < nranks; r++) {
-        double v = val(dt, op, r, i, seed);
-        switch (op) {
-        case COH_SUM:
-        case COH_AVG: acc += v; break;
-        case COH_PROD: acc *= v; break;
-        case COH_MIN: acc = v < acc ? v : acc; break;
-        case COH_MAX: acc = v > acc ? v : acc; break;
-        default: break;
-        }
-    }
-    if (op == COH_AVG) acc = is_int(dt) ? trunc(acc / nranks) : acc / nranks;
-    return acc;
+    return mpd_expect(dt, op, i, (unsigned)seed, nranks);
 }
 
 static void check_val(const char *what, coh_dtype dt, coh_redop op, size_t count, size_t i,
                       double got, double want)
 {
-    double tol = 0;
-    switch (dt) {
-    case COH_F32: tol = 1e-6; break;
-    case COH_F64: tol = 1e-12; break;
-    case COH_F16: tol = 2e-3; break;
-    case COH_BF16: tol = 1e-2; break;
-    default: break;
-    }
-    double scale = fabs(want) > 1 ? fabs(want) : 1;
-    if (!(fabs(got - want) <= tol * scale))
+    if (!mpd_close(dt, got, want))
         MP_FAIL("%s %s %s count=%zu: element %zu is %.9g, expected %.9g", what, coh_dtype_name(dt),
                 coh_redop_name(op), count, i, got, want);
 }
