@@ -622,7 +622,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         }
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
         ff_pack_str(&pk, "stats");
-        msgpack_pack_map(&pk, 22);
+        msgpack_pack_map(&pk, 33);
         ff_pack_kv_uint(&pk, "bytes_sent", s.bytes_sent);
         ff_pack_kv_uint(&pk, "bytes_received", s.bytes_received);
         ff_pack_kv_uint(&pk, "requests_completed", s.requests_completed);
@@ -645,6 +645,17 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_uint(&pk, "shm_bytes_sent", s.shm_bytes_sent);
         ff_pack_kv_uint(&pk, "shm_bytes_received", s.shm_bytes_received);
         ff_pack_kv_uint(&pk, "shm_cma_bytes_received", s.shm_cma_bytes_received);
+        ff_pack_kv_uint(&pk, "probes", s.probes);
+        ff_pack_kv_uint(&pk, "syncs", s.syncs);
+        ff_pack_kv_uint(&pk, "sync_wait_us", s.sync_wait_us);
+        ff_pack_kv_uint(&pk, "sync_comm_us", s.sync_comm_us);
+        ff_pack_kv_uint(&pk, "sync_members", s.sync_members);
+        ff_pack_kv_uint(&pk, "sync_full", s.sync_full);
+        ff_pack_kv_uint(&pk, "sync_relayed", s.sync_relayed);
+        ff_pack_kv_uint(&pk, "sync_retries", s.sync_retries);
+        ff_pack_kv_uint(&pk, "ranks_failed", s.ranks_failed);
+        ff_pack_kv_uint(&pk, "loss_bytes_expected", s.loss_bytes_expected);
+        ff_pack_kv_uint(&pk, "loss_bytes_missed", s.loss_bytes_missed);
         break;
     }
     case FF_EVENT_CLEAR:

@@ -355,6 +355,18 @@ typedef struct coh_stats {
     /* Of shm_bytes_received, the payload read straight from the sender's
      * memory (single copy, COHORT_SHM_CMA_BYTES). */
     uint64_t shm_cma_bytes_received;
+    /* Syncs (coh_sync, relay allreduces) this rank completed: their summed
+     * wait for a group (from READY to the plan) and exchange time, the
+     * sizes of their groups summed (sync_members / syncs: the mean group),
+     * how many had every live rank, and how many this rank relayed (it was
+     * late when its group started: a straggler as the coordinator saw it);
+     * attempts whose group failed and were tried again. */
+    uint64_t syncs, sync_wait_us, sync_comm_us, sync_members, sync_full, sync_relayed, sync_retries;
+    /* World ranks this rank knows failed (coh_comm_failed_ranks). */
+    uint64_t ranks_failed;
+    /* Bounded-loss allreduces: the bytes their datagram receives expected
+     * and those they missed (loss fraction = missed / expected). */
+    uint64_t loss_bytes_expected, loss_bytes_missed;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went

@@ -1238,14 +1238,18 @@ static void apply_ready(rx_coord_t *c, int r)
     cr->t_ready_ns = bs_now_ns();
 }
 
-/* The mode a rank is syncing in right now, or -1. */
+/* The mode a rank waits to be grouped in, or -1. Only waiting ranks can end
+ * up in one group, so only theirs must agree: a rank whose group is already
+ * planned is not compared. (It was: a group's last DONE can reach this
+ * reactor after another rank, past the collective that followed the sync,
+ * is READY in the next mode; that rank was refused with a false EMISMATCH,
+ * found by cohort-load switching modes across collectives.) */
 static int mode_of(rx_coord_t *c, int r)
 {
     co_rank_t *cr = &c->ranks[r];
     if (cr->lost || cr->left) return -1;
     if (cr->has_ready || cr->deferred) return (int)cr->ready.mode;
-    co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
-    return g ? g->mode : -1;
+    return -1;
 }
 
 /* A READY in `mode` from r while another rank syncs in a different one:

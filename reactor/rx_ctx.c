@@ -974,6 +974,17 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
     s->requests_completed = atomic_load(&ctx->n_completed);
     s->requests_failed = atomic_load(&ctx->n_failed);
     s->probes = atomic_load(&ctx->n_probes);
+    s->syncs = atomic_load(&ctx->n_syncs);
+    s->sync_wait_us = atomic_load(&ctx->sync_wait_ns) / 1000;
+    s->sync_comm_us = atomic_load(&ctx->sync_comm_ns) / 1000;
+    s->sync_members = atomic_load(&ctx->sync_members);
+    s->sync_full = atomic_load(&ctx->sync_full);
+    s->sync_relayed = atomic_load(&ctx->sync_relayed);
+    s->sync_retries = atomic_load(&ctx->sync_retries);
+    int nf = coh_comm_failed_ranks(&ctx->world_comm, NULL, 0);
+    s->ranks_failed = nf > 0 ? (uint64_t)nf : 0;
+    s->loss_bytes_expected = atomic_load(&ctx->loss_expected);
+    s->loss_bytes_missed = atomic_load(&ctx->loss_missed);
     return 0;
 }
 

@@ -69,6 +69,9 @@ struct coh_ctx {
     coh_comm_t *comms;                     /* world_comm, then communicators made from it */
     uint32_t probe_no;                     /* coh_probe calls (every rank the same) */
     _Atomic uint64_t n_probes;
+    /* coh_stats_t's sync and loss counters (rx_member.c, rx_request.c) */
+    _Atomic uint64_t n_syncs, sync_wait_ns, sync_comm_ns, sync_members, sync_full, sync_relayed,
+        sync_retries, loss_expected, loss_missed;
     /* Who shares this host (COHORT_HOST_ID, else the boot id): same_host
      * and shm_peer are world entries, learned at bootstrap; shm_peer: the
      * link goes through shared memory on every rail (both sides have it). */

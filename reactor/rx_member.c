@@ -84,6 +84,19 @@ static void send_shrink(rx_member_t *m);
 
 /* ---- finishing ---- */
 
+/* A sync completed: coh_stats_t's sync counters. */
+static void count_sync(struct coh_ctx *ctx, const rx_syncreq_t *s)
+{
+    if (s->t_plan_ns > s->t_start_ns)
+        atomic_fetch_add(&ctx->sync_wait_ns, s->t_plan_ns - s->t_start_ns);
+    if (s->t_done_ns > s->t_plan_ns)
+        atomic_fetch_add(&ctx->sync_comm_ns, s->t_done_ns - s->t_plan_ns);
+    atomic_fetch_add(&ctx->n_syncs, 1);
+    atomic_fetch_add(&ctx->sync_members, (uint64_t)(s->nmembers > 0 ? s->nmembers : 1));
+    if (s->full) atomic_fetch_add(&ctx->sync_full, 1);
+    if (s->relayed) atomic_fetch_add(&ctx->sync_relayed, 1);
+}
+
 /* Loop thread. The sync is over: publish the result and wake the caller. */
 static void finish(rx_member_t *m, coh_request_t *req, int status, const char *why)
 {
@@ -93,6 +106,7 @@ static void finish(rx_member_t *m, coh_request_t *req, int status, const char *w
     else if (s->count)
         memcpy(s->buf, s->scratch, s->count * coh_dtype_size(s->dtype));
     s->t_done_ns = bs_now_ns();
+    if (status >= 0) count_sync(req->ctx, s);
     if (m) {
         m->pending = NULL;
         m->last_done_ns = s->t_done_ns;
@@ -658,6 +672,7 @@ static void handle_commit(rx_member_t *m, const rx_ctl_commit_t *c)
            "trying again",
            m->ctx->rank, (unsigned long long)c->group_id);
     reset_attempt(s);
+    atomic_fetch_add(&m->ctx->sync_retries, 1);
     if (s->retries_left-- <= 0) {
         finish(m, req, c->status,
                "a relay group failed before every member had its result, "
@@ -908,6 +923,7 @@ static void attempt_end(rx_task_t *t, rx_reactor_t *rx)
                (unsigned long long)s->group_id, req->err);
         s->retries_left--;
         reset_attempt(s);
+        atomic_fetch_add(&m->ctx->sync_retries, 1);
         req->err[0] = 0;
         atomic_store(&req->status, 0);
         atomic_store(&req->err_set, 0);
@@ -1468,6 +1484,7 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
         s->full = 1;
         s->total_weight = weight;
         s->t_start_ns = s->t_ready_ns = s->t_plan_ns = s->t_done_ns = bs_now_ns();
+        count_sync(ctx, s);
         coh_free(rt);
         rx_request_complete(req);
         *out = req;

@@ -75,6 +75,16 @@ void rx_request_complete(coh_request_t *req)
 {
     struct coh_ctx *ctx = req->ctx;
     req->t_done_ns = bs_now_ns();
+    /* coh_stats_t's loss counters: the datagram stages of a bounded-loss op */
+    uint64_t want = 0, lost = 0;
+    for (int s = 0; s < req->nslices; s++) {
+        want += req->slice[s].stage_bytes[SC_STAGE_PUSH] + req->slice[s].stage_bytes[SC_STAGE_PULL];
+        lost += req->slice[s].lost_bytes[SC_STAGE_PUSH] + req->slice[s].lost_bytes[SC_STAGE_PULL];
+    }
+    if (want) {
+        atomic_fetch_add(&ctx->loss_expected, want);
+        atomic_fetch_add(&ctx->loss_missed, lost);
+    }
     int failed = atomic_load(&req->status) < 0;
     atomic_store(&req->state, RX_REQ_DONE); /* seq_cst: then read waiters (Dekker with coh_wait) */
     if (atomic_load(&req->waiters) > 0) futex_wake_all(req);

@@ -9,7 +9,10 @@
  *   - a rank that left is not waited for, even in allreduce mode;
  *   - results are the weighted mean of the group, in every mode;
  *   - a malformed READY (a weight no API call lets through) takes only its
- *     sender out: the coordinator stays up and the others sync on.
+ *     sender out: the coordinator stays up and the others sync on;
+ *   - a READY in another mode while a group of the old mode is still
+ *     exchanging is no mode disagreement (cohort-load found the false
+ *     EMISMATCH).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -110,11 +114,19 @@ static void sync_once(world_t *w, int r, coh_ctx_t *ctx, size_t count)
     double x[8];
     for (size_t i = 0; i < count; i++) x[i] = r + 1;
     coh_request_t *req;
+    coh_stats_t s0, s1;
+    assert_int_equal(coh_ctx_stats(ctx, &s0), 0);
     assert_int_equal(coh_sync(world, x, count, COH_F64, 0, r + 1, &req), 0);
     w->status[r] = coh_wait(req, 15000);
     coh_group_info_t g;
     if (w->status[r] == 0) {
         assert_int_equal(coh_request_group(req, &g), 0);
+        /* the stats count it: one sync, its group, its times */
+        assert_int_equal(coh_ctx_stats(ctx, &s1), 0);
+        assert_int_equal(s1.syncs, s0.syncs + 1);
+        assert_int_equal(s1.sync_members, s0.sync_members + (uint64_t)g.size);
+        assert_int_equal(s1.sync_full, s0.sync_full + (g.full ? 1 : 0));
+        assert_true(s1.sync_wait_us + s1.sync_comm_us >= s0.sync_wait_us + s0.sync_comm_us);
         w->gsize[r] = g.size;
         w->result[r] = x[0];
         /* sum((m+1) * (m+1)) / sum(m+1) over the members */
@@ -241,6 +253,49 @@ static void malformed_fn(world_t *w, int r, coh_ctx_t *ctx)
     }
 }
 
+/* Ranks 0 and 1 sync a large buffer in allreduce mode (rank 2 has left);
+ * while they exchange, rank 2 syncs alone in partial mode. The planned
+ * group is not a rank waiting in another mode: no EMISMATCH. */
+#define BIG_COUNT (48u << 20) /* 384 MiB of f64: an exchange of about a second */
+static void mode_switch_fn(world_t *w, int r, coh_ctx_t *ctx)
+{
+    coh_comm_t *world;
+    coh_ctx_world(ctx, &world);
+    if (r == 2) {
+        assert_int_equal(coh_sync_leave(world), 0);
+        while (atomic_load(&w->finished) < 2) usleep(1000); /* both submitted */
+        usleep(100000); /* their group is planned and exchanging */
+        double x = 3;
+        coh_request_t *req;
+        assert_int_equal(coh_sync_ex(world, &x, 1, COH_F64, 1, 1.0, COH_SYNC_PARTIAL, &req), 0);
+        w->status[2] = coh_wait(req, 15000);
+        coh_request_free(req);
+        return;
+    }
+    usleep(100000); /* rank 2's LEAVE first */
+    double *x = malloc(BIG_COUNT * sizeof(double));
+    assert_non_null(x);
+    for (size_t i = 0; i < BIG_COUNT; i++) x[i] = r;
+    coh_request_t *req;
+    assert_int_equal(coh_sync_ex(world, x, BIG_COUNT, COH_F64, 0, 1.0, COH_SYNC_ALLREDUCE, &req),
+                     0);
+    atomic_fetch_add(&w->finished, 1);
+    w->status[r] = coh_wait(req, 15000);
+    coh_request_free(req);
+    free(x);
+    assert_int_equal(coh_sync_leave(world), 0);
+}
+
+static void test_mode_switch_while_exchanging(void **state)
+{
+    (void)state;
+    world_t w;
+    run_world(&w, 3, COH_SYNC_ALLREDUCE, mode_switch_fn);
+    assert_int_equal(w.status[0], 0);
+    assert_int_equal(w.status[1], 0);
+    assert_int_equal(w.status[2], 0);
+}
+
 static void test_malformed_ready(void **state)
 {
     (void)state;
@@ -354,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_mismatched_counts),
         cmocka_unit_test(test_left_rank_not_waited_for),
         cmocka_unit_test(test_malformed_ready),
+        cmocka_unit_test(test_mode_switch_while_exchanging),
         cmocka_unit_test(test_every_mode),
         cmocka_unit_test(test_finalize_cancels),
         cmocka_unit_test(test_coordinator_counts_strangers),

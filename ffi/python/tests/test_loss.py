@@ -53,10 +53,14 @@ def test_loss_bound_with_drops():
         del os.environ["COHORT_TEST_UDP_DROP_PPM"]
     try:
         n = 1 << 18
+        want = [0, 0]  # (expected, missed) bytes the results report, per rank
+        missed = [0, 0]
         for _ in range(3):
             arrays = [np.full(n, 1 << r, dtype=np.float64) for r in (0, 1)]
             res = run_pair(ctxs, arrays, loss_bound=0.1, pull_loss_bound=0.02)
             for rank, (a, r) in enumerate(zip(arrays, res)):
+                want[rank] += r.loss["push_bytes"] + r.loss["pull_bytes"]
+                missed[rank] += r.loss["push_lost_bytes"] + r.loss["pull_lost_bytes"]
                 assert r.loss["push_lost"] <= 0.1 and r.loss["pull_lost"] <= 0.02
                 # 3: both arrived; this rank's own value: a lost pull, or a
                 # lost push into this rank's block (what its report counts);
@@ -64,6 +68,11 @@ def test_loss_bound_with_drops():
                 assert set(np.unique(a)) <= {3.0, 1.0, 2.0}
                 own = int(np.count_nonzero(a == float(1 << rank))) * 8
                 assert own == r.loss["push_lost_bytes"] + r.loss["pull_lost_bytes"]
+        # cohort.stats(): the same bytes summed (loss fraction = missed / expected)
+        for rank, c in enumerate(ctxs):
+            st = c.stats()
+            assert st["loss_bytes_expected"] == want[rank] > 0, (st, want)
+            assert st["loss_bytes_missed"] == missed[rank], (st, missed)
     finally:
         finalize(ctxs)
 

@@ -34,9 +34,11 @@ def fresh_context(ctx, **cfg):
 @pytest.mark.parametrize("mode", ["allreduce", "partial", "selective", "relay"])
 def test_sync_groups(ctx, rank, size, mode):
     with fresh_context(ctx, sync_mode=mode) as c:
+        members = relayed = full = 0
         for it in range(3 + rank):  # rank r takes 3 + r steps
             a = np.full(16, float(rank + 1), np.float32)
             res = c.sync(a, iteration=it, weight=1.0)
+            members, relayed, full = members + res.size, relayed + res.relayed, full + res.full
             assert res.type == "sync"
             assert rank in res.members and res.size == len(res.members) >= 1
             assert res.wait_us >= 0 and res.comm_us >= 0 and res.total_weight > 0
@@ -53,6 +55,11 @@ def test_sync_groups(ctx, rank, size, mode):
                 assert res.relays == [] and not res.relayed and res.phase2 == 0
             want = np.mean([m + 1 for m in res.members])
             np.testing.assert_allclose(a, want, rtol=1e-6)
+        # cohort.stats() sums what the results said (coh_ctx_stats' sync counters)
+        st = c.stats()
+        assert st["syncs"] == 3 + rank and st["sync_members"] == members, st
+        assert st["sync_relayed"] == relayed and st["sync_full"] == full, st
+        assert st["sync_wait_us"] >= 0 and st["sync_comm_us"] >= 0 and st["ranks_failed"] == 0
         c.sync_leave()  # no group waits for a rank that is done
         c.barrier()  # the coordinator (rank 0) stays until everyone is done
 
