@@ -81,6 +81,7 @@ static struct {
     double max_rss_growth_mb;
     int max_fd_growth;
     size_t sync_bytes;
+    const char *csv; /* per-rank progress rows, "%d" = the rank */
     int64_t test_corrupt, test_stall;
 } o = {.sync_bytes = 256 << 10,
        .duration_s = 30,
@@ -540,6 +541,49 @@ static int parse_modes(const char *s)
     return o.nmodes ? 0 : -1;
 }
 
+/* A CSV row of the counters so far (tools/load_plot.py): the rates come
+ * from the differences between rows. */
+static void csv_row(FILE *f, coh_ctx_t *ctx, double t)
+{
+    if (!f) return;
+    coh_stats_t cs;
+    memset(&cs, 0, sizeof(cs));
+    coh_ctx_stats(ctx, &cs);
+    uint64_t nerr = 0;
+    for (int e = 1; e < 16; e++) nerr += errs[e];
+    fprintf(f, "%.3f,%d,%llu,%llu,%llu,%llu,%.1f,%d,%d,%llu,%llu,%llu,%llu", t, R0,
+            (unsigned long long)ops_done, (unsigned long long)bytes_done, (unsigned long long)wrong,
+            (unsigned long long)nerr, rss_mb(), nfds(), cur_n, (unsigned long long)cs.syncs,
+            (unsigned long long)cs.sync_wait_us, (unsigned long long)cs.sync_comm_us,
+            (unsigned long long)cs.sync_members);
+    int nr = 0;
+    coh_ctx_nrails(ctx, &nr);
+    for (int r = 0; r < nr; r++) {
+        coh_stats_t rs;
+        memset(&rs, 0, sizeof(rs));
+        coh_ctx_rail_stats(ctx, r, &rs);
+        fprintf(f, ",%llu", (unsigned long long)rs.bytes_sent);
+    }
+    fprintf(f, "\n");
+    fflush(f);
+}
+
+static FILE *csv_open(coh_ctx_t *ctx)
+{
+    if (!o.csv) return NULL;
+    char path[512];
+    snprintf(path, sizeof(path), o.csv, R0);
+    FILE *f = fopen(path, "w");
+    if (!f) die(EXIT_USAGE, "--csv %s: %s", path, strerror(errno));
+    int nr = 0;
+    coh_ctx_nrails(ctx, &nr);
+    fprintf(f, "t_s,rank,ops,bytes,wrong,errors,rss_mb,fds,ranks,syncs,sync_wait_us,"
+               "sync_comm_us,sync_members");
+    for (int r = 0; r < nr; r++) fprintf(f, ",rail%d_bytes_sent", r);
+    fprintf(f, "\n");
+    return f;
+}
+
 /* 1 when any rank of cur is past --duration, else 0 (a small allreduce, in
  * sequence with the ops in flight); a status when it failed. */
 static int time_up(bool mine)
@@ -616,6 +660,8 @@ int main(int argc, char **argv)
             o.max_rss_growth_mb = atof(v);
         } else if (!strcmp(a, "--max-fd-growth")) {
             o.max_fd_growth = atoi(v);
+        } else if (!strcmp(a, "--csv")) {
+            o.csv = v;
         } else if (!strcmp(a, "--test-corrupt")) {
             o.test_corrupt = atoll(v);
         } else if (!strcmp(a, "--test-stall")) {
@@ -640,6 +686,7 @@ int main(int argc, char **argv)
     cur = W;
     cur_n = N0;
     cur_me = R0;
+    FILE *csv = csv_open(ctx);
     slot_t *win = calloc((size_t)o.max_inflight, sizeof(slot_t));
     int nin = 0;
     t0 = now_s();
@@ -669,6 +716,7 @@ int main(int argc, char **argv)
         }
         if (t >= next_progress) {
             progress(t, win, nin, t - last_t, last_ops, last_bytes);
+            csv_row(csv, ctx, t);
             last_t = t, last_ops = ops_done, last_bytes = bytes_done;
             next_progress += o.progress_s;
             double r = rss_mb();
@@ -760,6 +808,8 @@ int main(int argc, char **argv)
     } else if (unexplained) {
         code = EXIT_ERROR;
     }
+    csv_row(csv, ctx, t);
+    if (csv) fclose(csv);
     if (cur != W) coh_comm_free(cur);
     free(win);
     coh_finalize(ctx);
