@@ -619,7 +619,7 @@ static void progress(double t, const slot_t *win, int nin, double dt_s, uint64_t
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -674,7 +674,6 @@ int main(int argc, char **argv)
             usage(stderr);
             return EXIT_USAGE;
         }
-        i++;
     }
     signal(SIGPIPE, SIG_IGN);
     coh_ctx_t *ctx;
