@@ -1,4 +1,5 @@
-"""The DDP communication hook (cohort.torch_hook), when torch is installed
+"""The DDP communication hook (cohort.torch_hook) and torch tensors in the
+package's collectives, when torch is installed
 (Debian's python3-torch): gradients averaged by cohort must equal those of
 DDP's own allreduce on the same data."""
 import os
@@ -75,3 +76,37 @@ def test_ddp_matches_gloo(ctx, rank, size):
         np.testing.assert_array_equal(mx, mn)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int32, torch.int64, torch.uint8])
+def test_package_takes_tensors(ctx, rank, size, dtype):
+    """cohort.allreduce & co. on torch tensors: in place on the tensor's own
+    memory (zero copy), every dtype, torch's ReduceOp values."""
+    import torch.distributed as dist
+    t = torch.full((33,), rank + 1, dtype=dtype)
+    ptr = t.data_ptr()
+    cohort.allreduce(t, op=dist.ReduceOp.SUM)
+    assert t.data_ptr() == ptr and torch.all(t == size * (size + 1) // 2)
+    m = torch.full((5,), rank + 1, dtype=dtype)
+    cohort.allreduce(m, op=dist.ReduceOp.MAX)
+    assert torch.all(m == size)
+    b = torch.arange(7).to(dtype) if rank == 0 else torch.zeros(7, dtype=dtype)
+    cohort.broadcast(b, src=0)
+    assert torch.equal(b, torch.arange(7).to(dtype))
+    out = torch.zeros(3 * size, dtype=dtype)
+    cohort.allgather(out, torch.full((3,), rank, dtype=dtype))
+    assert torch.equal(out, torch.arange(size).repeat_interleave(3).to(dtype))
+    w = cohort.allreduce(torch.ones(4, dtype=dtype, requires_grad=dtype.is_floating_point),
+                         async_op=True)
+    w.wait()
+
+
+def test_package_refuses_what_it_cannot_reduce_in_place(ctx):
+    import torch.distributed as dist
+    with pytest.raises(cohort.InvalidArgumentError, match="not contiguous"):
+        cohort.allreduce(torch.zeros(4, 4).t())
+    with pytest.raises(cohort.DtypeError, match="unsupported dtype torch.int8"):
+        cohort.allreduce(torch.zeros(4, dtype=torch.int8))
+    with pytest.raises(cohort.InvalidArgumentError, match="unsupported torch ReduceOp BAND"):
+        cohort.allreduce(torch.zeros(4), op=dist.ReduceOp.BAND)
