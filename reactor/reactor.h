@@ -244,6 +244,8 @@ struct coh_request {
     int nslices;
     rx_slice_t slice[RX_MAX_RAILS];
     struct rx_syncreq *sync; /* partial synchronisation (rx_sync.h), else NULL */
+    const char *what;        /* the timeline's name of the op (static), NULL: "request" */
+    uint64_t bytes;          /* the timeline's: the op's bytes */
     bool deferred;           /* launched later, by whichever thread brings its rail table (rx_lb.c):
                                 its slices are not the waiter's to read */
     char err[BS_ERR_LEN];

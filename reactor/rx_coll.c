@@ -256,6 +256,8 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
+    req->what = sc_coll_kind_name(a->kind);
+    req->bytes = (uint64_t)a->count * es * per_rank;
     /* With more ranks than cores, a waiter spins (yielding) only for ops
      * that may end within the spin: a larger one would hand its work back to
      * the loop threads half way anyway. Measured, 4 ranks on 2 cores: 4 KiB

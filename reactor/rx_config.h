@@ -176,6 +176,10 @@ typedef enum rx_knob_kind {
     X(sched_trace, RX_K_STR, "", "COHORT_SCHED_TRACE", 0, RX_STR_MAX,                              \
       "warm start of the coordinator: a CSV worker,bandwidth_gbps,compute_s (cohort-sim "          \
       "replay's)")                                                                                 \
+    X(timeline, RX_K_STR, "", "COHORT_TIMELINE", 0, RX_STR_MAX,                                    \
+      "write a Chrome trace of this rank (requests, waits, syncs, the coordinator's launches, "    \
+      "rail events) to this file at finalize (%d: the rank; else FILE.RANK.json); "                \
+      "tools/cohort_timeline.py merges the ranks (docs/load.md). Every rank or none")              \
     X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
       "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
       "data joined has ended (between a relay group's phases); die-after-phase1 20 ms after it "   \

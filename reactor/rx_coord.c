@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "reactor/rx_ctx.h"
+#include "reactor/rx_trace.h"
 #include "reactor/rx_sync.h"
 #include "sched/sched.h"
 
@@ -506,6 +507,18 @@ static void refuse_rank(rx_coord_t *c, int r, int status, int why, const int *de
         ndetail = 1;
     }
     send_plan(c, r, 0, cr->ready.attempt, status, why, 0, detail, ndetail);
+}
+
+/* The timeline: a launch (or a suspect) with the scheduler's reason. */
+static void trace_decision(rx_coord_t *c, int mode, const sc_decision_t *d)
+{
+    char line[256], esc[128], args[240];
+    if (sc_decision_explain(d, line, sizeof(line)) <= 0) line[0] = 0;
+    rx_trace_escape(line, esc, sizeof(esc));
+    snprintf(args, sizeof(args), "\"mode\":\"%s\",\"why\":\"%s\",\"members\":%d,\"explain\":\"%s\"",
+             coh_sync_mode_name((coh_sync_mode)mode), sc_why_name(d->why), d->nmembers, esc);
+    rx_trace_add(c->ctx->trace, 'i', "coordinator", d->kind == SC_DEC_LAUNCH ? "launch" : "suspect",
+                 RX_TR_COORD, bs_now_ns(), 0, 0, args);
 }
 
 static void launch(rx_coord_t *c, int mode, const sc_decision_t *d)
@@ -1167,6 +1180,7 @@ static void tick_all(rx_coord_t *c)
         }
         for (int i = 0; i < k; i++) {
             if (!mem[i]) continue;
+            if (dec[i].kind != SC_DEC_WAIT && c->ctx->trace) trace_decision(c, m, &dec[i]);
             if (dec[i].kind == SC_DEC_LAUNCH) {
                 char line[256];
                 if (sc_decision_explain(&dec[i], line, sizeof(line)) > 0)

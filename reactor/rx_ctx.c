@@ -27,6 +27,7 @@
 #include "engines/en_dgram.h"
 #include "reactor/rx_addr.h"
 #include "reactor/rx_ctx.h"
+#include "reactor/rx_trace.h"
 
 /* ---- registry of live contexts: finalize twice is an error, not a crash ---- */
 
@@ -302,9 +303,11 @@ static int coord_start_fn(rx_reactor_t *rx, void *arg)
  * otherwise hang (two coordinators each waiting for the whole world). */
 static void conf_text(const struct coh_ctx *ctx, char *out, size_t cap)
 {
-    snprintf(out, cap, "coordinator=%d sync_mode=%s nrails=%d lb_epoch=%d", ctx->cfg.coordinator,
-             coh_sync_mode_name((coh_sync_mode)ctx->cfg.sync_mode), ctx->nrails,
-             ctx->nrails > 1 ? ctx->cfg.lb_epoch : 0);
+    const char *tl = NULL;
+    (void)rx_env_knob_str("timeline", &tl); /* it measures clocks collectively at init */
+    snprintf(out, cap, "coordinator=%d sync_mode=%s nrails=%d lb_epoch=%d timeline=%d",
+             ctx->cfg.coordinator, coh_sync_mode_name((coh_sync_mode)ctx->cfg.sync_mode),
+             ctx->nrails, ctx->nrails > 1 ? ctx->cfg.lb_epoch : 0, tl && *tl);
 }
 
 /* Rank 0 compares every rank's settings with its own and publishes the
@@ -346,8 +349,8 @@ static int agree_conf(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
     if (vl)
         return bs_fail(COH_EMISMATCH,
                        "ranks disagree on the job's settings: %s (COHORT_COORDINATOR, "
-                       "COHORT_SYNC_MODE, the number of COHORT_NICS and COHORT_LB_EPOCH must be "
-                       "the same on every rank)",
+                       "COHORT_SYNC_MODE, the number of COHORT_NICS, COHORT_LB_EPOCH and whether "
+                       "COHORT_TIMELINE is set must be the same on every rank)",
                        verdict);
     return 0;
 }
@@ -618,6 +621,7 @@ static void describe(struct coh_ctx *ctx)
 
 static void ctx_fini(struct coh_ctx *ctx)
 {
+    rx_trace_close(ctx); /* an init that failed after opening it */
     rx_lb_fini(ctx);
     for (int r = 0; ctx->rails && r < ctx->nrails; r++) rx_rail_fini(&ctx->rails[r]);
     rx_reactor_fini(&ctx->ctrl);
@@ -832,9 +836,13 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     BS_CHECK_GOTO(rx_lb_start(ctx), st, fail); /* before a table can arrive */
     if (ctx->world > 1) BS_CHECK_GOTO(bootstrap(ctx, deadline), st, fail);
     describe(ctx);
+    BS_CHECK_GOTO(rx_trace_open(ctx), st, fail);
     BS_CHECK_GOTO(reg_add(ctx), st, fail);
     atomic_store(&ctx->state, RX_CTX_RUNNING);
     *out = ctx;
+    if (ctx->trace && rx_trace_measure_offset(ctx) < 0)
+        bs_log(COH_LOG_WARN, "COHORT_TIMELINE: no clock offset measured (%s): 0 assumed",
+               coh_last_error());
     return 0;
 fail : {
     char why[512];
@@ -863,6 +871,7 @@ COH_API int coh_finalize(coh_ctx_t *ctx)
     /* Rails first: their running ops end (cancelled) and complete their
      * requests; then the store that may still serve late peers. */
     ctx_stop(ctx);
+    rx_trace_close(ctx); /* every request has completed (and been recorded) */
     rx_ctx_unref(ctx);
     return 0;
 }

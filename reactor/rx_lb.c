@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "reactor/rx_ctx.h"
+#include "reactor/rx_trace.h"
 #include "sched/sc_lb.h"
 
 #define RECENT      4         /* tables the coordinator sends a rank that connects */
@@ -351,6 +352,14 @@ static void on_rail_event(en_rail_observer_t *o, const en_rail_event_t *ev)
         ev->rail >= ctx->nrails)
         return;
     atomic_fetch_add(&ctx->rail_events[ev->rail][ev->kind - 1], 1);
+    if (ctx->trace) {
+        char args[200], why[120];
+        rx_trace_escape(ev->why ? ev->why : "", why, sizeof(why));
+        snprintf(args, sizeof(args), "\"peer\":%d,\"via\":%d,\"pause_ms\":%.1f,\"why\":\"%s\"",
+                 ev->peer, ev->via, ev->pause_s * 1e3, why);
+        rx_trace_add(ctx->trace, 'i', "rail", kind_name(ev->kind), RX_TR_RAIL0 + ev->rail,
+                     bs_now_ns(), 0, 0, args);
+    }
     bs_log(ev->kind == EN_RAIL_RETURN ? COH_LOG_INFO : COH_LOG_WARN,
            "rank %d rail %d: link to rank %d: %s (now via rail %d, pause %.1f ms)%s%s", ctx->rank,
            ev->rail, ev->peer, kind_name(ev->kind), ev->via, ev->pause_s * 1e3,

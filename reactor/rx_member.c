@@ -17,6 +17,7 @@
 
 #include "gpu/gpu.h"
 #include "reactor/rx_ctx.h"
+#include "reactor/rx_trace.h"
 #include "reactor/rx_sync.h"
 
 struct rx_member {
@@ -95,6 +96,24 @@ static void count_sync(struct coh_ctx *ctx, const rx_syncreq_t *s)
     atomic_fetch_add(&ctx->sync_members, (uint64_t)(s->nmembers > 0 ? s->nmembers : 1));
     if (s->full) atomic_fetch_add(&ctx->sync_full, 1);
     if (s->relayed) atomic_fetch_add(&ctx->sync_relayed, 1);
+    if (ctx->trace) {
+        char args[200];
+        int k = snprintf(args, sizeof(args),
+                         "\"group\":%llu,\"mode\":\"%s\",\"full\":%d,\"relayed\":%d,"
+                         "\"weight\":%g,\"members\":[",
+                         (unsigned long long)s->group_id, coh_sync_mode_name(s->mode), s->full,
+                         s->relayed, s->weight);
+        for (int i = 0; i < s->nmembers && s->members && k < (int)sizeof(args) - 12; i++)
+            k += snprintf(args + k, sizeof(args) - (size_t)k, "%s%d", i ? "," : "", s->members[i]);
+        if (k < (int)sizeof(args) - 2)
+            snprintf(args + k, sizeof(args) - (size_t)k, "]");
+        else
+            snprintf(args + sizeof(args) - 3, 3, "]"); /* a long member list, cut */
+        rx_trace_add(ctx->trace, 'X', "sync", "wait for a group", RX_TR_SYNC, s->t_start_ns,
+                     s->t_plan_ns > s->t_start_ns ? s->t_plan_ns - s->t_start_ns : 0, 0, args);
+        rx_trace_add(ctx->trace, 'X', "sync", "exchange", RX_TR_SYNC, s->t_plan_ns,
+                     s->t_done_ns > s->t_plan_ns ? s->t_done_ns - s->t_plan_ns : 0, 0, NULL);
+    }
 }
 
 /* Loop thread. The sync is over: publish the result and wake the caller. */
@@ -1475,6 +1494,8 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
                         .join = RX_JOIN_NONE,
                         .retries_left = SYNC_RETRIES};
     req->sync = s;
+    req->what = plain ? "relay allreduce" : "sync";
+    req->bytes = (uint64_t)count * es;
     if (!m) {
         /* A world of one: the group is this rank, the result its own input. */
         if (count && buf != s->sendbuf) memcpy(buf, s->sendbuf, count * es);

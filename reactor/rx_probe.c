@@ -68,6 +68,7 @@ static int pair_run(const pair_op_t *po, uint64_t seq, sc_coll_kind kind, int ro
                      .slices = &sl};
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return COH_ENOMEM;
+    req->what = "probe";
     uint64_t t0 = bs_now_ns();
     int st = rx_launch(ctx, req, &L);
     if (st < 0) {

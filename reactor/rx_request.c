@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "reactor/rx_trace.h"
 #include "reactor/rx_ctx.h"
 #include "reactor/rx_sync.h"
 
@@ -71,6 +72,34 @@ void rx_request_discard(coh_request_t *req)
     rx_request_unref(req);
 }
 
+/* The timeline: the request from submission to completion (an async pair,
+ * since requests overlap), its slices per rail nested in it. */
+static void trace_request(struct coh_ctx *ctx, coh_request_t *req, uint64_t want, uint64_t lost)
+{
+    uint64_t id = atomic_fetch_add(&ctx->trace_ids, 1) + 1;
+    int st = atomic_load(&req->status);
+    const char *what = req->what ? req->what : "request";
+    char args[200];
+    snprintf(args, sizeof(args), "\"comm\":%u,\"seq\":%llu,\"bytes\":%llu,\"rails\":%d", req->comm,
+             (unsigned long long)req->seq, (unsigned long long)req->bytes, req->nslices);
+    rx_trace_add(ctx->trace, 'b', "request", what, 0, req->t_submit_ns, 0, id, args);
+    for (int s = 0; s < req->nslices; s++) {
+        snprintf(args, sizeof(args), "\"rail\":%d,\"bytes\":%llu", req->slice[s].rail,
+                 (unsigned long long)req->slice[s].bytes);
+        rx_trace_add(ctx->trace, 'b', "request", "slice", 0, req->t_submit_ns, 0, id, args);
+        rx_trace_add(ctx->trace, 'e', "request", "slice", 0, req->t_done_ns, 0, id, NULL);
+    }
+    char err[120] = "";
+    if (st < 0) rx_trace_escape(req->err, err, sizeof(err));
+    snprintf(args, sizeof(args), "\"status\":\"%s\",\"error\":\"%s\"", coh_status_name(st), err);
+    if (want) {
+        size_t k = strlen(args);
+        snprintf(args + k, sizeof(args) - k, ",\"loss_bytes\":%llu,\"lost_bytes\":%llu",
+                 (unsigned long long)want, (unsigned long long)lost);
+    }
+    rx_trace_add(ctx->trace, 'e', "request", what, 0, req->t_done_ns, 0, id, args);
+}
+
 void rx_request_complete(coh_request_t *req)
 {
     struct coh_ctx *ctx = req->ctx;
@@ -85,6 +114,7 @@ void rx_request_complete(coh_request_t *req)
         atomic_fetch_add(&ctx->loss_expected, want);
         atomic_fetch_add(&ctx->loss_missed, lost);
     }
+    if (ctx->trace) trace_request(ctx, req, want, lost);
     int failed = atomic_load(&req->status) < 0;
     atomic_store(&req->state, RX_REQ_DONE); /* seq_cst: then read waiters (Dekker with coh_wait) */
     if (atomic_load(&req->waiters) > 0) futex_wake_all(req);
@@ -182,10 +212,27 @@ static void futex_wake_all(coh_request_t *req)
     syscall(SYS_futex, (int *)&req->state, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
+static int wait_req(coh_request_t *req, int timeout_ms);
+
 COH_API int coh_wait(coh_request_t *req, int timeout_ms)
 {
     if (!req) return bs_fail(COH_EINVAL, "coh_wait: request is NULL");
     if (is_done(req)) return atomic_load(&req->status);
+    struct coh_ctx *ctx = req->ctx;
+    if (!ctx->trace) return wait_req(req, timeout_ms);
+    /* The timeline: how long this thread waited, on its own row. */
+    uint64_t t0 = bs_now_ns();
+    int st = wait_req(req, timeout_ms);
+    char args[96];
+    snprintf(args, sizeof(args), "\"op\":\"%s\",\"status\":\"%s\"",
+             req->what ? req->what : "request", coh_status_name(st));
+    rx_trace_add(ctx->trace, 'X', "wait", "coh_wait", (int)syscall(SYS_gettid), t0,
+                 bs_now_ns() - t0, 0, args);
+    return st;
+}
+
+static int wait_req(coh_request_t *req, int timeout_ms)
+{
     struct coh_ctx *ctx = req->ctx;
     uint64_t start = bs_now_ns();
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
