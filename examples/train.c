@@ -781,6 +781,16 @@ static int finish(trainer_t *t, double t_end)
                "%d samples%s\n",
                t->nalive, t->nranks, data[0], o->batch, t->nranks, data[1], o->samples, t->nranks,
                data_ok ? "" : ": WRONG");
+        coh_stats_t ls; /* what the library counted on this rank (coh_ctx_stats) */
+        if (coh_ctx_stats(t->ctx, &ls) == 0)
+            printf("  library, rank 0  %llu syncs, mean group %.2f, wait %.2f + comm %.2f ms per "
+                   "sync, %llu relayed, %llu retried, %llu failed ranks, %llu rail failovers\n",
+                   (unsigned long long)ls.syncs,
+                   ls.syncs ? (double)ls.sync_members / (double)ls.syncs : 0.0,
+                   ls.syncs ? (double)ls.sync_wait_us / 1e3 / (double)ls.syncs : 0.0,
+                   ls.syncs ? (double)ls.sync_comm_us / 1e3 / (double)ls.syncs : 0.0,
+                   (unsigned long long)ls.sync_relayed, (unsigned long long)ls.sync_retries,
+                   (unsigned long long)ls.ranks_failed, (unsigned long long)ls.rail_failovers);
         if (o->csv) {
             printf("csv-header:mode,ranks,reached,time_to_target_s,best_loss,iters_total,"
                    "iters_min,iters_max,groups,rank_syncs,avg_sync_ms,avg_scale,final_loss,"
