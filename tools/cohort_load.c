@@ -60,7 +60,7 @@ typedef struct slot {
 
 #define MAX_FAULTS 16
 typedef struct fault {
-    int kind; /* 'k' kill, 's' stop */
+    int kind; /* 'k' kill, 'r' kill and restart, 's' stop */
     int rank;
     double at_s, for_ms;
     bool done;
@@ -108,6 +108,9 @@ static uint64_t ops_done, bytes_done, wrong, syncs, sync_members;
 static uint64_t errs[16];    /* by -status */
 static bool faults_seen;     /* a rank failed: errors it causes are expected */
 static uint64_t unexplained; /* errors before any rank failed */
+static bool rejoined;        /* this process restarted a killed rank (COHORT_REJOIN) */
+static char **self_argv;     /* to start a restarted rank with */
+static pid_t restarted = -1; /* the rank this process restarted */
 
 static double now_s(void)
 {
@@ -425,6 +428,8 @@ static int parse_faults(const char *s)
         if (o.nfaults == MAX_FAULTS) return -1;
         if (sscanf(t, "kill:%d@%lf", &f.rank, &f.at_s) == 2)
             f.kind = 'k';
+        else if (sscanf(t, "restart:%d@%lf", &f.rank, &f.at_s) == 2)
+            f.kind = 'r';
         else if (sscanf(t, "stop:%d@%lf:%lf", &f.rank, &f.at_s, &f.for_ms) == 3)
             f.kind = 's';
         else
@@ -440,10 +445,17 @@ static int parse_faults(const char *s)
 static void run_faults(void)
 {
     double t = now_s() - t0;
+    if (rejoined) return; /* a restarted rank's faults have happened */
     for (int i = 0; i < o.nfaults; i++) {
         fault_t *f = &o.faults[i];
         if (f->done || f->rank != R0 || t < f->at_s) continue;
         f->done = true;
+        if (f->kind == 'r') {
+            fprintf(stderr, "cohort-load rank %d: fault: SIGKILL at %.1f s, to be restarted\n", R0,
+                    t);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
         fprintf(stderr, "cohort-load rank %d: fault: %s at %.1f s\n", R0,
                 f->kind == 'k' ? "SIGKILL" : "SIGSTOP", t);
         fflush(stderr);
@@ -458,6 +470,8 @@ static void run_faults(void)
         waitpid(c, NULL, 0);
     }
 }
+
+static void restart_victims(void);
 
 /* A collective failed for a lost rank: wait out the window, shrink, and
  * agree on the op to go on from. */
@@ -480,6 +494,81 @@ static uint64_t recover(slot_t *win, int *nin, uint64_t next)
     if (st) die(EXIT_ERROR, "agreeing after the shrink: %s", coh_status_name(st));
     fprintf(stderr, "cohort-load rank %d: a rank failed; %d ranks go on from op #%lld\n", R0, cur_n,
             (long long)at);
+    restart_victims();
+    return (uint64_t)at;
+}
+
+/* A world rank that a restart fault killed and that is not back in cur. */
+static int missing_restart(void)
+{
+    for (int i = 0; i < o.nfaults; i++) {
+        if (o.faults[i].kind != 'r') continue;
+        int r = o.faults[i].rank, n = 0;
+        int fr[64];
+        n = coh_comm_failed_ranks(W, fr, 64);
+        for (int k = 0; k < n && k < 64; k++)
+            if (fr[k] == r && cur_n < N0) return r;
+    }
+    return -1;
+}
+
+/* After a shrink: the restarter (the lowest survivor above rank 0) starts
+ * a new process for each rank a restart fault killed: the same program and
+ * arguments, the same rank, COHORT_REJOIN=1 (docs/relay.md). */
+static void restart_victims(void)
+{
+    int fr[64], n = coh_comm_failed_ranks(W, fr, 64);
+    int restarter = -1;
+    for (int r = 1; r < N0 && restarter < 0; r++) {
+        bool failed = false;
+        for (int k = 0; k < n && k < 64; k++) failed |= fr[k] == r;
+        if (!failed) restarter = r;
+    }
+    if (R0 != restarter || restarted > 0) return;
+    for (int i = 0; i < o.nfaults; i++) {
+        const fault_t *f = &o.faults[i];
+        bool dead = false;
+        for (int k = 0; k < n && k < 64; k++) dead |= fr[k] == f->rank;
+        if (f->kind != 'r' || !dead || f->rank == 0) continue;
+        char rank[16];
+        snprintf(rank, sizeof(rank), "%d", f->rank);
+        pid_t c = fork();
+        if (c == 0) {
+            setenv("COHORT_RANK", rank, 1);
+            setenv("COHORT_REJOIN", "1", 1);
+            execv("/proc/self/exe", self_argv);
+            _exit(127);
+        }
+        fprintf(stderr, "cohort-load rank %d: restarting rank %d (pid %d)\n", R0, f->rank, (int)c);
+        restarted = c;
+        return; /* one restart per run */
+    }
+}
+
+/* A grow point (every rank of cur at the same op): take a restarted rank
+ * back; everyone, the newcomer too, agrees on the op to go on from. */
+static uint64_t grow_back(uint64_t next)
+{
+    coh_comm_t *g;
+    int st = coh_comm_grow(cur, &g);
+    if (st) die(EXIT_ERROR, "coh_comm_grow: %s: %s", coh_status_name(st), coh_last_error());
+    int n = 0;
+    coh_comm_size(g, &n);
+    if (n == cur_n) {
+        coh_comm_free(g);
+        return next;
+    }
+    if (cur != W) coh_comm_free(cur);
+    cur = g;
+    cur_n = n;
+    coh_comm_rank(cur, &cur_me);
+    int64_t at = (int64_t)next;
+    coh_request_t *req;
+    st = coh_allreduce(cur, &at, &at, 1, COH_I64, COH_MAX, &req);
+    if (st == 0) st = coh_wait(req, -1), coh_request_free(req);
+    if (st) die(EXIT_ERROR, "agreeing after the grow: %s", coh_status_name(st));
+    fprintf(stderr, "cohort-load rank %d: a restarted rank is back; %d ranks go on from op #%lld\n",
+            R0, cur_n, (long long)at);
     return (uint64_t)at;
 }
 
@@ -507,7 +596,9 @@ static void usage(FILE *f)
            "  --sync-modes LIST   allreduce,partial,selective,relay (selective)\n"
            "  --straggler R:MS    rank R computes MS ms before each sync\n"
            "  --jitter-ms J       every rank computes up to J ms more before each sync\n"
-           "  --faults LIST       kill:R@S (SIGKILL rank R at S s), stop:R@S:MS (SIGSTOP for MS)\n"
+           "  --faults LIST       kill:R@S (SIGKILL rank R at S s), restart:R@S (killed, then\n"
+           "                      started again: COHORT_REJOIN, coh_comm_grow), stop:R@S:MS\n"
+           "                      (SIGSTOP for MS ms)\n"
            "  --hang-s S          an op pending this long is a hang: exit 3 (120)\n"
            "  --progress S        a progress line every S s (5)\n"
            "  --max-rss-growth MB RSS growth past the first progress line allowed (64)\n"
@@ -619,6 +710,7 @@ static void progress(double t, const slot_t *win, int nin, double dt_s, uint64_t
 
 int main(int argc, char **argv)
 {
+    self_argv = argv;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
@@ -685,6 +777,8 @@ int main(int argc, char **argv)
     cur = W;
     cur_n = N0;
     cur_me = R0;
+    const char *rj = getenv("COHORT_REJOIN");
+    rejoined = rj && atoi(rj) == 1;
     FILE *csv = csv_open(ctx);
     slot_t *win = calloc((size_t)o.max_inflight, sizeof(slot_t));
     int nin = 0;
@@ -694,11 +788,35 @@ int main(int argc, char **argv)
     double rss0 = -1, rss_max = 0;
     int fd0 = -1, fd_max = 0;
     uint64_t idx = 0, epoch = 0;
+    if (rejoined) { /* back in through the survivors' next grow point */
+        faults_seen = true;
+        coh_comm_t *g;
+        st = coh_comm_grow(W, &g);
+        if (st)
+            die(EXIT_ERROR, "coh_comm_grow (restarted): %s: %s", coh_status_name(st),
+                coh_last_error());
+        cur = g;
+        coh_comm_size(cur, &cur_n);
+        coh_comm_rank(cur, &cur_me);
+        int64_t at = 0;
+        coh_request_t *req;
+        st = coh_allreduce(cur, &at, &at, 1, COH_I64, COH_MAX, &req);
+        if (st == 0) st = coh_wait(req, -1), coh_request_free(req);
+        if (st) die(EXIT_ERROR, "agreeing after the grow: %s", coh_status_name(st));
+        idx = (uint64_t)at;
+        fprintf(stderr, "cohort-load rank %d: restarted, back in at op #%llu with %d ranks\n", R0,
+                (unsigned long long)idx, cur_n);
+    }
     for (;;) {
         double t = now_s() - t0;
         if (o.max_ops && idx >= o.max_ops) break;
         /* time is up when any rank says so: they all stop at the same op */
         if (idx % 128 == 0) {
+            if (missing_restart() >= 0) { /* grow points until it is back */
+                for (int k = 0; k < nin; k++) finish(&win[k]);
+                nin = 0;
+                idx = grow_back(idx);
+            }
             int up = time_up(t >= o.duration_s);
             if (up == COH_EPEER) {
                 idx = recover(win, &nin, idx);
@@ -809,6 +927,14 @@ int main(int argc, char **argv)
     }
     csv_row(csv, ctx, t);
     if (csv) fclose(csv);
+    if (restarted > 0) { /* its result is part of this run's */
+        int ws = 0;
+        fflush(stdout);
+        if (waitpid(restarted, &ws, 0) != restarted || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+            fprintf(stderr, "cohort-load rank %d: the restarted rank failed (status %d)\n", R0, ws);
+            if (code == 0) code = EXIT_ERROR;
+        }
+    }
     if (cur != W) coh_comm_free(cur);
     free(win);
     coh_finalize(ctx);
