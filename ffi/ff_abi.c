@@ -266,6 +266,20 @@ static void log_cb(int level, const char *msg, void *arg)
     uv_mutex_unlock(&g_mu);
 }
 
+/* "links": [{peer, rail, latency_us, gbps}, ...] (probe and stats). */
+static void pack_links(msgpack_packer *pk, const coh_link_probe_t *links, int n)
+{
+    ff_pack_str(pk, "links");
+    msgpack_pack_array(pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        msgpack_pack_map(pk, 4);
+        ff_pack_kv_int(pk, "peer", links[i].peer);
+        ff_pack_kv_int(pk, "rail", links[i].rail);
+        ff_pack_kv_double(pk, "latency_us", links[i].latency_us);
+        ff_pack_kv_double(pk, "gbps", links[i].gbps);
+    }
+}
+
 static void pack_logs(msgpack_packer *pk)
 {
     uv_mutex_lock(&g_mu);
@@ -622,7 +636,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         }
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
         ff_pack_str(&pk, "stats");
-        msgpack_pack_map(&pk, 33);
+        msgpack_pack_map(&pk, 34);
         ff_pack_kv_uint(&pk, "bytes_sent", s.bytes_sent);
         ff_pack_kv_uint(&pk, "bytes_received", s.bytes_received);
         ff_pack_kv_uint(&pk, "requests_completed", s.requests_completed);
@@ -656,6 +670,12 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_uint(&pk, "ranks_failed", s.ranks_failed);
         ff_pack_kv_uint(&pk, "loss_bytes_expected", s.loss_bytes_expected);
         ff_pack_kv_uint(&pk, "loss_bytes_missed", s.loss_bytes_missed);
+        /* the per-peer link estimates (the latest probe's: coh_ctx_links) */
+        int cap = fc->size * fc->nrails;
+        coh_link_probe_t *links = coh_malloc(sizeof(*links) * (size_t)(cap ? cap : 1));
+        int nl = links ? coh_ctx_links(fc->ctx, links, cap) : 0;
+        pack_links(&pk, links, nl < 0 ? 0 : nl < cap ? nl : cap);
+        coh_free(links);
         break;
     }
     case FF_EVENT_CLEAR:
@@ -717,15 +737,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_double(&pk, "duration_us", pi.duration_us);
         ff_pack_kv_uint(&pk, "bytes_sent", pi.bytes_sent);
         ff_pack_kv_int(&pk, "failed", pi.nfailed);
-        ff_pack_str(&pk, "links");
-        msgpack_pack_array(&pk, (size_t)n);
-        for (int i = 0; i < n; i++) {
-            msgpack_pack_map(&pk, 4);
-            ff_pack_kv_int(&pk, "peer", links[i].peer);
-            ff_pack_kv_int(&pk, "rail", links[i].rail);
-            ff_pack_kv_double(&pk, "latency_us", links[i].latency_us);
-            ff_pack_kv_double(&pk, "gbps", links[i].gbps);
-        }
+        pack_links(&pk, links, n);
         coh_free(links);
         break;
     }

@@ -563,6 +563,11 @@ typedef struct coh_probe_info {
     int nfailed;         /* links that could not be measured (a failed peer) */
 } coh_probe_info_t;
 COH_API int coh_probe(coh_comm_t *world, coh_link_probe_t *links, int cap, coh_probe_info_t *info);
+/* The per-peer link estimates this rank holds: its links (every peer, every
+ * rail) as its latest coh_probe measured them, the figures the coordinator's
+ * cost model and the rail balancer use. Copies up to cap into links and
+ * returns how many there are (0 before any probe). */
+COH_API int coh_ctx_links(coh_ctx_t *ctx, coh_link_probe_t *links, int cap);
 
 /* Convenience: submit, wait, free. Returns the collective's status. */
 COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,

@@ -643,6 +643,8 @@ static void ctx_fini(struct coh_ctx *ctx)
     coh_free(ctx->host_hash);
     coh_free(ctx->host_idx);
     uv_mutex_destroy(&ctx->fail_mu);
+    uv_mutex_destroy(&ctx->links_mu);
+    coh_free(ctx->links);
     coh_free(ctx);
 }
 
@@ -687,6 +689,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->oversubscribed = rx_config_oversubscribed();
     ctx->world = cfg_in->world_size;
     uv_mutex_init(&ctx->fail_mu);
+    uv_mutex_init(&ctx->links_mu);
     ctx->failed = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), 1);
     ctx->back = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(uint32_t));
     ctx->ctrl_addrs =
@@ -995,6 +998,17 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
     s->loss_bytes_expected = atomic_load(&ctx->loss_expected);
     s->loss_bytes_missed = atomic_load(&ctx->loss_missed);
     return 0;
+}
+
+COH_API int coh_ctx_links(coh_ctx_t *ctx, coh_link_probe_t *links, int cap)
+{
+    BS_CHECK(ctx_ok(ctx, "coh_ctx_links"));
+    if (cap < 0 || (cap > 0 && !links)) return bs_fail(COH_EINVAL, "coh_ctx_links: bad buffer");
+    uv_mutex_lock(&ctx->links_mu);
+    int n = ctx->nlinks;
+    if (n > 0 && cap > 0) memcpy(links, ctx->links, sizeof(*links) * (size_t)(n < cap ? n : cap));
+    uv_mutex_unlock(&ctx->links_mu);
+    return n;
 }
 
 COH_API int coh_comm_rank(const coh_comm_t *comm, int *rank)

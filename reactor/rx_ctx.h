@@ -72,7 +72,10 @@ struct coh_ctx {
     /* coh_stats_t's sync and loss counters (rx_member.c, rx_request.c) */
     _Atomic uint64_t n_syncs, sync_wait_ns, sync_comm_ns, sync_members, sync_full, sync_relayed,
         sync_retries, loss_expected, loss_missed;
-    struct rx_trace *trace;     /* COHORT_TIMELINE (rx_trace.h), else NULL */
+    struct rx_trace *trace; /* COHORT_TIMELINE (rx_trace.h), else NULL */
+    uv_mutex_t links_mu;    /* the latest probe's links (coh_ctx_links) */
+    coh_link_probe_t *links;
+    int nlinks;
     _Atomic uint64_t trace_ids; /* the timeline's async event ids */
     /* Who shares this host (COHORT_HOST_ID, else the boot id): same_host
      * and shm_peer are world entries, learned at bootstrap; shm_peer: the

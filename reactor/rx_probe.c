@@ -155,6 +155,20 @@ int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_in
     }
     coh_free(big);
     atomic_fetch_add(&ctx->n_probes, 1);
+    /* kept for coh_ctx_links: every link measured, whatever cap was */
+    coh_link_probe_t *keep = coh_malloc(sizeof(*keep) * (size_t)(nres ? nres : 1));
+    if (keep) {
+        for (int i = 0; i < nres; i++)
+            keep[i] = (coh_link_probe_t){.peer = (int)res[i].peer,
+                                         .rail = (int)res[i].rail,
+                                         .latency_us = res[i].latency_s * 1e6,
+                                         .gbps = res[i].gbps};
+        uv_mutex_lock(&ctx->links_mu);
+        coh_free(ctx->links);
+        ctx->links = keep;
+        ctx->nlinks = nres;
+        uv_mutex_unlock(&ctx->links_mu);
+    }
     rx_member_report_probe(ctx, res, nres);
     coh_free(res);
     if (info)

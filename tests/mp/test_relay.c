@@ -720,6 +720,14 @@ static void run_probe(coh_ctx_t *ctx)
                 MP_FAIL("probe: rank %d rail %d: %.1f us, %.3f Gbps", l->peer, l->rail,
                         l->latency_us, l->gbps);
         }
+        /* coh_ctx_links holds what this probe measured */
+        coh_link_probe_t kept[256];
+        int nk = coh_ctx_links(ctx, kept, 256);
+        if (nk != pi.nlinks) MP_FAIL("coh_ctx_links: %d links, the probe %d", nk, pi.nlinks);
+        for (int i = 0; i < nk; i++)
+            if (kept[i].peer != links[i].peer || kept[i].rail != links[i].rail ||
+                kept[i].gbps != links[i].gbps)
+                MP_FAIL("coh_ctx_links: link %d differs from the probe's", i);
         if (round == 1) {
             printf("rank %d: probe of %d links: %.1f ms, %llu bytes sent\n", R, pi.nlinks,
                    pi.duration_us / 1e3, (unsigned long long)pi.bytes_sent);
