@@ -737,6 +737,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
+    /* Before any thread that records into it starts. */
+    BS_CHECK_GOTO(rx_trace_open(ctx), st, fail);
     if (ctx->world > 1) {
         /* Every rank's control reactor: its link to the coordinator; rank 0's
          * also serves the store, the coordinator's hosts the scheduler. */
@@ -839,7 +841,6 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     BS_CHECK_GOTO(rx_lb_start(ctx), st, fail); /* before a table can arrive */
     if (ctx->world > 1) BS_CHECK_GOTO(bootstrap(ctx, deadline), st, fail);
     describe(ctx);
-    BS_CHECK_GOTO(rx_trace_open(ctx), st, fail);
     BS_CHECK_GOTO(reg_add(ctx), st, fail);
     atomic_store(&ctx->state, RX_CTX_RUNNING);
     *out = ctx;
