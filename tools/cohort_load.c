@@ -642,9 +642,12 @@ static void csv_row(FILE *f, coh_ctx_t *ctx, double t)
     coh_ctx_stats(ctx, &cs);
     uint64_t nerr = 0;
     for (int e = 1; e < 16; e++) nerr += errs[e];
-    fprintf(f, "%.3f,%d,%llu,%llu,%llu,%llu,%.1f,%d,%d,%llu,%llu,%llu,%llu", t, R0,
-            (unsigned long long)ops_done, (unsigned long long)bytes_done, (unsigned long long)wrong,
-            (unsigned long long)nerr, rss_mb(), nfds(), cur_n, (unsigned long long)cs.syncs,
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    fprintf(f, "%.3f,%.3f,%d,%llu,%llu,%llu,%llu,%.1f,%d,%d,%llu,%llu,%llu,%llu", t,
+            (double)wall.tv_sec + wall.tv_nsec * 1e-9, R0, (unsigned long long)ops_done,
+            (unsigned long long)bytes_done, (unsigned long long)wrong, (unsigned long long)nerr,
+            rss_mb(), nfds(), cur_n, (unsigned long long)cs.syncs,
             (unsigned long long)cs.sync_wait_us, (unsigned long long)cs.sync_comm_us,
             (unsigned long long)cs.sync_members);
     int nr = 0;
@@ -668,7 +671,7 @@ static FILE *csv_open(coh_ctx_t *ctx)
     if (!f) die(EXIT_USAGE, "--csv %s: %s", path, strerror(errno));
     int nr = 0;
     coh_ctx_nrails(ctx, &nr);
-    fprintf(f, "t_s,rank,ops,bytes,wrong,errors,rss_mb,fds,ranks,syncs,sync_wait_us,"
+    fprintf(f, "t_s,unix_s,rank,ops,bytes,wrong,errors,rss_mb,fds,ranks,syncs,sync_wait_us,"
                "sync_comm_us,sync_members");
     for (int r = 0; r < nr; r++) fprintf(f, ",rail%d_bytes_sent", r);
     fprintf(f, "\n");

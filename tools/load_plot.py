@@ -3,6 +3,10 @@
 
     /usr/bin/python3 tools/load_plot.py OUTDIR load-0.csv load-1.csv ...
 
+Times are each row's unix_s (wall clock) relative to the earliest start of
+any rank when the files have it, else t_s (seconds since that rank started:
+a restarted rank's file then starts at 0; --shift=RANK=S moves it).
+
 Writes OUTDIR/load-wait.png (mean wait for a sync group per rank over
 time), load-groups.png (mean group size per rank), load-rails.png (bytes
 per second each rail sent, summed over the ranks), load-resources.png (RSS
@@ -35,13 +39,30 @@ def main():
     if len(sys.argv) < 3:
         print(__doc__)
         return 2
-    outdir, paths = sys.argv[1], sys.argv[2:]
+    shift = {}
+    args = []
+    for a in sys.argv[1:]:
+        if a.startswith("--shift="):
+            r, s = a[len("--shift="):].split("=")
+            shift[int(r)] = float(s)
+        else:
+            args.append(a)
+    outdir, paths = args[0], args[1:]
     os.makedirs(outdir, exist_ok=True)
     runs = {}
     for p in paths:
         rows = load(p)
         if rows:
             runs[int(rows[0]["rank"])] = rows
+    # one clock for every rank: the wall clock when the files have it
+    if all("unix_s" in rows[0] for rows in runs.values()):
+        t0 = min(rows[0]["unix_s"] - rows[0]["t_s"] for rows in runs.values())
+        for rows in runs.values():
+            for x in rows:
+                x["t_s"] = x["unix_s"] - t0
+    for r, s in shift.items():
+        for x in runs.get(r, []):
+            x["t_s"] += s
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
