@@ -60,9 +60,11 @@ typedef struct slot {
 
 #define MAX_FAULTS 16
 typedef struct fault {
-    int kind; /* 'k' kill, 'r' kill and restart, 's' stop */
+    int kind; /* 'k' kill, 'r' kill and restart, 's' stop, 'c' rail cut, 'l' packet loss */
     int rank;
     double at_s, for_ms;
+    double pct;   /* loss */
+    char dev[16]; /* cut */
     bool done;
 } fault_t;
 
@@ -432,6 +434,12 @@ static int parse_faults(const char *s)
             f.kind = 'r';
         else if (sscanf(t, "stop:%d@%lf:%lf", &f.rank, &f.at_s, &f.for_ms) == 3)
             f.kind = 's';
+        else if (sscanf(t, "cut:%d@%lf:%15[a-zA-Z0-9_.-]:%lf", &f.rank, &f.at_s, f.dev,
+                        &f.for_ms) == 4)
+            f.kind = 'c';
+        else if (sscanf(t, "loss:%d@%lf:%lf:%lf", &f.rank, &f.at_s, &f.pct, &f.for_ms) == 4 &&
+                 f.pct > 0 && f.pct <= 100)
+            f.kind = 'l';
         else
             return free(copy), -1;
         o.faults[o.nfaults++] = f;
@@ -440,8 +448,58 @@ static int parse_faults(const char *s)
     return 0;
 }
 
-/* This rank's due faults: SIGKILL itself, or SIGSTOP itself with a child
- * that sends SIGCONT after the given time. */
+/* Rail cuts and packet loss change the network: only in a network
+ * namespace of its own (the namespace cluster), never the host's. */
+static bool own_netns(void)
+{
+    /* A named namespace (`ip netns`, as the cluster's are): `ip netns
+     * identify` names it; in the host's it prints nothing. (Comparing with
+     * /proc/1/ns/net is not enough: in a container init's may not be
+     * visible even from the host's namespace.) */
+    char cmd[64], name[128] = "";
+    snprintf(cmd, sizeof(cmd), "ip netns identify %d 2>/dev/null", (int)getpid());
+    FILE *p = popen(cmd, "r");
+    if (!p) return false;
+    if (!fgets(name, sizeof(name), p)) name[0] = 0;
+    pclose(p);
+    return name[0] && name[0] != '\n';
+}
+
+/* A child does the network fault and undoes it MS later, so this rank keeps
+ * running its ops meanwhile: `ip link set DEV down` / `up`, or an nftables
+ * table dropping PCT% of the packets that arrive (numgen random). */
+static void network_fault(const fault_t *f)
+{
+    if (!own_netns()) {
+        fprintf(stderr,
+                "cohort-load rank %d: %s fault ignored: not in a network namespace of its "
+                "own (the namespace cluster)\n",
+                R0, f->kind == 'c' ? "cut" : "loss");
+        return;
+    }
+    char on[256], off[256];
+    if (f->kind == 'c') {
+        snprintf(on, sizeof(on), "ip link set %s down", f->dev);
+        snprintf(off, sizeof(off), "ip link set %s up", f->dev);
+    } else {
+        snprintf(on, sizeof(on),
+                 "nft add table inet cohort_load && nft add chain inet cohort_load in "
+                 "'{ type filter hook input priority 0; }' && nft add rule inet cohort_load in "
+                 "numgen random mod 10000 '<' %d drop",
+                 (int)(f->pct * 100));
+        snprintf(off, sizeof(off), "nft delete table inet cohort_load");
+    }
+    if (fork() == 0) {
+        signal(SIGPIPE, SIG_DFL);
+        int a = system(on);
+        usleep((useconds_t)(f->for_ms * 1000));
+        int b = system(off);
+        _exit(a || b ? 1 : 0);
+    }
+}
+
+/* This rank's due faults: SIGKILL itself, SIGSTOP itself with a child that
+ * sends SIGCONT after the given time, or a network fault (a child). */
 static void run_faults(void)
 {
     double t = now_s() - t0;
@@ -455,6 +513,18 @@ static void run_faults(void)
                     t);
             fflush(stderr);
             raise(SIGKILL);
+        }
+        if (f->kind == 'c' || f->kind == 'l') {
+            if (f->kind == 'c')
+                fprintf(stderr, "cohort-load rank %d: fault: %s down for %.0f ms at %.1f s\n", R0,
+                        f->dev, f->for_ms, t);
+            else
+                fprintf(stderr,
+                        "cohort-load rank %d: fault: %.1f%% of arriving packets dropped "
+                        "for %.0f ms at %.1f s\n",
+                        R0, f->pct, f->for_ms, t);
+            network_fault(f);
+            continue;
         }
         fprintf(stderr, "cohort-load rank %d: fault: %s at %.1f s\n", R0,
                 f->kind == 'k' ? "SIGKILL" : "SIGSTOP", t);
@@ -598,7 +668,9 @@ static void usage(FILE *f)
            "  --jitter-ms J       every rank computes up to J ms more before each sync\n"
            "  --faults LIST       kill:R@S (SIGKILL rank R at S s), restart:R@S (killed, then\n"
            "                      started again: COHORT_REJOIN, coh_comm_grow), stop:R@S:MS\n"
-           "                      (SIGSTOP for MS ms)\n"
+           "                      (SIGSTOP for MS ms); in the namespace cluster also\n"
+           "                      cut:R@S:DEV:MS (ip link set DEV down for MS ms) and\n"
+           "                      loss:R@S:PCT:MS (nftables drops PCT%% of what arrives)\n"
            "  --hang-s S          an op pending this long is a hang: exit 3 (120)\n"
            "  --progress S        a progress line every S s (5)\n"
            "  --max-rss-growth MB RSS growth past the first progress line allowed (64)\n"
