@@ -595,8 +595,8 @@ int main(int argc, char **argv)
     if (g.alive == 0) all_done();
     uv_run(g.loop, UV_RUN_DEFAULT);
     uv_loop_close(g.loop);
+    report_interrupted(); /* reads g.ranks */
     free(g.ranks);
     if (shm_dir[0]) remove_tree(shm_dir);
-    report_interrupted();
     return g.first_fail;
 }
