@@ -541,6 +541,22 @@ static void run_faults(void)
     }
 }
 
+/* Go on in communicator nc (after a shrink or a grow): every member, a
+ * restarted rank too, agrees on the op to go on from (the largest next). */
+static uint64_t adopt(coh_comm_t *nc, uint64_t next, const char *after)
+{
+    if (cur != W && cur != nc) coh_comm_free(cur);
+    cur = nc;
+    coh_comm_size(cur, &cur_n);
+    coh_comm_rank(cur, &cur_me);
+    int64_t at = (int64_t)next;
+    coh_request_t *req;
+    int st = coh_allreduce(cur, &at, &at, 1, COH_I64, COH_MAX, &req);
+    if (st == 0) st = coh_wait(req, -1), coh_request_free(req);
+    if (st) die(EXIT_ERROR, "agreeing after the %s: %s", after, coh_status_name(st));
+    return (uint64_t)at;
+}
+
 static void restart_victims(void);
 
 /* A collective failed for a lost rank: wait out the window, shrink, and
@@ -553,19 +569,11 @@ static uint64_t recover(slot_t *win, int *nin, uint64_t next)
     coh_comm_t *nc;
     int st = coh_comm_shrink(cur, &nc);
     if (st) die(EXIT_ERROR, "coh_comm_shrink: %s: %s", coh_status_name(st), coh_last_error());
-    if (cur != W) coh_comm_free(cur);
-    cur = nc;
-    coh_comm_size(cur, &cur_n);
-    coh_comm_rank(cur, &cur_me);
-    int64_t at = (int64_t)next;
-    coh_request_t *req;
-    st = coh_allreduce(cur, &at, &at, 1, COH_I64, COH_MAX, &req);
-    if (st == 0) st = coh_wait(req, -1), coh_request_free(req);
-    if (st) die(EXIT_ERROR, "agreeing after the shrink: %s", coh_status_name(st));
-    fprintf(stderr, "cohort-load rank %d: a rank failed; %d ranks go on from op #%lld\n", R0, cur_n,
-            (long long)at);
+    uint64_t at = adopt(nc, next, "shrink");
+    fprintf(stderr, "cohort-load rank %d: a rank failed; %d ranks go on from op #%llu\n", R0, cur_n,
+            (unsigned long long)at);
     restart_victims();
-    return (uint64_t)at;
+    return at;
 }
 
 /* A world rank that a restart fault killed and that is not back in cur. */
@@ -628,18 +636,10 @@ static uint64_t grow_back(uint64_t next)
         coh_comm_free(g);
         return next;
     }
-    if (cur != W) coh_comm_free(cur);
-    cur = g;
-    cur_n = n;
-    coh_comm_rank(cur, &cur_me);
-    int64_t at = (int64_t)next;
-    coh_request_t *req;
-    st = coh_allreduce(cur, &at, &at, 1, COH_I64, COH_MAX, &req);
-    if (st == 0) st = coh_wait(req, -1), coh_request_free(req);
-    if (st) die(EXIT_ERROR, "agreeing after the grow: %s", coh_status_name(st));
-    fprintf(stderr, "cohort-load rank %d: a restarted rank is back; %d ranks go on from op #%lld\n",
-            R0, cur_n, (long long)at);
-    return (uint64_t)at;
+    uint64_t at = adopt(g, next, "grow");
+    fprintf(stderr, "cohort-load rank %d: a restarted rank is back; %d ranks go on from op #%llu\n",
+            R0, cur_n, (unsigned long long)at);
+    return at;
 }
 
 /* ---- main ---- */
@@ -870,15 +870,7 @@ int main(int argc, char **argv)
         if (st)
             die(EXIT_ERROR, "coh_comm_grow (restarted): %s: %s", coh_status_name(st),
                 coh_last_error());
-        cur = g;
-        coh_comm_size(cur, &cur_n);
-        coh_comm_rank(cur, &cur_me);
-        int64_t at = 0;
-        coh_request_t *req;
-        st = coh_allreduce(cur, &at, &at, 1, COH_I64, COH_MAX, &req);
-        if (st == 0) st = coh_wait(req, -1), coh_request_free(req);
-        if (st) die(EXIT_ERROR, "agreeing after the grow: %s", coh_status_name(st));
-        idx = (uint64_t)at;
+        idx = adopt(g, 0, "grow");
         fprintf(stderr, "cohort-load rank %d: restarted, back in at op #%llu with %d ranks\n", R0,
                 (unsigned long long)idx, cur_n);
     }
