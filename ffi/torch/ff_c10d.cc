@@ -193,6 +193,16 @@ static const at::Tensor &single(const std::vector<at::Tensor> &ts, const char *w
     return ts[0];
 }
 
+/* Copy consecutive pieces of flat back into outs (a staged output). */
+static void unflatten(const at::Tensor &flat, std::vector<at::Tensor> &outs)
+{
+    int64_t off = 0;
+    for (auto &o : outs) {
+        o.copy_(flat.narrow(0, off, o.numel()).view_as(o));
+        off += o.numel();
+    }
+}
+
 /* Tensors laid end to end in one buffer (torch's chunks of one tensor are). */
 static bool adjacent(const std::vector<at::Tensor> &ts)
 {
@@ -293,13 +303,7 @@ class ProcessGroupCohort : public c10d::ProcessGroup
         auto w = work(c10d::OpType::ALLREDUCE_COALESCED, "cohort:allreduce_coalesced", tensors);
         w->keep_ = {flat};
         std::vector<at::Tensor> outs = tensors;
-        w->after_ = [flat, outs]() mutable {
-            int64_t off = 0;
-            for (auto &o : outs) {
-                o.copy_(flat.narrow(0, off, o.numel()).view_as(o));
-                off += o.numel();
-            }
-        };
+        w->after_ = [flat, outs]() mutable { unflatten(flat, outs); };
         return submit(w, what, [&](coh_request_t **rq) {
             return coh_allreduce(comm_, flat.data_ptr(), flat.data_ptr(), ty.count, ty.dt, op, rq);
         });
@@ -348,11 +352,7 @@ class ProcessGroupCohort : public c10d::ProcessGroup
         } else {
             recv = at::empty({(int64_t)getSize() * in.numel()}, in.options());
             std::vector<at::Tensor> o = outs;
-            w->after_ = [recv, o]() mutable {
-                for (size_t i = 0; i < o.size(); i++)
-                    o[i].copy_(
-                        recv.narrow(0, (int64_t)i * o[i].numel(), o[i].numel()).view_as(o[i]));
-            };
+            w->after_ = [recv, o]() mutable { unflatten(recv, o); };
         }
         w->keep_ = {in, recv};
         void *rbuf = recv.data_ptr();
@@ -448,11 +448,7 @@ class ProcessGroupCohort : public c10d::ProcessGroup
         std::vector<at::Tensor> outs = root ? outputs[0] : std::vector<at::Tensor>{};
         auto w = work(c10d::OpType::GATHER, "cohort:gather", outs);
         w->keep_ = {in, recv};
-        w->after_ = [recv, outs]() mutable {
-            for (size_t i = 0; i < outs.size(); i++)
-                outs[i].copy_(
-                    recv.narrow(0, (int64_t)i * outs[i].numel(), outs[i].numel()).view_as(outs[i]));
-        };
+        w->after_ = [recv, outs]() mutable { unflatten(recv, outs); };
         return submit(w, what, [&](coh_request_t **rq) {
             return coh_allgather(comm_, in.data_ptr(), recv.data_ptr(), ty.count, ty.dt, rq);
         });
