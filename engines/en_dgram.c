@@ -130,6 +130,17 @@ bool en_dg_bound_met(uint64_t got, uint64_t total, double bound)
     return (double)(total - got) <= floor(bound * (double)total);
 }
 
+int en_dg_spray_pick(const uint64_t *next_ns, int n, unsigned avail, int first, uint64_t now)
+{
+    int pick = -1;
+    for (int j = 0; j < n; j++) {
+        int k = (first + j) % n;
+        if (!((avail >> k) & 1) || next_ns[k] > now) continue;
+        if (pick < 0 || next_ns[k] < next_ns[pick]) pick = k;
+    }
+    return pick;
+}
+
 int en_dg_missing(const en_dg_bitmap_t *b, en_dg_range_t *out, int cap)
 {
     int n = 0;

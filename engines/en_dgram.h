@@ -142,6 +142,13 @@ typedef struct en_pacer {
  * burst to catch up by more than one period's worth (burst_ns). */
 uint64_t en_pacer_delay(en_pacer_t *p, uint64_t now_ns, double rate_bps, size_t bytes,
                         uint64_t burst_ns);
+/* Spraying: the path of n the next datagram takes. Of those in avail, the
+ * one whose pacers let it out first (next_ns[k]: the later of the flow's and
+ * the path's line pacer), when that is not after now; a tie goes to the
+ * first in turn from path `first`. -1: none may send now. Per datagram, so
+ * equal paths alternate and one of a quarter of the rate carries every
+ * fifth. */
+int en_dg_spray_pick(const uint64_t *next_ns, int n, unsigned avail, int first, uint64_t now);
 
 /* ---- tagging ---- */
 

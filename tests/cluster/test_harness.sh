@@ -73,6 +73,9 @@ for i in 0 1 2; do
       fail "$name-$i eth$k: no tbf at ${per[k]}Mbit"
     "$TCBIN" -n "$name-hub" qdisc show dev "r$i-$k" | grep "tbf .*rate ${per[k]}Mbit" >/dev/null ||
       fail "hub r$i-$k: no tbf at ${per[k]}Mbit"
+    # Drops per packet (--loss-unit packet): the hub's port cuts GSO packets.
+    "$IPBIN" -n "$name-hub" -d link show dev "r$i-$k" | grep -w "gso_max_segs 1" >/dev/null ||
+      fail "hub r$i-$k: GSO packets are not cut (gso_max_segs)"
   done
   ip netns exec "$name-$i" nft list table inet cohort_loss | grep "numgen random mod 10000 < 1000" >/dev/null ||
     fail "$name-$i: no loss rule"

@@ -201,6 +201,49 @@ static void test_pacer(void **state)
     assert_int_equal(en_pacer_delay(&p, now, 0, 1500, burst), 0);
 }
 
+/* Spraying per datagram: the path whose pacers free first, in turn on a tie. */
+static void test_spray_pick(void **state)
+{
+    (void)state;
+    uint64_t now = 1000000000ull, burst = 1000000; /* 1 ms of credit */
+    uint64_t next[2] = {now, now};
+    assert_int_equal(en_dg_spray_pick(next, 2, 3, 0, now), 0);
+    assert_int_equal(en_dg_spray_pick(next, 2, 3, 1, now), 1); /* tie: in turn */
+    assert_int_equal(en_dg_spray_pick(next, 2, 2, 0, now), 1); /* path 0 not available */
+    next[1] = now + 1;
+    assert_int_equal(en_dg_spray_pick(next, 2, 2, 0, now), -1); /* not yet */
+    assert_int_equal(en_dg_spray_pick(next, 2, 0, 0, now), -1);
+    /* Two paths at 400 and 100 Mbit/s, 1500-byte datagrams, for 50 ms. */
+    double rate[2] = {400e6, 100e6};
+    for (int equal = 0; equal < 2; equal++) {
+        en_pacer_t pc[2] = {{now - burst}, {now - burst}};
+        int count[2] = {0, 0}, run = 0, maxrun = 0, prev = -1, turn = 0;
+        for (uint64_t t = now; t < now + 50000000ull; t += 100000) { /* 0.1 ms ticks */
+            for (;;) {
+                for (int k = 0; k < 2; k++) next[k] = pc[k].next_ns;
+                int k = en_dg_spray_pick(next, 2, 3, turn++ % 2, t);
+                if (k < 0) break;
+                en_pacer_delay(&pc[k], t, equal ? 400e6 : rate[k], 1500, burst);
+                count[k]++;
+                run = k == prev ? run + 1 : 1;
+                if (run > maxrun) maxrun = run;
+                prev = k;
+            }
+        }
+        int total = count[0] + count[1];
+        if (equal) {
+            /* Alternating: halves, and never two in a row on one path
+             * once both pacers are running. */
+            assert_true(abs(count[0] - count[1]) <= 1);
+            assert_true(maxrun <= 2);
+        } else {
+            /* A fifth on the slow path, in runs of about 4 on the fast one. */
+            assert_true(count[1] * 100 >= total * 19 && count[1] * 100 <= total * 21);
+            assert_true(maxrun <= 5);
+        }
+    }
+}
+
 static void test_tags(void **state)
 {
     (void)state;
@@ -246,6 +289,7 @@ int main(void)
         cmocka_unit_test(test_bound_accounting),
         cmocka_unit_test(test_rate_control),
         cmocka_unit_test(test_pacer),
+        cmocka_unit_test(test_spray_pick),
         cmocka_unit_test(test_tags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
