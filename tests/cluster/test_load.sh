@@ -55,7 +55,7 @@ rc=$?
 set -e
 [ $rc = 77 ] && exit 77
 log=$out/load.log
-[ -f "$log" ] && grep -E "SUMMARY|WRONG|HANG|GROWTH|t=|fault|failed over|is back|: failover|: return" "$log" | head -60
+[ -f "$log" ] && grep -E "SUMMARY|WRONG|HANG|GROWTH|t=|fault|failed over|is back|: failover|: return|cohort-load rank|cohortrun" "$log" | head -80
 fail=0
 [ $rc = 0 ] || { echo "FAIL: the run failed (status $rc)"; fail=1; }
 [ "$(grep -cE 'SUMMARY rank [0-9]+: .* 0 wrong, 0 errors' "$log" 2>/dev/null || true)" = 4 ] ||
