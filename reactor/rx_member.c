@@ -1016,8 +1016,19 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
             snprintf(m->excluded_why, sizeof(m->excluded_why),
                      "the coordinator excluded this rank (%s)",
                      rx_lost_why_text((int)msg.u.lost.why));
-            bs_log(COH_LOG_WARN, "rank %d: %s", m->ctx->rank, m->excluded_why);
             m->excluded = true;
+            coh_request_t *req = m->pending;
+            const rx_syncreq_t *ps = req ? req->sync : NULL;
+            bs_log(COH_LOG_WARN,
+                   "rank %d: %s; its sync: %s (group %llu, phase %d, running %d, awaiting %d, "
+                   "a relay op of its own %d)",
+                   m->ctx->rank, m->excluded_why, ps ? "pending" : "none",
+                   ps ? (unsigned long long)ps->group_id : 0ull, ps ? ps->phase : 0,
+                   ps ? ps->running : 0, ps ? ps->awaiting : 0, m->relay_req != NULL);
+            /* No plan, phase 2 or commit will come for a sync that waits
+             * for one: it fails now. One whose op runs ends when that op
+             * does (every other rank drops this one's links). */
+            if (ps && !ps->running) finish(m, req, COH_EPEER, m->excluded_why);
             break;
         }
         if (msg.u.lost.why == RX_LOST_SILENT)
