@@ -1,12 +1,17 @@
 /*
- * Device probe. With the CUDA toolkit the build links cudart and asks it how
- * many GPUs the process sees; without it (or without a driver) the answer is
- * 0 and cohort runs its CPU kernels.
+ * The CUDA implementation of the device interface (gpu_dev.h) on the CUDA
+ * runtime, and the device probe. Without the toolkit only the probe is
+ * built (it answers 0) and gpu_dev_cuda() is NULL.
  */
 #include "gpu/gpu.h"
+#include "gpu/gpu_dev.h"
 
 #ifdef COHORT_HAVE_CUDA
+#include <cuda.h> /* types only: the driver is reached through the runtime */
 #include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 #endif
 
 int gpu_cuda_built(void)
@@ -28,3 +33,222 @@ int gpu_device_count(void)
     return 0;
 #endif
 }
+
+#ifdef COHORT_HAVE_CUDA
+
+static _Thread_local char err_text[160];
+
+/* 0, or a status with the runtime's text kept for last_error. */
+static int check(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return 0;
+    snprintf(err_text, sizeof(err_text), "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? COH_ENOMEM : COH_EINVAL;
+}
+
+static int c_is_device(const void *p, int *dev)
+{
+    struct cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) { /* older runtimes: an unregistered host pointer */
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev) *dev = a.device;
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+static int c_set_device(int dev, int *prev)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+    if (prev) *prev = cur;
+    return cur == dev ? 0 : check(cudaSetDevice(dev), "cudaSetDevice");
+}
+
+static int c_dev_alloc(void **p, size_t n)
+{
+    return check(cudaMalloc(p, n ? n : 1), "cudaMalloc");
+}
+
+static void c_dev_free(void *p)
+{
+    if (p) cudaFree(p);
+}
+
+static int c_host_alloc(void **p, size_t n)
+{
+    return check(cudaHostAlloc(p, n ? n : 1, cudaHostAllocPortable), "cudaHostAlloc");
+}
+
+static void c_host_free(void *p)
+{
+    if (p) cudaFreeHost(p);
+}
+
+static int c_stream_new(void **s)
+{
+    cudaStream_t st;
+    int r = check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (r == 0) *s = st;
+    return r;
+}
+
+static void c_stream_free(void *s)
+{
+    if (s) cudaStreamDestroy((cudaStream_t)s);
+}
+
+static int c_event_new(void **e)
+{
+    cudaEvent_t ev;
+    int r = check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    if (r == 0) *e = ev;
+    return r;
+}
+
+static void c_event_free(void *e)
+{
+    if (e) cudaEventDestroy((cudaEvent_t)e);
+}
+
+static int c_event_record(void *e, void *s)
+{
+    return check(cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s), "cudaEventRecord");
+}
+
+static int c_event_query(void *e)
+{
+    cudaError_t r = cudaEventQuery((cudaEvent_t)e);
+    if (r == cudaSuccess) return 1;
+    if (r == cudaErrorNotReady) return 0;
+    return check(r, "cudaEventQuery");
+}
+
+static int c_stream_wait(void *s, void *e)
+{
+    return check(cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)e, 0), "cudaStreamWaitEvent");
+}
+
+static int c_copy(void *dst, const void *src, size_t n, void *s)
+{
+    return check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, (cudaStream_t)s),
+                 "cudaMemcpyAsync");
+}
+
+static int c_reduce(coh_dtype dt, coh_redop op, void *dst, const void *a, const void *b, size_t n,
+                    void *s)
+{
+    int r = gpu_cuda_reduce(dt, op, dst, a, b, n, s);
+    if (r < 0) return r;
+    return check(cudaGetLastError(), "reduction kernel launch");
+}
+
+static int c_div(coh_dtype dt, void *buf, size_t n, double d, void *s)
+{
+    int r = gpu_cuda_div(dt, buf, n, d, s);
+    if (r < 0) return r;
+    return check(cudaGetLastError(), "division kernel launch");
+}
+
+/* cuMemGetAddressRange through the runtime: linking libcuda would keep
+ * programs from starting on machines without a driver. */
+typedef CUresult (*range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+
+static int c_ipc_get(const void *p, gpu_ipc_t *h)
+{
+    static range_fn range;
+    if (!range) {
+        void *fp = NULL;
+        enum cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fp, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            !fp)
+            return check(cudaErrorNotSupported, "cuMemGetAddressRange");
+        range = (range_fn)fp;
+    }
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (range(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+        return check(cudaErrorInvalidValue, "cuMemGetAddressRange");
+    cudaIpcMemHandle_t ih;
+    int r = check(cudaIpcGetMemHandle(&ih, (void *)(uintptr_t)base), "cudaIpcGetMemHandle");
+    if (r < 0) return r;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->handle, &ih, sizeof(ih) < GPU_IPC_BYTES ? sizeof(ih) : GPU_IPC_BYTES);
+    h->offset = (uint64_t)((uintptr_t)p - (uintptr_t)base);
+    h->size = size;
+    h->pid = (int32_t)getpid();
+    int dev = 0;
+    cudaGetDevice(&dev);
+    h->dev = dev;
+    return 0;
+}
+
+static int c_ipc_open(const gpu_ipc_t *h, void **base)
+{
+    cudaIpcMemHandle_t ih;
+    memcpy(&ih, h->handle, sizeof(ih));
+    return check(cudaIpcOpenMemHandle(base, ih, cudaIpcMemLazyEnablePeerAccess),
+                 "cudaIpcOpenMemHandle");
+}
+
+static void c_ipc_close(void *base)
+{
+    if (base) cudaIpcCloseMemHandle(base);
+}
+
+static int c_host_fn(void *s, void (*fn)(void *), void *arg)
+{
+    return check(cudaLaunchHostFunc((cudaStream_t)s, fn, arg), "cudaLaunchHostFunc");
+}
+
+static int c_stream_sync(void *s)
+{
+    return check(cudaStreamSynchronize((cudaStream_t)s), "cudaStreamSynchronize");
+}
+
+static const char *c_last_error(void)
+{
+    return err_text;
+}
+
+static const gpu_dev_t cuda_dev = {
+    .name = "cuda",
+    .is_device = c_is_device,
+    .set_device = c_set_device,
+    .dev_alloc = c_dev_alloc,
+    .dev_free = c_dev_free,
+    .host_alloc = c_host_alloc,
+    .host_free = c_host_free,
+    .stream_new = c_stream_new,
+    .stream_free = c_stream_free,
+    .event_new = c_event_new,
+    .event_free = c_event_free,
+    .event_record = c_event_record,
+    .event_query = c_event_query,
+    .stream_wait = c_stream_wait,
+    .copy = c_copy,
+    .reduce = c_reduce,
+    .div = c_div,
+    .ipc_get = c_ipc_get,
+    .ipc_open = c_ipc_open,
+    .ipc_close = c_ipc_close,
+    .host_fn = c_host_fn,
+    .stream_sync = c_stream_sync,
+    .last_error = c_last_error,
+};
+
+const gpu_dev_t *gpu_dev_cuda(void)
+{
+    return &cuda_dev;
+}
+
+#else
+
+const gpu_dev_t *gpu_dev_cuda(void)
+{
+    return NULL;
+}
+
+#endif
