@@ -79,6 +79,23 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
             return bs_fail(e, "%s", why);
         }
     }
+#ifdef COHORT_HAVE_VERBS
+    if (cfg->verbs) {
+        int e = en_verbs_init(rail, cfg->verbs_netdev, cfg->verbs_dev, cfg->verbs_port,
+                              cfg->verbs_gid, cfg->verbs_ring_bytes);
+        if (e) {
+            char why[BS_ERR_LEN];
+            snprintf(why, sizeof(why), "%s", coh_last_error());
+            en_rail_fini(rail);
+            return bs_fail(e, "%s", why);
+        }
+    }
+#else
+    if (cfg->verbs) {
+        en_rail_fini(rail);
+        return bs_fail(COH_EUNSUPPORTED, "rail %d: this build has no verbs engine", cfg->index);
+    }
+#endif
     return 0;
 nomem:
     en_rail_fini(rail);
@@ -87,6 +104,9 @@ nomem:
 
 void en_rail_fini(en_rail_t *rail)
 {
+#ifdef COHORT_HAVE_VERBS
+    en_verbs_fini(rail);
+#endif
     en_udp_fini(rail);
     en_shm_fini(rail);
     coh_free(rail->shm_peer);
@@ -129,7 +149,11 @@ bool en_rail_busy(en_rail_t *rail)
 
 bool en_rail_poll(en_rail_t *rail)
 {
-    return rail->shm && en_shm_poll(rail);
+    bool did = rail->shm && en_shm_poll(rail);
+#ifdef COHORT_HAVE_VERBS
+    did = en_verbs_poll(rail) || did;
+#endif
+    return did;
 }
 
 bool en_rail_arm(en_rail_t *rail)

@@ -57,7 +57,7 @@
 #include <unistd.h>
 
 #include "base/bs_alloc.h"
-#include "engines/engine.h"
+#include "engines/en_link.h"
 
 #define SHM_MAGIC        0x474e495248534f43ull /* "COSHRING" */
 #define SHM_RING_HDR     256                   /* the indices, then the data */
@@ -124,7 +124,7 @@ typedef struct shm_conn {
     uint64_t rx_cma_addr;
     pid_t peer_pid;
     uint8_t *bounce;
-    bool kicking, kick_again;
+    en_kick_t kick;               /* process and pump, not nested (en_link.h) */
     struct shm_conn *prev, *next; /* the transport's conns */
 } shm_conn_t;
 
@@ -323,18 +323,6 @@ static shm_conn_t *conn_new(shm_tr_t *tr, int fd)
     return t;
 }
 
-static void tx_fail_all(shm_conn_t *t, int status)
-{
-    while (t->q_head) {
-        en_wreq_t *w = t->q_head;
-        t->q_head = w->tx_next;
-        w->tx_next = NULL;
-        t->base.writes_out--;
-        w->done(w, status);
-    }
-    t->q_tail = NULL;
-}
-
 /* The oldest frame sent as a descriptor ends with status (a closing link). */
 static void cma_pop(shm_conn_t *t, int status)
 {
@@ -367,27 +355,7 @@ static void conn_close(shm_conn_t *t, int status, const char *why)
     /* Frames already in the ring were sent, as a write TCP took is: their
      * completions (queued) come first, so the ops they finish do not fail
      * with the link (a peer that read them and finalized closes it). */
-    en_wreq_t **pp = &tr->done_head, *last = NULL, *mine = NULL, **mt = &mine;
-    while (*pp) {
-        en_wreq_t *w = *pp;
-        if (w->conn != c) {
-            last = w;
-            pp = &w->tx_next;
-            continue;
-        }
-        *pp = w->tx_next;
-        w->tx_next = NULL;
-        *mt = w;
-        mt = &w->tx_next;
-    }
-    tr->done_tail = last;
-    while (mine) {
-        en_wreq_t *w = mine;
-        mine = w->tx_next;
-        w->tx_next = NULL;
-        c->writes_out--;
-        w->done(w, 0);
-    }
+    en_wq_done_of(c, &tr->done_head, &tr->done_tail);
     /* Descriptors: those the peer read are sent; the others' payload never
      * left this process. Those go back to their owners, who may write them
      * at once: say so first, and a peer still reading one (a link closed
@@ -403,7 +371,7 @@ static void conn_close(shm_conn_t *t, int status, const char *why)
     en_rail_conn_lost(c->rail, c, was == EN_CONN_READY ? status : (status ? status : COH_EPROTO),
                       why);
     while (t->cma_head) cma_pop(t, COH_ECANCELED);
-    tx_fail_all(t, COH_ECANCELED);
+    en_wq_fail_all(&t->base, &t->q_head, &t->q_tail, COH_ECANCELED);
     c->state = EN_CONN_CLOSED;
     uv_close((uv_handle_t *)&t->poll, handle_closed);
     uv_close((uv_handle_t *)&t->timer, handle_closed);
@@ -438,16 +406,6 @@ static void publish(shm_conn_t *t)
     shm_ring_t *r = t->tx;
     atomic_store(&r->tail, t->tx_tail); /* seq_cst: against the reader's rsleep */
     if (atomic_load(&r->rsleep) && atomic_exchange(&r->rsleep, 0)) doorbell(t);
-}
-
-static void wq_push(en_wreq_t **head, en_wreq_t **tail, en_wreq_t *w)
-{
-    w->tx_next = NULL;
-    if (*tail)
-        (*tail)->tx_next = w;
-    else
-        *head = w;
-    *tail = w;
 }
 
 /* The frame at the head of the queue is written (bytes of it counted). */
@@ -507,7 +465,7 @@ static void pump_tx(shm_conn_t *t)
             ring_put(t, b, sizeof(b));
             publish(t);
             /* The payload stays the caller's until the peer has read it. */
-            wq_push(&t->cma_head, &t->cma_tail, q_sent(t, EN_HDR_SIZE + w->len));
+            en_wq_push(&t->cma_head, &t->cma_tail, q_sent(t, EN_HDR_SIZE + w->len));
             continue;
         }
         if (t->q_off == 0) {
@@ -530,7 +488,7 @@ static void pump_tx(shm_conn_t *t)
         if (t->q_off < padded) continue;
         /* In the ring: the caller's buffer is free. */
         t->q_off = 0;
-        wq_push(&t->tr->done_head, &t->tr->done_tail, q_sent(t, total));
+        en_wq_push(&t->tr->done_head, &t->tr->done_tail, q_sent(t, total));
     }
 }
 
@@ -545,7 +503,7 @@ static bool cma_reap(shm_conn_t *t)
         t->cma_head = w->tx_next;
         if (!t->cma_head) t->cma_tail = NULL;
         t->cma_acked++;
-        wq_push(&t->tr->done_head, &t->tr->done_tail, w);
+        en_wq_push(&t->tr->done_head, &t->tr->done_tail, w);
         any = true;
     }
     return any;
@@ -553,18 +511,7 @@ static bool cma_reap(shm_conn_t *t)
 
 static bool done_run(shm_tr_t *tr)
 {
-    /* Detach first: a completion may queue more. */
-    en_wreq_t *w = tr->done_head;
-    if (!w) return false;
-    tr->done_head = tr->done_tail = NULL;
-    while (w) {
-        en_wreq_t *next = w->tx_next;
-        w->tx_next = NULL;
-        if (w->conn) w->conn->writes_out--;
-        w->done(w, 0);
-        w = next;
-    }
-    return true;
+    return en_wq_run_done(&tr->done_head, &tr->done_tail);
 }
 
 static int shm_send(en_conn_t *c, en_wreq_t *w)
@@ -572,7 +519,7 @@ static int shm_send(en_conn_t *c, en_wreq_t *w)
     shm_conn_t *t = (shm_conn_t *)c;
     if (c->state != EN_CONN_READY) return COH_EPEER;
     w->conn = c;
-    wq_push(&t->q_head, &t->q_tail, w);
+    en_wq_push(&t->q_head, &t->q_tail, w);
     c->writes_out++;
     if (t->q_head == w) pump_tx(t);
     return 0;
@@ -733,23 +680,22 @@ static void process(shm_conn_t *t)
     rx_publish(t);
 }
 
+static bool kick_live(void *arg)
+{
+    return ((shm_conn_t *)arg)->phase == SH_LIVE;
+}
+
+static void kick_step(void *arg)
+{
+    process(arg);
+    pump_tx(arg);
+}
+
 /* A completion can reach back into a conn that is processing: run once more
  * instead of nesting. */
 static void kick(shm_conn_t *t)
 {
-    if (t->kicking) {
-        t->kick_again = true;
-        return;
-    }
-    t->kicking = true;
-    do {
-        t->kick_again = false;
-        if (t->phase == SH_LIVE) {
-            process(t);
-            pump_tx(t);
-        }
-    } while (t->kick_again && t->phase == SH_LIVE);
-    t->kicking = false;
+    en_kick_run(&t->kick, kick_live, kick_step, t);
 }
 
 static void shm_resume(en_conn_t *c)
@@ -811,21 +757,7 @@ static void on_hello(shm_conn_t *t)
     en_rail_t *rail = c->rail;
     en_hello_t h;
     char why[BS_ERR_LEN];
-    int r = en_hello_decode(t->hello_in, EN_HELLO_SIZE, &h);
-    if (r == EN_HELLO_SIZE) {
-        r = en_rail_check_hello(rail, &h, !c->outgoing, why, sizeof(why));
-    } else {
-        snprintf(why, sizeof(why), "malformed handshake");
-        r = COH_EPROTO;
-    }
-    if (r == 0 && (h.flags & EN_HELLO_RESUME)) {
-        snprintf(why, sizeof(why), "a resume on a shared-memory link");
-        r = COH_EPROTO;
-    }
-    if (r == 0 && c->outgoing && (int)h.rank != t->expect_peer) {
-        snprintf(why, sizeof(why), "dialled rank %d but rank %u answered", t->expect_peer, h.rank);
-        r = COH_EPROTO;
-    }
+    int r = en_link_hello(c, t->hello_in, t->expect_peer, "a shared-memory", &h, why, sizeof(why));
     if (r == 0 && t->peer_memfd < 0) {
         snprintf(why, sizeof(why), "no ring came with the handshake");
         r = COH_EPROTO;

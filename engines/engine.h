@@ -1,8 +1,8 @@
 /*
  * engine.h - data movement.
  *
- * engines/ owns the transports (one ops table each: tcp now; bounded-loss
- * udp and verbs later), the per-rail state (connections to every peer, the
+ * engines/ owns the transports (one ops table each: tcp, shm, verbs; the
+ * bounded-loss udp datagrams beside a rail), the per-rail state (connections to every peer, the
  * ops in flight) and the plan executor that runs a rank's part of a
  * collective (sched/sc_plan.h) as a state machine driven by completions.
  *
@@ -241,9 +241,15 @@ typedef struct en_transport_ops {
 } en_transport_ops_t;
 
 extern const en_transport_ops_t en_tcp_ops;
+/* RDMA reliable connections (en_verbs.c, built with libibverbs). */
+extern const en_transport_ops_t en_verbs_ops;
 /* Peers on the same host (en_shm.c): listen and connect ignore addresses. */
 extern const en_transport_ops_t en_shm_ops;
 void en_ops_complete(en_transport_ops_t *ops);
+int en_verbs_init(en_rail_t *rail, const char *netdev, const char *dev, int port, int gid_index,
+                  size_t ring_bytes);
+void en_verbs_fini(en_rail_t *rail);
+bool en_verbs_poll(en_rail_t *rail); /* completions drained (the rail's poll hook) */
 
 /* ---- ops: one rail's slice of a request ---- */
 
@@ -384,6 +390,13 @@ typedef struct en_rail_cfg {
     const char *shm_name; /* this context's: rank, pid and a count (unique on the host) */
     size_t shm_ring_bytes;
     size_t shm_cma_bytes; /* single copy (process_vm_readv) from this frame size; 0: never */
+    /* A verbs rail (ops = &en_verbs_ops): the interface it was named by
+     * (its RDMA device is found behind it), or the device itself; port,
+     * GID index, and each link's ring per direction. */
+    bool verbs;
+    const char *verbs_netdev, *verbs_dev;
+    int verbs_port, verbs_gid;
+    size_t verbs_ring_bytes;
 } en_rail_cfg_t;
 
 struct en_rail {
@@ -456,10 +469,11 @@ struct en_rail {
     _Atomic uint64_t stat_resent;    /* bytes sent again after a move */
     _Atomic uint64_t stat_shm_out, stat_shm_in; /* of stat_bytes_*: through shared memory */
     _Atomic uint64_t stat_cma_in;               /* of stat_shm_in: read from the sender's memory */
-    struct en_udp *udp; /* a udp rail's datagram engine; NULL on tcp rails */
-    struct en_shm *shm; /* the shared-memory transport; NULL: off */
-    uint8_t *shm_peer;  /* [world]: dial this peer through shared memory */
-    char *shm_names;    /* [world * EN_SHM_NAME]: their contexts' names */
+    struct en_udp *udp;     /* a udp rail's datagram engine; NULL on tcp rails */
+    struct en_shm *shm;     /* the shared-memory transport; NULL: off */
+    struct en_verbs *verbs; /* a verbs rail's device and links; NULL: not one */
+    uint8_t *shm_peer;      /* [world]: dial this peer through shared memory */
+    char *shm_names;        /* [world * EN_SHM_NAME]: their contexts' names */
     bool want_udp;
     en_udp_cfg_t udpcfg;
 };

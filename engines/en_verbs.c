@@ -1,0 +1,1052 @@
+/*
+ * The verbs transport (rdma-core): a rail's links over RDMA reliable
+ * connections (COHORT_NICS=NIC:verbs; docs/verbs.md). Built with
+ * libibverbs; never run here (no RDMA device on these machines).
+ *
+ * A link is one RC queue pair per peer and a ring per direction, as on
+ * shared memory (en_shm.c), except that the ring lives in the reader's
+ * memory and the writer fills it from afar:
+ *   - the writer copies a frame (header, payload, padding to 8) into its
+ *     staging ring at the same offsets, RDMA-writes the bytes into the
+ *     reader's ring, then sends a zero-length RDMA write with immediate
+ *     whose 31 low bits are its new tail: the reader's completion says the
+ *     bytes are there (RC places writes in order);
+ *   - the reader parses frames straight out of its ring (match, copy or
+ *     reduce into the sink), and gives the space back the same way, with
+ *     its head in an immediate (the top bit tells the two apart).
+ * A send completes once its frame is in the staging ring. Every work
+ * request is signalled, so each yields one completion (flushed ones too)
+ * and a link's memory goes only when all of its have come back.
+ *
+ * Set-up goes over TCP beside the queue pair, to the rail's address, as
+ * rdma_cm would: the dialler sends its HELLO (the job token, as on TCP)
+ * and its endpoint (QP number, PSN, LID, GID, ring address, key and size),
+ * the listener checks it, brings its QP to RTS and answers the same way,
+ * the dialler brings its QP up and sends READY, and only then does either
+ * write. The socket stays open as the liveness check (a peer that dies
+ * closes it). A work completion that fails closes the link with the
+ * verbs status as the reason (COH_EPEER), as a broken socket does on TCP;
+ * the rail reports the peer gone and the balancer moves the world's ops to
+ * the other rails.
+ *
+ * One completion queue per rail, with a completion channel whose fd a
+ * uv_poll_t watches; the rail's poll hook also drains the queue, so a loop
+ * that is awake sees completions without a system call.
+ *
+ * Threading: the rail's loop thread.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/bs_alloc.h"
+#include "engines/en_link.h"
+
+#define VB_EP_SIZE      64
+#define VB_RQ_DEPTH     128 /* receives posted per QP: immediates in flight */
+#define VB_SQ_DEPTH     512
+#define VB_SQ_SLACK     8 /* sends kept free for the head's immediate */
+#define VB_HANDSHAKE_MS 10000
+#define VB_IMM_HEAD     0x80000000u /* an immediate carrying the reader's head */
+#define VB_POS_MASK     0x7fffffffu
+#define VB_READY        0x52          /* the dialler's last handshake byte */
+#define VB_PIECE        (256u * 1024) /* written per work request at most */
+
+typedef enum vb_kind { VB_WR_RECV = 0, VB_WR_SEND = 1 } vb_kind;
+typedef enum vb_phase { VB_HELLO = 0, VB_WAIT_READY, VB_LIVE, VB_CLOSED } vb_phase;
+
+/* What one side tells the other: its QP and the ring the other writes to. */
+typedef struct vb_ep {
+    uint32_t qpn, psn;
+    uint16_t lid;
+    uint8_t gid[16];
+    uint64_t ring_addr;
+    uint32_t ring_rkey;
+    uint64_t ring_size;
+    uint32_t mtu; /* enum ibv_mtu */
+} vb_ep_t;
+
+typedef struct vb_conn {
+    en_conn_t base; /* first member */
+    struct en_verbs *tr;
+    struct vb_conn *prev, *next;
+    int fd; /* the TCP socket: set-up, then liveness */
+    uv_poll_t poll;
+    uv_timer_t timer; /* the handshake's deadline */
+    int handles;
+    int phase;
+    int expect_peer;
+    uint8_t in[EN_HELLO_SIZE + VB_EP_SIZE];
+    size_t got;
+    struct ibv_qp *qp;
+    vb_ep_t mine, theirs;
+    uint8_t *rx_ring, *tx_ring; /* ring_size each */
+    struct ibv_mr *rx_mr, *tx_mr;
+    uint64_t size;
+    int wr_out; /* work requests posted and not completed */
+    int sq_out; /* of them, sends */
+    bool err;   /* the QP failed: post nothing more */
+    /* Sending: frames in order; q_off bytes of the head's are in the ring. */
+    en_wreq_t *q_head, *q_tail;
+    uint64_t q_off;
+    uint64_t tx_tail;   /* bytes copied into the staging ring */
+    uint64_t tx_posted; /* of them, written to the peer */
+    uint64_t tx_told;   /* the tail the peer was last told */
+    uint64_t peer_head; /* the peer consumed (its immediates) */
+    /* Receiving */
+    uint64_t rx_tail; /* the peer wrote (its immediates) */
+    uint64_t rx_head; /* we consumed */
+    uint64_t rx_told; /* the head the peer was last told */
+    uint64_t rx_pad;
+    en_kick_t kick; /* process and pump, not nested (en_link.h) */
+} vb_conn_t;
+
+typedef struct en_verbs {
+    en_rail_t *rail;
+    en_transport_ops_t ops;
+    char dev_name[IBV_SYSFS_NAME_MAX];
+    int port, gid_index;
+    size_t ring_bytes;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    struct ibv_port_attr pattr;
+    union ibv_gid gid;
+    uv_poll_t ch_poll;
+    bool ch_poll_open;
+    int lfd;
+    uv_poll_t lpoll;
+    bool lpoll_open;
+    vb_conn_t *conns;
+    vb_conn_t *dead; /* closed, waiting for their work requests to flush */
+    en_wreq_t *done_head, *done_tail;
+} en_verbs_t;
+
+static void conn_close(vb_conn_t *t, int status, const char *why);
+static void kick(vb_conn_t *t);
+
+static uint64_t pad8(uint64_t n)
+{
+    return (8 - (n & 7)) & 7;
+}
+
+/* ---- the endpoint on the wire ---- */
+
+static void ep_encode(const vb_ep_t *e, uint8_t out[VB_EP_SIZE])
+{
+    memset(out, 0, VB_EP_SIZE);
+    en_put32(out, e->qpn);
+    en_put32(out + 4, e->psn);
+    en_put16(out + 8, e->lid);
+    memcpy(out + 10, e->gid, 16);
+    en_put64(out + 26, e->ring_addr);
+    en_put32(out + 34, e->ring_rkey);
+    en_put64(out + 38, e->ring_size);
+    en_put32(out + 46, e->mtu);
+}
+
+static void ep_decode(const uint8_t in[VB_EP_SIZE], vb_ep_t *e)
+{
+    e->qpn = en_get32(in);
+    e->psn = en_get32(in + 4);
+    e->lid = en_get16(in + 8);
+    memcpy(e->gid, in + 10, 16);
+    e->ring_addr = en_get64(in + 26);
+    e->ring_rkey = en_get32(in + 34);
+    e->ring_size = en_get64(in + 38);
+    e->mtu = en_get32(in + 46);
+}
+
+/* A position from its 31 low bits, given one not far behind it. */
+static uint64_t pos_from(uint64_t known, uint32_t low)
+{
+    return known + ((low - (uint32_t)known) & VB_POS_MASK);
+}
+
+/* ---- work requests ---- */
+
+static uint64_t wr_id(vb_conn_t *t, vb_kind k)
+{
+    return (uint64_t)(uintptr_t)t | (uint64_t)k;
+}
+
+static int post_recv(vb_conn_t *t)
+{
+    struct ibv_recv_wr wr = {.wr_id = wr_id(t, VB_WR_RECV)}, *bad;
+    int e = ibv_post_recv(t->qp, &wr, &bad);
+    if (e == 0) t->wr_out++;
+    return e;
+}
+
+/* RDMA-write n bytes at ring position pos (from the staging ring), with an
+ * immediate when imm_on. n may be 0 (the immediate alone). */
+static int post_write(vb_conn_t *t, uint64_t pos, uint64_t n, bool imm_on, uint32_t imm)
+{
+    uint64_t at = pos & (t->size - 1);
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)(t->tx_ring + at),
+                          .length = (uint32_t)n,
+                          .lkey = t->tx_mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = wr_id(t, VB_WR_SEND),
+                             .sg_list = n ? &sge : NULL,
+                             .num_sge = n ? 1 : 0,
+                             .opcode = imm_on ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED},
+                       *bad;
+    if (imm_on) wr.imm_data = htonl(imm);
+    wr.wr.rdma.remote_addr = t->theirs.ring_addr + at;
+    wr.wr.rdma.rkey = t->theirs.ring_rkey;
+    int e = ibv_post_send(t->qp, &wr, &bad);
+    if (e == 0) {
+        t->wr_out++;
+        t->sq_out++;
+    }
+    return e;
+}
+
+/* Room in the send queue for one more write (the rest waits for a send
+ * completion, which pumps again). */
+static bool sq_room(const vb_conn_t *t, int slack)
+{
+    return t->sq_out < VB_SQ_DEPTH - slack;
+}
+
+/* ---- sending ---- */
+
+static void ring_put(vb_conn_t *t, const uint8_t *src, uint64_t n)
+{
+    uint64_t at = t->tx_tail & (t->size - 1), first = t->size - at < n ? t->size - at : n;
+    if (src) {
+        memcpy(t->tx_ring + at, src, first);
+        if (n > first) memcpy(t->tx_ring, src + first, n - first);
+    }
+    t->tx_tail += n; /* padding: whatever the staging ring holds there */
+}
+
+/* Write what was copied since the last call, in pieces that do not cross
+ * the ring's end, and tell the peer the new tail. */
+static int flush_tx(vb_conn_t *t)
+{
+    while (t->tx_posted < t->tx_tail) {
+        if (!sq_room(t, VB_SQ_SLACK + 1)) return 0;
+        uint64_t at = t->tx_posted & (t->size - 1), n = t->tx_tail - t->tx_posted;
+        if (n > t->size - at) n = t->size - at;
+        if (n > VB_PIECE) n = VB_PIECE;
+        int e = post_write(t, t->tx_posted, n, false, 0);
+        if (e) return e;
+        t->tx_posted += n;
+    }
+    if (t->tx_told == t->tx_tail || !sq_room(t, VB_SQ_SLACK)) return 0;
+    int e = post_write(t, t->tx_tail, 0, true, (uint32_t)t->tx_tail & VB_POS_MASK);
+    if (e == 0) t->tx_told = t->tx_tail;
+    return e;
+}
+
+static en_wreq_t *q_pop(vb_conn_t *t, uint64_t bytes)
+{
+    en_conn_t *c = &t->base;
+    en_wreq_t *w = t->q_head;
+    t->q_head = w->tx_next;
+    if (!t->q_head) t->q_tail = NULL;
+    c->bytes_out += bytes;
+    atomic_fetch_add_explicit(&c->rail->stat_bytes_out, bytes, memory_order_relaxed);
+    return w;
+}
+
+/* Copy what fits of the queued frames into the staging ring and write it. */
+static void pump_tx(vb_conn_t *t)
+{
+    while (t->q_head && t->phase == VB_LIVE && !t->err) {
+        en_wreq_t *w = t->q_head;
+        uint64_t total = EN_HDR_SIZE + w->len, padded = total + pad8(total);
+        uint64_t room = t->size - (t->tx_tail - t->peer_head);
+        if (room < 8 || (t->q_off == 0 && room < EN_HDR_SIZE)) break; /* its head frees room */
+        if (t->q_off == 0) {
+            ring_put(t, w->hdr, EN_HDR_SIZE);
+            t->q_off = EN_HDR_SIZE;
+            room -= EN_HDR_SIZE;
+        }
+        uint64_t left = padded - t->q_off, n = left < room ? left : room;
+        if (n < left) n &= ~7ull; /* whole words until the end */
+        uint64_t pay_at = t->q_off - EN_HDR_SIZE, pay_n = 0;
+        if (pay_at < w->len) {
+            pay_n = w->len - pay_at < n ? w->len - pay_at : n;
+            ring_put(t, w->payload + pay_at, pay_n);
+        }
+        if (n > pay_n) ring_put(t, NULL, n - pay_n);
+        t->q_off += n;
+        if (t->q_off < padded) continue;
+        t->q_off = 0;
+        en_wq_push(&t->tr->done_head, &t->tr->done_tail, q_pop(t, total)); /* its buffer is free */
+    }
+    if (t->phase == VB_LIVE && !t->err && flush_tx(t) != 0)
+        conn_close(t, COH_ESYS, "posting an RDMA write failed");
+}
+
+static bool done_run(en_verbs_t *tr)
+{
+    return en_wq_run_done(&tr->done_head, &tr->done_tail);
+}
+
+static int vb_send(en_conn_t *c, en_wreq_t *w)
+{
+    vb_conn_t *t = (vb_conn_t *)c;
+    if (c->state != EN_CONN_READY) return COH_EPEER;
+    w->conn = c;
+    en_wq_push(&t->q_head, &t->q_tail, w);
+    c->writes_out++;
+    if (t->q_head == w) pump_tx(t);
+    return 0;
+}
+
+/* ---- receiving ---- */
+
+static void ring_get(vb_conn_t *t, uint64_t pos, uint8_t *out, uint64_t n)
+{
+    uint64_t at = pos & (t->size - 1), first = t->size - at < n ? t->size - at : n;
+    memcpy(out, t->rx_ring + at, first);
+    if (n > first) memcpy(out + first, t->rx_ring, n - first);
+}
+
+/* Give the consumed space back: the head in an immediate. */
+static void rx_publish(vb_conn_t *t)
+{
+    if (t->rx_told == t->rx_head || t->err || t->phase != VB_LIVE || !sq_room(t, 0)) return;
+    if (post_write(t, 0, 0, true, VB_IMM_HEAD | ((uint32_t)t->rx_head & VB_POS_MASK)) != 0) {
+        conn_close(t, COH_ESYS, "posting an RDMA write failed");
+        return;
+    }
+    t->rx_told = t->rx_head;
+}
+
+static bool match(vb_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    int m = en_conn_match(c);
+    if (c->state != EN_CONN_READY) return false;
+    if (m < 0) conn_close(t, m, "frame refused");
+    return m == EN_MATCH_OK;
+}
+
+static void count_in(vb_conn_t *t, uint64_t n)
+{
+    t->base.bytes_in += n;
+    atomic_fetch_add_explicit(&t->base.rail->stat_bytes_in, n, memory_order_relaxed);
+}
+
+/* Deliver what the peer has written into our ring. */
+static void process(vb_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    en_rail_t *rail = c->rail;
+    for (;;) {
+        if (c->state != EN_CONN_READY) return;
+        if (c->rstate == EN_RD_BLOCKED && !match(t)) break;
+        uint64_t avail = t->rx_tail - t->rx_head;
+        if (avail > t->size) {
+            atomic_fetch_add(&rail->stat_bad_frames, 1);
+            conn_close(t, COH_EPROTO, "an RDMA ring out of order");
+            return;
+        }
+        if (c->rstate == EN_RD_HDR) {
+            if (avail < EN_HDR_SIZE) break;
+            uint8_t hb[EN_HDR_SIZE];
+            ring_get(t, t->rx_head, hb, EN_HDR_SIZE);
+            if (en_hdr_decode(hb, EN_HDR_SIZE, &c->hdr) != EN_HDR_SIZE ||
+                c->hdr.type == EN_FRAME_ACK) {
+                atomic_fetch_add(&rail->stat_bad_frames, 1);
+                conn_close(t, COH_EPROTO, "malformed frame header");
+                return;
+            }
+            t->rx_head += EN_HDR_SIZE;
+            count_in(t, EN_HDR_SIZE);
+            t->rx_pad = pad8(EN_HDR_SIZE + c->hdr.len);
+            c->t_frame_ns = bs_now_ns();
+            if (!match(t)) break;
+            continue;
+        }
+        en_sink_t *s = &c->sink;
+        uint64_t need = s->len - s->done;
+        if (need > 0) {
+            uint64_t at = t->rx_head & (t->size - 1);
+            uint64_t n = avail < need ? avail : need;
+            if (n > t->size - at) n = t->size - at;
+            if (s->mode == EN_SINK_REDUCE) n -= n % s->esize;
+            if (n == 0) break;
+            en_sink_consume(s, t->rx_ring + at, (size_t)n);
+            t->rx_head += n;
+            count_in(t, n);
+            if (s->done < s->len) continue;
+        }
+        if (t->rx_tail - t->rx_head < t->rx_pad) break;
+        t->rx_head += t->rx_pad;
+        t->rx_pad = 0;
+        c->rstate = EN_RD_HDR;
+        en_exec_recv_done(rail, c);
+    }
+    rx_publish(t);
+}
+
+static bool kick_live(void *arg)
+{
+    return ((vb_conn_t *)arg)->phase == VB_LIVE;
+}
+
+static void kick_step(void *arg)
+{
+    process(arg);
+    pump_tx(arg);
+}
+
+static void kick(vb_conn_t *t)
+{
+    en_kick_run(&t->kick, kick_live, kick_step, t);
+}
+
+static void vb_resume(en_conn_t *c)
+{
+    vb_conn_t *t = (vb_conn_t *)c;
+    if (c->state == EN_CONN_READY && c->rstate == EN_RD_BLOCKED) kick(t);
+}
+
+/* ---- completions ---- */
+
+static void conn_free(vb_conn_t *t);
+
+static void on_wc(en_verbs_t *tr, const struct ibv_wc *wc)
+{
+    vb_conn_t *t = (vb_conn_t *)(uintptr_t)(wc->wr_id & ~(uint64_t)1);
+    vb_kind k = (vb_kind)(wc->wr_id & 1);
+    t->wr_out--;
+    if (k == VB_WR_SEND) t->sq_out--;
+    if (t->phase == VB_CLOSED) {
+        if (t->wr_out == 0 && t->handles == 0) conn_free(t);
+        return;
+    }
+    if (wc->status != IBV_WC_SUCCESS) {
+        char why[160];
+        snprintf(why, sizeof(why), "RDMA %s to rank %d failed: %s (vendor error 0x%x)",
+                 k == VB_WR_RECV ? "receive" : "write", t->base.peer, ibv_wc_status_str(wc->status),
+                 wc->vendor_err);
+        t->err = true;
+        conn_close(t, COH_EPEER, why);
+        return;
+    }
+    if (k == VB_WR_SEND) { /* room in the send queue: what waited for it */
+        if (t->tx_posted != t->tx_tail || t->tx_told != t->tx_tail || t->rx_told != t->rx_head ||
+            t->q_head)
+            kick(t);
+        return;
+    }
+    /* An immediate: the peer's new tail (data for us) or head (room). */
+    if (post_recv(t) != 0) {
+        conn_close(t, COH_ESYS, "posting an RDMA receive failed");
+        return;
+    }
+    uint32_t imm = ntohl(wc->imm_data);
+    if (imm & VB_IMM_HEAD) {
+        uint64_t h = pos_from(t->peer_head, imm & VB_POS_MASK);
+        if (h - t->peer_head > t->tx_posted - t->peer_head) {
+            conn_close(t, COH_EPROTO, "the peer's head passed what was written");
+            return;
+        }
+        t->peer_head = h;
+    } else {
+        uint64_t tl = pos_from(t->rx_tail, imm & VB_POS_MASK);
+        if (tl - t->rx_head > t->size || (tl & 7)) {
+            conn_close(t, COH_EPROTO, "the peer's tail is outside the ring");
+            return;
+        }
+        t->rx_tail = tl;
+    }
+    kick(t);
+}
+
+/* Drain the completion queue. True when there was anything. */
+static bool drain(en_verbs_t *tr)
+{
+    struct ibv_wc wc[32];
+    bool any = false;
+    int n;
+    while (tr->cq && (n = ibv_poll_cq(tr->cq, 32, wc)) > 0) {
+        any = true;
+        for (int i = 0; i < n; i++) on_wc(tr, &wc[i]);
+    }
+    return done_run(tr) || any;
+}
+
+static void on_channel(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    en_verbs_t *tr = h->data;
+    struct ibv_cq *cq;
+    void *cctx;
+    while (ibv_get_cq_event(tr->ch, &cq, &cctx) == 0) ibv_ack_cq_events(cq, 1);
+    /* Ask again, then drain: a completion between the two is not lost. */
+    ibv_req_notify_cq(tr->cq, 0);
+    drain(tr);
+}
+
+bool en_verbs_poll(en_rail_t *rail)
+{
+    return rail->verbs && drain(rail->verbs);
+}
+
+/* ---- links ---- */
+
+static void handle_closed(uv_handle_t *h)
+{
+    vb_conn_t *t = h->data;
+    if (--t->handles > 0) return;
+    if (t->wr_out == 0) conn_free(t);
+}
+
+static void conn_free(vb_conn_t *t)
+{
+    en_verbs_t *tr = t->tr;
+    if (t->prev)
+        t->prev->next = t->next;
+    else if (tr->dead == t)
+        tr->dead = t->next;
+    if (t->next) t->next->prev = t->prev;
+    if (t->qp) ibv_destroy_qp(t->qp);
+    if (t->rx_mr) ibv_dereg_mr(t->rx_mr);
+    if (t->tx_mr) ibv_dereg_mr(t->tx_mr);
+    free(t->rx_ring);
+    free(t->tx_ring);
+    if (t->fd >= 0) close(t->fd);
+    coh_free(t);
+}
+
+static void conn_close(vb_conn_t *t, int status, const char *why)
+{
+    en_conn_t *c = &t->base;
+    if (t->phase == VB_CLOSED) return;
+    int was = c->state;
+    t->phase = VB_CLOSED;
+    c->state = EN_CONN_CLOSING;
+    en_verbs_t *tr = t->tr;
+    /* From the live list to the dead one, until its work requests flush. */
+    if (t->prev)
+        t->prev->next = t->next;
+    else if (tr->conns == t)
+        tr->conns = t->next;
+    if (t->next) t->next->prev = t->prev;
+    t->prev = NULL;
+    t->next = tr->dead;
+    if (tr->dead) tr->dead->prev = t;
+    tr->dead = t;
+    uv_poll_stop(&t->poll);
+    uv_timer_stop(&t->timer);
+    en_rail_conn_unlink(c);
+    /* Frames in the staging ring were sent, as a write TCP took is. */
+    en_wq_done_of(c, &tr->done_head, &tr->done_tail);
+    en_rail_conn_lost(c->rail, c, was == EN_CONN_READY ? status : (status ? status : COH_EPROTO),
+                      why);
+    en_wq_fail_all(&t->base, &t->q_head, &t->q_tail, COH_ECANCELED);
+    c->state = EN_CONN_CLOSED;
+    /* The error state flushes every posted work request back to us. */
+    if (t->qp) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        ibv_modify_qp(t->qp, &a, IBV_QP_STATE);
+    }
+    uv_close((uv_handle_t *)&t->poll, handle_closed);
+    uv_close((uv_handle_t *)&t->timer, handle_closed);
+}
+
+static void hs_timeout(uv_timer_t *h)
+{
+    vb_conn_t *t = h->data;
+    atomic_fetch_add(&t->base.rail->stat_rejected, 1);
+    conn_close(t, COH_ETIMEDOUT, "no RDMA handshake in time");
+}
+
+static vb_conn_t *conn_new(en_verbs_t *tr, int fd)
+{
+    en_rail_t *rail = tr->rail;
+    vb_conn_t *t = coh_zalloc(sizeof(*t));
+    if (!t) return NULL;
+    t->tr = tr;
+    t->fd = fd;
+    t->base.rail = rail;
+    t->base.peer = -1;
+    t->base.ops = &tr->ops;
+    t->base.state = EN_CONN_HANDSHAKE;
+    en_rail_conn_link(rail, &t->base);
+    if (uv_poll_init(rail->loop, &t->poll, fd) != 0) {
+        en_rail_conn_unlink(&t->base);
+        coh_free(t);
+        return NULL;
+    }
+    t->poll.data = t;
+    uv_timer_init(rail->loop, &t->timer);
+    t->timer.data = t;
+    t->handles = 2;
+    t->next = tr->conns;
+    if (tr->conns) tr->conns->prev = t;
+    tr->conns = t;
+    return t;
+}
+
+/* The QP, the rings and their registrations; our endpoint in t->mine. */
+static int qp_create(vb_conn_t *t)
+{
+    en_verbs_t *tr = t->tr;
+    t->size = tr->ring_bytes;
+    if (posix_memalign((void **)&t->rx_ring, 4096, t->size) != 0 ||
+        posix_memalign((void **)&t->tx_ring, 4096, t->size) != 0)
+        return bs_fail(COH_ENOMEM, "verbs: out of memory for the rings");
+    memset(t->tx_ring, 0, t->size);
+    t->rx_mr =
+        ibv_reg_mr(tr->pd, t->rx_ring, t->size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    t->tx_mr = ibv_reg_mr(tr->pd, t->tx_ring, t->size, IBV_ACCESS_LOCAL_WRITE);
+    if (!t->rx_mr || !t->tx_mr)
+        return bs_fail(COH_ESYS, "verbs: registering the rings: %s", strerror(errno));
+    struct ibv_qp_init_attr ia = {.send_cq = tr->cq,
+                                  .recv_cq = tr->cq,
+                                  .cap = {.max_send_wr = VB_SQ_DEPTH,
+                                          .max_recv_wr = VB_RQ_DEPTH,
+                                          .max_send_sge = 1,
+                                          .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC,
+                                  .sq_sig_all = 1};
+    t->qp = ibv_create_qp(tr->pd, &ia);
+    if (!t->qp) return bs_fail(COH_ESYS, "verbs: ibv_create_qp: %s", strerror(errno));
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                            .pkey_index = 0,
+                            .port_num = (uint8_t)tr->port,
+                            .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+    if (ibv_modify_qp(t->qp, &a,
+                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+        return bs_fail(COH_ESYS, "verbs: QP to INIT: %s", strerror(errno));
+    for (int i = 0; i < VB_RQ_DEPTH; i++)
+        if (post_recv(t) != 0) return bs_fail(COH_ESYS, "verbs: posting receives failed");
+    uint32_t psn = 0;
+    if (getrandom(&psn, sizeof(psn), 0) != sizeof(psn)) psn = (uint32_t)bs_now_ns();
+    t->mine = (vb_ep_t){.qpn = t->qp->qp_num,
+                        .psn = psn & 0xffffff,
+                        .lid = tr->pattr.lid,
+                        .ring_addr = (uint64_t)(uintptr_t)t->rx_ring,
+                        .ring_rkey = t->rx_mr->rkey,
+                        .ring_size = t->size,
+                        .mtu = (uint32_t)tr->pattr.active_mtu};
+    memcpy(t->mine.gid, tr->gid.raw, 16);
+    return 0;
+}
+
+/* RTR then RTS towards the peer's endpoint. */
+static int qp_connect(vb_conn_t *t)
+{
+    en_verbs_t *tr = t->tr;
+    const vb_ep_t *p = &t->theirs;
+    enum ibv_mtu mtu = (enum ibv_mtu)(p->mtu < t->mine.mtu ? p->mtu : t->mine.mtu);
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = mtu,
+                            .dest_qp_num = p->qpn,
+                            .rq_psn = p->psn,
+                            .max_dest_rd_atomic = 1,
+                            .min_rnr_timer = 12};
+    a.ah_attr.port_num = (uint8_t)tr->port;
+    a.ah_attr.dlid = p->lid;
+    if (tr->pattr.link_layer == IBV_LINK_LAYER_ETHERNET || tr->gid_index > 0) {
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)tr->gid_index;
+        a.ah_attr.grh.hop_limit = 64;
+    }
+    if (ibv_modify_qp(t->qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
+        return bs_fail(COH_ESYS, "verbs: QP to RTR: %s", strerror(errno));
+    struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
+                            .timeout = 14,
+                            .retry_cnt = 7,
+                            .rnr_retry = 7, /* a receive not reposted yet: retry, never fail */
+                            .sq_psn = t->mine.psn,
+                            .max_rd_atomic = 1};
+    if (ibv_modify_qp(t->qp, &s,
+                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
+        return bs_fail(COH_ESYS, "verbs: QP to RTS: %s", strerror(errno));
+    return 0;
+}
+
+static int send_all(int fd, const uint8_t *b, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return bs_fail(COH_EPEER, "verbs: the handshake: %s", strerror(errno));
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_hello(vb_conn_t *t)
+{
+    uint8_t out[EN_HELLO_SIZE + VB_EP_SIZE];
+    en_hello_t h;
+    en_rail_fill_hello(t->base.rail, &h);
+    en_hello_encode(&h, out);
+    ep_encode(&t->mine, out + EN_HELLO_SIZE);
+    /* Small and the socket is fresh: it goes at once or the link fails. */
+    return send_all(t->fd, out, sizeof(out));
+}
+
+static void go_live(vb_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    uv_timer_stop(&t->timer);
+    t->phase = VB_LIVE;
+    c->state = EN_CONN_READY;
+    c->rstate = EN_RD_HDR;
+    en_rail_conn_ready(c->rail, c);
+    kick(t);
+}
+
+/* The peer's HELLO and endpoint are in. */
+static void on_hello(vb_conn_t *t)
+{
+    en_conn_t *c = &t->base;
+    en_rail_t *rail = c->rail;
+    en_hello_t h;
+    char why[BS_ERR_LEN];
+    int r = en_link_hello(c, t->in, t->expect_peer, "an RDMA", &h, why, sizeof(why));
+    ep_decode(t->in + EN_HELLO_SIZE, &t->theirs);
+    if (r == 0 && t->theirs.ring_size != t->tr->ring_bytes) {
+        snprintf(why, sizeof(why), "rings of %llu and %llu bytes (COHORT_VERBS_RING_BYTES)",
+                 (unsigned long long)t->theirs.ring_size, (unsigned long long)t->tr->ring_bytes);
+        r = COH_EPROTO;
+    }
+    if (r == 0 && !c->outgoing && qp_create(t) != 0) r = COH_ESYS;
+    if (r == 0 && qp_connect(t) != 0) r = COH_ESYS;
+    if (r == 0 && !c->outgoing && send_hello(t) != 0) r = COH_ESYS;
+    if (r == COH_ESYS) snprintf(why, sizeof(why), "%s", coh_last_error());
+    if (r < 0) {
+        atomic_fetch_add(&rail->stat_rejected, 1);
+        conn_close(t, r, why);
+        return;
+    }
+    c->peer = (int)h.rank;
+    if (c->outgoing) { /* our QP is up: the listener may write now */
+        uint8_t ready = VB_READY;
+        if (send_all(t->fd, &ready, 1) != 0) {
+            conn_close(t, COH_EPEER, coh_last_error());
+            return;
+        }
+        go_live(t);
+    } else {
+        t->phase = VB_WAIT_READY;
+    }
+}
+
+static void poll_cb(uv_poll_t *h, int status, int events)
+{
+    vb_conn_t *t = h->data;
+    if (t->phase == VB_CLOSED) return;
+    if (status < 0) {
+        conn_close(t, COH_EPEER, uv_strerror(status));
+        return;
+    }
+    if (t->phase == VB_HELLO || t->phase == VB_WAIT_READY) {
+        size_t want = t->phase == VB_HELLO ? sizeof(t->in) : 1;
+        for (;;) {
+            uint8_t b;
+            uint8_t *dst = t->phase == VB_HELLO ? t->in + t->got : &b;
+            ssize_t n = recv(t->fd, dst, t->phase == VB_HELLO ? want - t->got : 1, MSG_DONTWAIT);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            if (n <= 0) {
+                conn_close(t, COH_EPEER, "connection closed during the RDMA handshake");
+                return;
+            }
+            if (t->phase == VB_WAIT_READY) {
+                if (b != VB_READY) {
+                    conn_close(t, COH_EPROTO, "bad RDMA handshake");
+                    return;
+                }
+                go_live(t);
+                return;
+            }
+            t->got += (size_t)n;
+            if (t->got == want) {
+                on_hello(t);
+                return;
+            }
+        }
+    }
+    /* Live: the socket carries nothing more; readable means the peer went. */
+    uint8_t buf[64];
+    ssize_t n;
+    bool gone = (events & UV_DISCONNECT) != 0;
+    while ((n = recv(t->fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+    }
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone = true;
+    drain(t->tr); /* what the peer wrote before it went is still delivered */
+    if (gone && t->phase == VB_LIVE)
+        conn_close(t, COH_EPEER, t->base.peer_bye ? "peer finalized" : "connection closed by peer");
+}
+
+static int conn_start(vb_conn_t *t)
+{
+    int e = uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, poll_cb);
+    if (e) return bs_fail(COH_ESYS, "verbs: poll: %s", uv_strerror(e));
+    uv_timer_start(&t->timer, hs_timeout, VB_HANDSHAKE_MS, 0);
+    return 0;
+}
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+    (void)events;
+    en_verbs_t *tr = h->data;
+    if (status < 0) return;
+    for (;;) {
+        int fd = accept4(tr->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        vb_conn_t *t = conn_new(tr, fd);
+        if (!t) {
+            close(fd);
+            continue;
+        }
+        t->base.outgoing = false;
+        if (conn_start(t) != 0) conn_close(t, COH_ESYS, coh_last_error());
+    }
+}
+
+/* ---- the device ---- */
+
+/* The verbs device behind an interface (/sys/class/net/IF/device/infiniband). */
+static int dev_of_netdev(const char *ifname, char *out, size_t cap)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "/sys/class/net/%s/device/infiniband", ifname);
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    if (!list) return COH_EUNSUPPORTED;
+    int st = COH_EUNSUPPORTED;
+    for (int i = 0; list[i] && st; i++) {
+        char p[320];
+        snprintf(p, sizeof(p), "%s/%s", path, ibv_get_device_name(list[i]));
+        if (access(p, F_OK) == 0) {
+            snprintf(out, cap, "%s", ibv_get_device_name(list[i]));
+            st = 0;
+        }
+    }
+    ibv_free_device_list(list);
+    return st;
+}
+
+static int dev_open(en_verbs_t *tr)
+{
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    if (!list || n == 0) {
+        if (list) ibv_free_device_list(list);
+        return bs_fail(COH_EUNSUPPORTED, "verbs: no RDMA device on this host");
+    }
+    for (int i = 0; i < n && !tr->ctx; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), tr->dev_name)) tr->ctx = ibv_open_device(list[i]);
+    ibv_free_device_list(list);
+    if (!tr->ctx) return bs_fail(COH_EUNSUPPORTED, "verbs: no RDMA device %s", tr->dev_name);
+    if (ibv_query_port(tr->ctx, (uint8_t)tr->port, &tr->pattr) != 0)
+        return bs_fail(COH_ESYS, "verbs: %s port %d: %s", tr->dev_name, tr->port, strerror(errno));
+    if (tr->pattr.state != IBV_PORT_ACTIVE)
+        return bs_fail(COH_EUNSUPPORTED, "verbs: %s port %d is not active", tr->dev_name, tr->port);
+    if (ibv_query_gid(tr->ctx, (uint8_t)tr->port, tr->gid_index, &tr->gid) != 0)
+        return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", tr->dev_name, tr->gid_index,
+                       strerror(errno));
+    tr->pd = ibv_alloc_pd(tr->ctx);
+    tr->ch = ibv_create_comp_channel(tr->ctx);
+    if (!tr->pd || !tr->ch) return bs_fail(COH_ESYS, "verbs: PD / channel: %s", strerror(errno));
+    /* Room for every link's work requests at once. */
+    struct ibv_device_attr da;
+    int cqe = (tr->rail->world > 1 ? tr->rail->world : 2) * (VB_RQ_DEPTH + VB_SQ_DEPTH) + 64;
+    if (ibv_query_device(tr->ctx, &da) == 0 && cqe > da.max_cqe) cqe = da.max_cqe;
+    tr->cq = ibv_create_cq(tr->ctx, cqe, tr, tr->ch, 0);
+    if (!tr->cq) return bs_fail(COH_ESYS, "verbs: ibv_create_cq: %s", strerror(errno));
+    int fl = fcntl(tr->ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(tr->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0)
+        return bs_fail(COH_ESYS, "verbs: fcntl: %s", strerror(errno));
+    if (ibv_req_notify_cq(tr->cq, 0) != 0) return bs_fail(COH_ESYS, "verbs: ibv_req_notify_cq");
+    en_rail_t *rail = tr->rail;
+    if (uv_poll_init(rail->loop, &tr->ch_poll, tr->ch->fd) != 0)
+        return bs_fail(COH_ESYS, "verbs: poll on the completion channel");
+    tr->ch_poll.data = tr;
+    tr->ch_poll_open = true;
+    uv_poll_start(&tr->ch_poll, UV_READABLE, on_channel);
+    return 0;
+}
+
+/* ---- the transport ---- */
+
+static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockaddr_storage *bound)
+{
+    en_verbs_t *tr = rail->verbs;
+    BS_CHECK(dev_open(tr));
+    tr->lfd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (tr->lfd < 0) return bs_fail(COH_ESYS, "verbs: socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(tr->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    socklen_t al =
+        addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (bind(tr->lfd, addr, al) != 0 || listen(tr->lfd, 256) != 0)
+        return bs_fail(COH_ESYS, "verbs: listening: %s", strerror(errno));
+    socklen_t bl = sizeof(*bound);
+    if (getsockname(tr->lfd, (struct sockaddr *)bound, &bl) != 0)
+        return bs_fail(COH_ESYS, "verbs: getsockname: %s", strerror(errno));
+    if (uv_poll_init(rail->loop, &tr->lpoll, tr->lfd) != 0)
+        return bs_fail(COH_ESYS, "verbs: poll on the listener");
+    tr->lpoll.data = tr;
+    tr->lpoll_open = true;
+    uv_poll_start(&tr->lpoll, UV_READABLE, on_accept);
+    return 0;
+}
+
+static int vb_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
+{
+    en_verbs_t *tr = rail->verbs;
+    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return bs_fail(COH_ESYS, "verbs: socket: %s", strerror(errno));
+    /* Bind to the rail's interface, then a blocking connect: set-up only. */
+    socklen_t al =
+        addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    int r = bind(fd, (struct sockaddr *)&rail->local, al);
+    if (r == 0) {
+        do r = connect(fd, addr, al);
+        while (r != 0 && errno == EINTR);
+    }
+    if (r != 0) {
+        int err = errno;
+        close(fd);
+        return bs_fail(COH_EPEER, "verbs: connecting to rank %d: %s", peer, strerror(err));
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        close(fd);
+        return bs_fail(COH_ESYS, "verbs: fcntl: %s", strerror(errno));
+    }
+    vb_conn_t *t = conn_new(tr, fd);
+    if (!t) {
+        close(fd);
+        return bs_fail(COH_ENOMEM, "out of memory");
+    }
+    t->base.outgoing = true;
+    t->expect_peer = peer;
+    if (qp_create(t) != 0 || send_hello(t) != 0 || conn_start(t) != 0) {
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why), "%s", coh_last_error());
+        conn_close(t, COH_ESYS, why);
+        return bs_fail(COH_ESYS, "%s", why);
+    }
+    return 0;
+}
+
+static void vb_close(en_conn_t *c, int status, const char *why)
+{
+    conn_close((vb_conn_t *)c, status, why);
+}
+
+static void vb_cut(en_conn_t *c)
+{
+    shutdown(((vb_conn_t *)c)->fd, SHUT_RDWR);
+}
+
+static bool flushing(const en_verbs_t *tr)
+{
+    for (const vb_conn_t *t = tr->dead; t; t = t->next)
+        if (t->wr_out > 0) return true;
+    return false;
+}
+
+static void vb_shutdown(en_rail_t *rail)
+{
+    en_verbs_t *tr = rail->verbs;
+    if (!tr) return;
+    while (tr->conns) conn_close(tr->conns, COH_ECANCELED, "rail stopping");
+    if (tr->lpoll_open) {
+        uv_close((uv_handle_t *)&tr->lpoll, NULL);
+        tr->lpoll_open = false;
+    }
+    /* The flushes of the closed links come back before the channel goes
+     * (bounded: a device that stopped answering keeps them). */
+    for (int i = 0; i < 1000 && flushing(tr); i++) {
+        drain(tr);
+        if (flushing(tr)) usleep(1000);
+    }
+    if (tr->ch_poll_open) {
+        uv_close((uv_handle_t *)&tr->ch_poll, NULL);
+        tr->ch_poll_open = false;
+    }
+    done_run(tr);
+}
+
+const en_transport_ops_t en_verbs_ops = {
+    .name = "verbs",
+    .tr_listen = vb_listen,
+    .tr_connect = vb_connect,
+    .tr_send = vb_send,
+    .tr_resume = vb_resume,
+    .tr_close = vb_close,
+    .tr_shutdown = vb_shutdown,
+    .tr_cut = vb_cut,
+};
+
+int en_verbs_init(en_rail_t *rail, const char *netdev, const char *dev, int port, int gid_index,
+                  size_t ring_bytes)
+{
+    en_verbs_t *tr = coh_zalloc(sizeof(*tr));
+    if (!tr) return bs_fail(COH_ENOMEM, "out of memory");
+    tr->rail = rail;
+    tr->lfd = -1;
+    tr->port = port > 0 ? port : 1;
+    tr->gid_index = gid_index;
+    size_t rb = 64 * 1024; /* a power of two, at least 64 KiB */
+    while (rb < ring_bytes && rb < (1u << 30)) rb <<= 1;
+    tr->ring_bytes = rb;
+    int st = 0;
+    if (dev && *dev)
+        snprintf(tr->dev_name, sizeof(tr->dev_name), "%s", dev);
+    else if (!netdev || dev_of_netdev(netdev, tr->dev_name, sizeof(tr->dev_name)) != 0)
+        st = bs_fail(COH_EUNSUPPORTED,
+                     "verbs: no RDMA device behind interface %s (COHORT_VERBS_DEVICE names one)",
+                     netdev ? netdev : "?");
+    if (st < 0) {
+        coh_free(tr);
+        return st;
+    }
+    tr->ops = en_verbs_ops;
+    en_ops_complete(&tr->ops);
+    rail->verbs = tr;
+    return 0;
+}
+
+void en_verbs_fini(en_rail_t *rail)
+{
+    en_verbs_t *tr = rail->verbs;
+    if (!tr) return;
+    /* Links still flushing when the rail stopped: their memory goes now. */
+    while (tr->dead) {
+        vb_conn_t *t = tr->dead;
+        t->wr_out = 0;
+        conn_free(t);
+    }
+    if (tr->cq) ibv_destroy_cq(tr->cq);
+    if (tr->ch) ibv_destroy_comp_channel(tr->ch);
+    if (tr->pd) ibv_dealloc_pd(tr->pd);
+    if (tr->ctx) ibv_close_device(tr->ctx);
+    if (tr->lfd >= 0) close(tr->lfd);
+    coh_free(tr);
+    rail->verbs = NULL;
+}
