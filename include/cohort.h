@@ -367,6 +367,10 @@ typedef struct coh_stats {
     /* Bounded-loss allreduces: the bytes their datagram receives expected
      * and those they missed (loss fraction = missed / expected). */
     uint64_t loss_bytes_expected, loss_bytes_missed;
+    /* Collectives on device buffers (docs/gpu.md) this rank completed, of
+     * them those that went through the host's ranks' device memory (CUDA
+     * IPC), and the bytes the others copied between device and host. */
+    uint64_t gpu_ops, gpu_ops_ipc, gpu_staged_bytes;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went
@@ -524,10 +528,57 @@ typedef struct coh_allreduce_opts {
      * floor(layer * 8 / nlayers). Float datagrams whose mean |x| is above the
      * tensor's median are sent ECN-capable. */
     int layer, nlayers;
+    /* Device buffers (COH_ALLREDUCE_DEFAULT without a loss bound): see
+     * coh_coll_opts_t. */
+    int mem;
+    void *stream;
 } coh_allreduce_opts_t;
 COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                              coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *opts,
                              coh_request_t **req);
+
+/*
+ * Device buffers (docs/gpu.md). With a device runtime (COHORT_GPU; auto:
+ * CUDA when this build has it and a device is visible) every collective
+ * takes device pointers. The plain calls find them out
+ * (cudaPointerGetAttributes) and follow the default stream; the _ex forms
+ * say where the buffers are and which stream the op follows: it starts
+ * once the work queued on that stream before the call has completed (no
+ * thread blocks on the device), its data goes through pinned host memory
+ * in pipelined chunks (COHORT_GPU_CHUNK_BYTES), and the request completes
+ * when the result is in the device buffer. Without a device runtime
+ * COH_MEM_DEVICE fails with COH_EUNSUPPORTED. Syncs, relay and
+ * bounded-loss allreduces take host buffers only.
+ */
+typedef enum coh_mem {
+    COH_MEM_AUTO = 0,   /* ask the device runtime */
+    COH_MEM_HOST = 1,   /* host memory (no query) */
+    COH_MEM_DEVICE = 2, /* device memory */
+} coh_mem;
+typedef struct coh_coll_opts {
+    int mem;      /* coh_mem */
+    void *stream; /* the cudaStream_t the op follows; NULL: the default stream */
+} coh_coll_opts_t;
+COH_API int coh_broadcast_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype, int root,
+                             const coh_coll_opts_t *opts, coh_request_t **req);
+COH_API int coh_allgather_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                             coh_dtype dtype, const coh_coll_opts_t *opts, coh_request_t **req);
+COH_API int coh_reduce_scatter_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                  size_t recvcount, coh_dtype dtype, coh_redop op,
+                                  const coh_coll_opts_t *opts, coh_request_t **req);
+/* Work queued on stream after this call starts once req has completed (a
+ * completed request: at once). Until then a host function of the stream
+ * waits for it. COH_EUNSUPPORTED without a device runtime. */
+COH_API int coh_request_stream_wait(coh_request_t *req, void *stream);
+
+/* Device memory from the context's device runtime, for programs and
+ * languages without CUDA bindings of their own, and for benchmarks (cf.
+ * ncclMemAlloc). coh_mem_copy copies bytes between host and device memory,
+ * either way, and returns when they are there. COH_EUNSUPPORTED without a
+ * device runtime. */
+COH_API int coh_mem_alloc(coh_ctx_t *ctx, size_t bytes, void **ptr);
+COH_API int coh_mem_free(coh_ctx_t *ctx, void *ptr);
+COH_API int coh_mem_copy(coh_ctx_t *ctx, void *dst, const void *src, size_t bytes);
 
 /* What a bounded-loss request lost on this rank: bytes its datagram
  * receives expected and missed, by stage, and the missed fractions. */

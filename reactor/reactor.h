@@ -1,8 +1,9 @@
 /*
  * reactor.h - the runtime core.
  *
- * reactor/ owns: the libuv loop threads (one per NIC rail plus one control
- * reactor), cross-thread submission (an MPSC queue + uv_async_t per loop),
+ * reactor/ owns: the libuv loop threads (one per NIC rail, one control
+ * reactor, and a GPU reactor when device buffers are possible: rx_gpu.c),
+ * cross-thread submission (an MPSC queue + uv_async_t per loop),
  * the context and its communicators, request lifecycle and completion
  * signalling (wait/test, the pollable event fd, the countdown of an op's
  * rail slices), configuration (rx_config.h), bootstrap (rank discovery, the
@@ -243,11 +244,13 @@ struct coh_request {
     en_completion_t done;
     int nslices;
     rx_slice_t slice[RX_MAX_RAILS];
-    struct rx_syncreq *sync; /* partial synchronisation (rx_sync.h), else NULL */
-    const char *what;        /* the timeline's name of the op (static), NULL: "request" */
-    uint64_t bytes;          /* the timeline's: the op's bytes */
-    bool deferred;           /* launched later, by whichever thread brings its rail table (rx_lb.c):
-                                its slices are not the waiter's to read */
+    struct rx_syncreq *sync;    /* partial synchronisation (rx_sync.h), else NULL */
+    const char *what;           /* the timeline's name of the op (static), NULL: "request" */
+    uint64_t bytes;             /* the timeline's: the op's bytes */
+    void (*on_done)(void *arg); /* called once complete (any thread; keep it short) */
+    void *on_done_arg;
+    bool deferred; /* launched later, by whichever thread brings its rail table (rx_lb.c):
+                      its slices are not the waiter's to read */
     char err[BS_ERR_LEN];
 };
 

@@ -9,26 +9,13 @@
 
 #include "reactor/rx_ctx.h"
 
-typedef struct coll_args {
-    sc_coll_kind kind;
-    const void *sendbuf;
-    void *recvbuf;
-    size_t count;
-    coh_dtype dtype;
-    coh_redop op;
-    int root;
-    bool rs_in_place;
-    double loss[3]; /* by sc_stage */
-    int layer, nlayers;
-} coll_args_t;
-
 static bool overlap(const void *a, size_t an, const void *b, size_t bn)
 {
     const char *x = a, *y = b;
     return x < y + bn && y < x + an;
 }
 
-static int check(coh_comm_t *comm, const coll_args_t *a, coh_request_t **req, const char *fn)
+static int check(coh_comm_t *comm, const rx_coll_args_t *a, coh_request_t **req, const char *fn)
 {
     if (!comm || !comm->ctx) return bs_fail(COH_EINVAL, "%s: comm is NULL", fn);
     if (!rx_ctx_alive(comm->ctx) || atomic_load(&comm->ctx->state) != RX_CTX_RUNNING)
@@ -153,6 +140,12 @@ static void abort_known_failed(struct coh_ctx *ctx, const coh_comm_t *comm, uint
     char why[BS_ERR_LEN];
     snprintf(why, sizeof(why), "rank %d: rank %d failed (the coordinator excluded it)", ctx->rank,
              gone);
+    rx_comm_abort_seq(ctx, comm, seq, COH_EPEER, why, gone);
+}
+
+void rx_comm_abort_seq(struct coh_ctx *ctx, const coh_comm_t *comm, uint64_t seq, int status,
+                       const char *why, int gone)
+{
     int peers[64];
     for (int i = 0; i < comm->size;) {
         int n = 0;
@@ -161,11 +154,12 @@ static void abort_known_failed(struct coh_ctx *ctx, const coh_comm_t *comm, uint
             if (w != ctx->rank && w != gone) peers[n++] = w;
         }
         for (int r = 0; r < ctx->nrails; r++)
-            rx_rail_abort(&ctx->rails[r], comm->id, seq, COH_EPEER, why, peers, n);
+            rx_rail_abort(&ctx->rails[r], comm->id, seq, status, why, peers, n);
     }
 }
 
-static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const char *fn)
+int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_request_t **out,
+                   const char *fn)
 {
     struct coh_ctx *ctx = comm->ctx;
     const coh_config_t *cfg = &ctx->cfg;
@@ -178,7 +172,11 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
                              : cfg->chunk_bytes;
     uint64_t chunk_elems = chunk_bytes / es ? chunk_bytes / es : 1;
     uint64_t small_elems = cfg->small_bytes / es;
-    uint64_t seq = atomic_fetch_add(&comm->next_seq, 1);
+    /* A device op reserved its chunks' numbers at its submission (rx_gpu.c)
+     * and launches them later, split evenly: the balancer's epochs follow
+     * the application's submissions, not these. */
+    bool reserved = seq != RX_SEQ_NEXT;
+    if (!reserved) seq = atomic_fetch_add(&comm->next_seq, 1);
     /* The signature covers everything that shapes the plan, so ranks that
      * disagree fail with EMISMATCH instead of exchanging wrong frames. */
     uint64_t sig = BS_FNV_SEED;
@@ -257,6 +255,8 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
     req->what = sc_coll_kind_name(a->kind);
+    req->on_done = a->on_done;
+    req->on_done_arg = a->on_done_arg;
     req->bytes = (uint64_t)a->count * es * per_rank;
     /* With more ranks than cores, a waiter spins (yielding) only for ops
      * that may end within the spin: a larger one would hand its work back to
@@ -288,8 +288,8 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     /* The world's ops are split by the balancer's table of their epoch
      * (rx_lb.h); sub-communicators have no sequence shared with the
      * coordinator and split evenly. */
-    int st =
-        ctx->lb && comm == &ctx->world_comm ? rx_lb_launch(ctx, req, &L) : rx_launch(ctx, req, &L);
+    int st = ctx->lb && comm == &ctx->world_comm && !reserved ? rx_lb_launch(ctx, req, &L)
+                                                              : rx_launch(ctx, req, &L);
     if (st < 0) {
         rx_request_discard(req);
         /* The sequence number is spent: peers will time out on this op. */
@@ -298,6 +298,26 @@ static int submit(coh_comm_t *comm, coll_args_t *a, coh_request_t **out, const c
     *out = req;
     if (gone >= 0) abort_known_failed(ctx, comm, seq, gone);
     return 0;
+}
+
+static int route(coh_comm_t *comm, const rx_coll_args_t *a, const coh_coll_opts_t *o,
+                 coh_request_t **req, const char *fn);
+
+/* An allreduce's arguments checked, then submitted: bounded loss on host
+ * buffers, otherwise where the buffers are (o). */
+static int allreduce_submit(coh_comm_t *comm, rx_coll_args_t *a, const coh_coll_opts_t *o,
+                            coh_request_t **req, const char *fn)
+{
+    BS_CHECK(check(comm, a, req, fn));
+    size_t n = a->count * coh_dtype_size(a->dtype);
+    if (a->sendbuf == a->recvbuf) a->sendbuf = NULL;
+    if (a->count && a->sendbuf && overlap(a->sendbuf, n, a->recvbuf, n))
+        return bs_fail(COH_EINVAL, "%s: send and recv buffers partly overlap", fn);
+    if (a->loss[SC_STAGE_PUSH] > 0 || a->loss[SC_STAGE_PULL] > 0) {
+        BS_CHECK(rx_gpu_host_only(comm->ctx, a->sendbuf, a->recvbuf, fn));
+        return rx_coll_submit(comm, a, RX_SEQ_NEXT, req, fn);
+    }
+    return route(comm, a, o, req, fn);
 }
 
 /* coh_allreduce with a loss bound (coh_allreduce_ex, COH_ALLREDUCE_DEFAULT). */
@@ -312,57 +332,79 @@ int rx_allreduce_lossy(coh_comm_t *comm, const void *sendbuf, void *recvbuf, siz
     if (o->nlayers < 0 || (o->nlayers > 0 && (o->layer < 0 || o->layer >= o->nlayers)))
         return bs_fail(COH_EINVAL, "%s: layer %d of %d", fn, o->layer, o->nlayers);
     if (pull == 0) pull = push / 4;
-    coll_args_t a = {.kind = SC_ALLREDUCE,
-                     .sendbuf = sendbuf,
-                     .recvbuf = recvbuf,
-                     .count = count,
-                     .dtype = dtype,
-                     .op = op,
-                     .loss = {0, push, pull},
-                     .layer = o->layer,
-                     .nlayers = o->nlayers};
-    BS_CHECK(check(comm, &a, req, fn));
-    size_t n = count * coh_dtype_size(dtype);
-    if (sendbuf == recvbuf) a.sendbuf = NULL;
-    if (count && a.sendbuf && overlap(a.sendbuf, n, recvbuf, n))
-        return bs_fail(COH_EINVAL, "%s: send and recv buffers partly overlap", fn);
-    return submit(comm, &a, req, fn);
+    rx_coll_args_t a = {.kind = SC_ALLREDUCE,
+                        .sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op,
+                        .loss = {0, push, pull},
+                        .layer = o->layer,
+                        .nlayers = o->nlayers};
+    return allreduce_submit(comm, &a, NULL, req, fn);
+}
+
+/* After the host checks: a device op when the buffers are device memory. */
+static int route(coh_comm_t *comm, const rx_coll_args_t *a, const coh_coll_opts_t *o,
+                 coh_request_t **req, const char *fn)
+{
+    int dev = 0;
+    int w = a->count ? rx_gpu_where(comm->ctx, o ? o->mem : COH_MEM_AUTO, a->sendbuf, a->recvbuf,
+                                    &dev, fn)
+                     : 0;
+    if (w < 0) return w;
+    if (w) return rx_gpu_submit(comm, a, o ? o->stream : NULL, dev, req, fn);
+    return rx_coll_submit(comm, a, RX_SEQ_NEXT, req, fn);
+}
+
+int rx_allreduce_opts(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                      coh_dtype dtype, coh_redop op, const coh_coll_opts_t *o, coh_request_t **req,
+                      const char *fn)
+{
+    rx_coll_args_t a = {.kind = SC_ALLREDUCE,
+                        .sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = op};
+    return allreduce_submit(comm, &a, o, req, fn);
 }
 
 COH_API int coh_allreduce(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                           coh_dtype dtype, coh_redop op, coh_request_t **req)
 {
-    coll_args_t a = {.kind = SC_ALLREDUCE,
-                     .sendbuf = sendbuf,
-                     .recvbuf = recvbuf,
-                     .count = count,
-                     .dtype = dtype,
-                     .op = op};
-    BS_CHECK(check(comm, &a, req, "coh_allreduce"));
-    size_t n = count * coh_dtype_size(dtype);
-    if (sendbuf == recvbuf) a.sendbuf = NULL;
-    if (count && a.sendbuf && overlap(a.sendbuf, n, recvbuf, n))
-        return bs_fail(COH_EINVAL, "coh_allreduce: send and recv buffers partly overlap");
-    return submit(comm, &a, req, "coh_allreduce");
+    return rx_allreduce_opts(comm, sendbuf, recvbuf, count, dtype, op, NULL, req, "coh_allreduce");
+}
+
+COH_API int coh_broadcast_ex(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype, int root,
+                             const coh_coll_opts_t *opts, coh_request_t **req)
+{
+    rx_coll_args_t a = {
+        .kind = SC_BROADCAST, .recvbuf = buf, .count = count, .dtype = dtype, .root = root};
+    BS_CHECK(check(comm, &a, req, "coh_broadcast"));
+    return route(comm, &a, opts, req, "coh_broadcast");
 }
 
 COH_API int coh_broadcast(coh_comm_t *comm, void *buf, size_t count, coh_dtype dtype, int root,
                           coh_request_t **req)
 {
-    coll_args_t a = {
-        .kind = SC_BROADCAST, .recvbuf = buf, .count = count, .dtype = dtype, .root = root};
-    BS_CHECK(check(comm, &a, req, "coh_broadcast"));
-    return submit(comm, &a, req, "coh_broadcast");
+    return coh_broadcast_ex(comm, buf, count, dtype, root, NULL, req);
 }
 
 COH_API int coh_allgather(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                           coh_dtype dtype, coh_request_t **req)
 {
-    coll_args_t a = {.kind = SC_ALLGATHER,
-                     .sendbuf = sendbuf,
-                     .recvbuf = recvbuf,
-                     .count = count,
-                     .dtype = dtype};
+    return coh_allgather_ex(comm, sendbuf, recvbuf, count, dtype, NULL, req);
+}
+
+COH_API int coh_allgather_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                             coh_dtype dtype, const coh_coll_opts_t *opts, coh_request_t **req)
+{
+    rx_coll_args_t a = {.kind = SC_ALLGATHER,
+                        .sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = count,
+                        .dtype = dtype};
     BS_CHECK(check(comm, &a, req, "coh_allgather"));
     size_t es = coh_dtype_size(dtype), n = count * es;
     char *mine = count ? (char *)recvbuf + (size_t)comm->rank * n : NULL;
@@ -370,18 +412,25 @@ COH_API int coh_allgather(coh_comm_t *comm, const void *sendbuf, void *recvbuf, 
     if (count && a.sendbuf != mine && overlap(a.sendbuf, n, recvbuf, n * (size_t)comm->size))
         return bs_fail(COH_EINVAL, "coh_allgather: sendbuf overlaps recvbuf but is not this "
                                    "rank's block of it");
-    return submit(comm, &a, req, "coh_allgather");
+    return route(comm, &a, opts, req, "coh_allgather");
 }
 
 COH_API int coh_reduce_scatter(coh_comm_t *comm, const void *sendbuf, void *recvbuf,
                                size_t recvcount, coh_dtype dtype, coh_redop op, coh_request_t **req)
 {
-    coll_args_t a = {.kind = SC_REDUCE_SCATTER,
-                     .sendbuf = sendbuf,
-                     .recvbuf = recvbuf,
-                     .count = recvcount,
-                     .dtype = dtype,
-                     .op = op};
+    return coh_reduce_scatter_ex(comm, sendbuf, recvbuf, recvcount, dtype, op, NULL, req);
+}
+
+COH_API int coh_reduce_scatter_ex(coh_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                  size_t recvcount, coh_dtype dtype, coh_redop op,
+                                  const coh_coll_opts_t *opts, coh_request_t **req)
+{
+    rx_coll_args_t a = {.kind = SC_REDUCE_SCATTER,
+                        .sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = recvcount,
+                        .dtype = dtype,
+                        .op = op};
     BS_CHECK(check(comm, &a, req, "coh_reduce_scatter"));
     size_t n = recvcount * coh_dtype_size(dtype), full = n * (size_t)comm->size;
     if (recvcount && !sendbuf) {
@@ -396,14 +445,14 @@ COH_API int coh_reduce_scatter(coh_comm_t *comm, const void *sendbuf, void *recv
         return bs_fail(COH_EINVAL, "coh_reduce_scatter: buffers overlap (in place: pass "
                                    "sendbuf = NULL or recvbuf = sendbuf + rank * recvcount)");
     }
-    return submit(comm, &a, req, "coh_reduce_scatter");
+    return route(comm, &a, opts, req, "coh_reduce_scatter");
 }
 
 COH_API int coh_barrier(coh_comm_t *comm, coh_request_t **req)
 {
-    coll_args_t a = {.kind = SC_BARRIER};
+    rx_coll_args_t a = {.kind = SC_BARRIER};
     BS_CHECK(check(comm, &a, req, "coh_barrier"));
-    return submit(comm, &a, req, "coh_barrier");
+    return rx_coll_submit(comm, &a, RX_SEQ_NEXT, req, "coh_barrier");
 }
 
 COH_API int coh_allreduce_sync(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,

@@ -56,6 +56,14 @@ int rx_env_knob_int(const char *name, int *out)
     return knob_parse(k, v && *v ? v : k->deflt, v && *v ? k->env : "default", out);
 }
 
+int rx_env_knob_size(const char *name, size_t *out)
+{
+    const rx_knob_t *k = env_knob(name);
+    if (!k || k->kind != RX_K_SIZE) return bs_fail(COH_EINVAL, "no size knob %s", name);
+    const char *v = getenv(k->env);
+    return knob_parse(k, v && *v ? v : k->deflt, v && *v ? k->env : "default", out);
+}
+
 int rx_env_knob_str(const char *name, const char **out)
 {
     const rx_knob_t *k = env_knob(name);

@@ -180,6 +180,27 @@ typedef enum rx_knob_kind {
       "write a Chrome trace of this rank (requests, waits, syncs, the coordinator's launches, "    \
       "rail events) to this file at finalize (%d: the rank; else FILE.RANK.json); "                \
       "tools/cohort_timeline.py merges the ranks (docs/load.md). Every rank or none")              \
+    X(gpu, RX_K_STR, "auto", "COHORT_GPU", 1, 8,                                                   \
+      "device buffers (docs/gpu.md): auto uses CUDA when this build has it and a device is "       \
+      "visible; cuda insists on it; off treats every pointer as host memory; host emulates a "     \
+      "device in host memory (tests: the staging pipeline without a GPU)")                         \
+    X(gpu_chunk_bytes, RX_K_SIZE, "4M", "COHORT_GPU_CHUNK_BYTES", 4096, 1ull << 30,                \
+      "device-buffer allreduces and broadcasts are staged through host memory in pipelined "       \
+      "chunks of this size (copy-out of one overlaps the network of the one before; every rank "   \
+      "must get the same)")                                                                        \
+    X(gpu_ipc, RX_K_INT, "1", "COHORT_GPU_IPC", 0, 1,                                              \
+      "device-buffer collectives among ranks that all share a host go through each other's "       \
+      "device memory (CUDA IPC): reductions as device kernels, no host staging; 0: staged like "   \
+      "any other (every rank must get the same)")                                                  \
+    X(verbs_device, RX_K_STR, "", "COHORT_VERBS_DEVICE", 0, 63,                                    \
+      "the RDMA device of NIC:verbs rails (mlx5_0); empty: the one behind the named interface "    \
+      "(docs/verbs.md)")                                                                           \
+    X(verbs_port, RX_K_INT, "1", "COHORT_VERBS_PORT", 1, 255, "the RDMA device's port")            \
+    X(verbs_gid_index, RX_K_INT, "0", "COHORT_VERBS_GID_INDEX", 0, 255,                            \
+      "the GID of that port to use (RoCE: the index of the RoCE v2 address, e.g. 3)")              \
+    X(verbs_ring_bytes, RX_K_SIZE, "1M", "COHORT_VERBS_RING_BYTES", 65536, 1ull << 30,             \
+      "each verbs link's ring per direction, registered memory (a power of two; every rank must "  \
+      "get the same)")                                                                             \
     X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
       "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
       "data joined has ended (between a relay group's phases); die-after-phase1 20 ms after it "   \
@@ -217,6 +238,8 @@ int rx_knob_set(coh_config_t *cfg, const rx_knob_t *k, const char *text, const c
  * bounded by the table; its default when unset. COH_EINVAL when it does
  * not parse. */
 int rx_env_knob_int(const char *name, int *out);
+/* The same for a size knob (K/M/G suffixes). */
+int rx_env_knob_size(const char *name, size_t *out);
 /* An env-only string knob: its value, or its default; checked for length. */
 int rx_env_knob_str(const char *name, const char **out);
 /* Check every field of cfg against the table, then the fields that depend

@@ -242,12 +242,27 @@ static int parse_nics(struct coh_ctx *ctx)
         /* NIC:udp / NIC:tcp picks the rail's kind (an IPv6 literal never
          * ends so). */
         size_t tl = strlen(tok);
-        ctx->rail_udp[n] = false;
+        ctx->rail_udp[n] = ctx->rail_verbs[n] = false;
         if (tl > 4 && !strcmp(tok + tl - 4, ":udp")) {
             ctx->rail_udp[n] = ctx->any_udp = true;
             tok[tl - 4] = 0;
         } else if (tl > 4 && !strcmp(tok + tl - 4, ":tcp")) {
             tok[tl - 4] = 0;
+        } else if (tl > 6 && !strcmp(tok + tl - 6, ":verbs")) {
+            ctx->rail_verbs[n] = true;
+            tok[tl - 6] = 0;
+#ifndef COHORT_HAVE_VERBS
+            st = bs_fail(COH_EUNSUPPORTED,
+                         "COHORT_NICS: '%s:verbs': this build has no verbs engine (it needs "
+                         "libibverbs-dev at build time)",
+                         tok);
+            break;
+#endif
+        }
+        snprintf(ctx->rail_nic[n], sizeof(ctx->rail_nic[n]), "%s", tok);
+        if (ctx->rail_verbs[n] && ctx->udp_rate[n]) {
+            st = bs_fail(COH_EINVAL, "COHORT_NICS: '%s': a line rate is for udp rails", tok);
+            break;
         }
         if (ctx->udp_rate[n] && !ctx->rail_udp[n]) {
             st = bs_fail(COH_EINVAL,
@@ -263,6 +278,32 @@ static int parse_nics(struct coh_ctx *ctx)
     if (st == 0 && n == 0) st = bs_fail(COH_EINVAL, "COHORT_NICS names no interface");
     ctx->nrails = n;
     return st;
+}
+
+/* A verbs rail's settings (COHORT_VERBS_*). */
+static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
+{
+#ifdef COHORT_HAVE_VERBS
+    const char *dev = NULL;
+    int port = 1, gid = 0;
+    size_t ring = 0;
+    BS_CHECK(rx_env_knob_str("verbs_device", &dev));
+    BS_CHECK(rx_env_knob_int("verbs_port", &port));
+    BS_CHECK(rx_env_knob_int("verbs_gid_index", &gid));
+    BS_CHECK(rx_env_knob_size("verbs_ring_bytes", &ring));
+    rc->ops = &en_verbs_ops;
+    rc->verbs = true;
+    rc->verbs_netdev = ctx->rail_nic[r];
+    rc->verbs_dev = dev;
+    rc->verbs_port = port;
+    rc->verbs_gid = gid;
+    rc->verbs_ring_bytes = ring;
+    return 0;
+#else
+    (void)rc;
+    return bs_fail(COH_EUNSUPPORTED, "rail %d (%s:verbs): this build has no verbs engine", r,
+                   ctx->rail_nic[r]);
+#endif
 }
 
 static int store_start_fn(rx_reactor_t *rx, void *arg)
@@ -611,11 +652,14 @@ static void describe(struct coh_ctx *ctx)
         n += (size_t)snprintf(ctx->describe + n, cap - n, " %s/%s", ctx->rails[r].en.ops->name, a);
     }
     if (n < cap) {
-        int gpus = gpu_device_count();
-        snprintf(ctx->describe + n, cap - n, "; %s",
-                 gpus > 0 ? "GPU present (CUDA kernels not "
-                            "used yet): CPU reduction"
-                          : "no GPU: CPU reduction kernels");
+        const char *dev = rx_gpu_name(ctx);
+        if (dev)
+            snprintf(ctx->describe + n, cap - n,
+                     "; device buffers through %s (staged in host memory), CPU reductions", dev);
+        else
+            snprintf(ctx->describe + n, cap - n, "; %s",
+                     gpu_device_count() > 0 ? "GPU present but COHORT_GPU=off: host buffers only"
+                                            : "no GPU: host buffers, CPU reduction kernels");
     }
 }
 
@@ -623,6 +667,7 @@ static void ctx_fini(struct coh_ctx *ctx)
 {
     rx_trace_close(ctx); /* an init that failed after opening it */
     rx_lb_fini(ctx);
+    rx_gpu_fini(ctx);
     for (int r = 0; ctx->rails && r < ctx->nrails; r++) rx_rail_fini(&ctx->rails[r]);
     rx_reactor_fini(&ctx->ctrl);
     if (ctx->event_fd >= 0) close(ctx->event_fd);
@@ -656,6 +701,7 @@ static void ctx_stop(struct coh_ctx *ctx)
     /* A dead peer must not hold us: BYEs get half a second to leave. */
     uint64_t quiet = bs_now_ns() + 500000000ull;
     for (int r = 0; r < ctx->nrails; r++) rx_rail_stop(&ctx->rails[r], quiet);
+    rx_gpu_stop(ctx); /* its chunks' collectives have ended with the rails */
     if (ctx->ctrl_started) rx_reactor_stop(&ctx->ctrl);
     ctx->ctrl_started = false;
     rx_member_fini(ctx);
@@ -805,7 +851,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             .sockbuf_bytes = ctx->cfg.sockbuf_bytes,
             .stash_bytes = ctx->cfg.stash_bytes,
             .local = (struct sockaddr *)&ctx->rail_addr[r],
-            .failover = ctx->cfg.rail_failover != 0,
+            /* A link moves to another interface by TCP's resume: not verbs'. */
+            .failover = ctx->cfg.rail_failover != 0 && !ctx->rail_verbs[r],
             .stall_ms = ctx->cfg.rail_stall_ms,
             .probe_ms = ctx->cfg.rail_probe_ms,
             .rejoin = ctx->cfg.rejoin != 0,
@@ -828,6 +875,13 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
              * does (COHORT_LOCAL_SIZE, LOCAL_WORLD_SIZE, ...). */
             .shm_ring_bytes = rx_config_shm_ring_bytes(&ctx->cfg, rx_config_local_size()),
             .shm_cma_bytes = ctx->cfg.shm_cma_bytes};
+        if (ctx->rail_verbs[r]) {
+            st = verbs_cfg(ctx, r, &rc);
+            if (st < 0) {
+                ctx->nrails = r;
+                goto fail;
+            }
+        }
         st = rx_rail_start(&ctx->rails[r], &rc, ctx->cfg.poll_us);
         if (st < 0) {
             char why[512];
@@ -839,6 +893,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     }
     if (ctx->world > 1) BS_CHECK_GOTO(rx_reactor_call(&ctx->ctrl, coord_start_fn, ctx), st, fail);
     BS_CHECK_GOTO(rx_lb_start(ctx), st, fail); /* before a table can arrive */
+    BS_CHECK_GOTO(rx_gpu_init(ctx), st, fail);
     if (ctx->world > 1) BS_CHECK_GOTO(bootstrap(ctx, deadline), st, fail);
     describe(ctx);
     BS_CHECK_GOTO(reg_add(ctx), st, fail);
@@ -998,6 +1053,7 @@ COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *s)
     s->ranks_failed = nf > 0 ? (uint64_t)nf : 0;
     s->loss_bytes_expected = atomic_load(&ctx->loss_expected);
     s->loss_bytes_missed = atomic_load(&ctx->loss_missed);
+    rx_gpu_stats(ctx, s);
     return 0;
 }
 

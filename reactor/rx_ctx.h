@@ -27,9 +27,11 @@ struct coh_ctx {
     bool oversubscribed; /* more local ranks than cores */
     rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
-    bool rail_udp[RX_MAX_RAILS];    /* COHORT_NICS NIC:udp: a datagram socket beside the rail */
-    uint32_t udp_seg[RX_MAX_RAILS]; /* its datagrams' payload (COHORT_UDP_SEG_BYTES or MTU) */
-    int udp_rate[RX_MAX_RAILS];     /* NIC:udp@MBPS: its line rate (0: COHORT_UDP_RATE_MBPS) */
+    bool rail_udp[RX_MAX_RAILS];     /* COHORT_NICS NIC:udp: a datagram socket beside the rail */
+    bool rail_verbs[RX_MAX_RAILS];   /* COHORT_NICS NIC:verbs: RDMA links (engines/en_verbs.c) */
+    char rail_nic[RX_MAX_RAILS][64]; /* the NIC as COHORT_NICS named it */
+    uint32_t udp_seg[RX_MAX_RAILS];  /* its datagrams' payload (COHORT_UDP_SEG_BYTES or MTU) */
+    int udp_rate[RX_MAX_RAILS];      /* NIC:udp@MBPS: its line rate (0: COHORT_UDP_RATE_MBPS) */
     bool any_udp;
     en_udp_group_t udp_group; /* udp rails a bounded-loss op sprays over (COHORT_UDP_SPRAY) */
     const struct sockaddr *rail_locals[RX_MAX_RAILS]; /* the same, for the rails' failover */
@@ -91,6 +93,7 @@ struct coh_ctx {
      * NULL before bootstrap and for a rank that rejoined. */
     uint64_t *host_hash;
     int *host_idx;
+    struct rx_gpu *gpu; /* device buffers (rx_gpu.c); NULL: none (COHORT_GPU) */
     char describe[1024];
 };
 
@@ -117,6 +120,51 @@ typedef struct rx_launch {
     double loss[3];
     int layer, nlayers;
 } rx_launch_t;
+/* A collective's arguments as its entry point checked them (rx_coll.c). */
+typedef struct rx_coll_args {
+    sc_coll_kind kind;
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    coh_dtype dtype;
+    coh_redop op;
+    int root;
+    bool rs_in_place;
+    double loss[3]; /* by sc_stage */
+    int layer, nlayers;
+    void (*on_done)(void *arg); /* the request's completion hook (rx_gpu.c), or NULL */
+    void *on_done_arg;
+} rx_coll_args_t;
+#define RX_SEQ_NEXT UINT64_MAX
+/* Submit a checked collective as op seq of comm (RX_SEQ_NEXT: the next
+ * one; a reserved one is launched without the rail balancer). */
+int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_request_t **out,
+                   const char *fn);
+/* End op seq of comm on every rail and tell comm's members but `gone` (a
+ * world rank, or -1) to stop waiting for it. */
+void rx_comm_abort_seq(struct coh_ctx *ctx, const coh_comm_t *comm, uint64_t seq, int status,
+                       const char *why, int gone);
+/* Device buffers (rx_gpu.c). init picks the device runtime (COHORT_GPU)
+ * and starts the GPU reactor; stop (after the rails) fails what still runs. */
+int rx_gpu_init(struct coh_ctx *ctx);
+void rx_gpu_stop(struct coh_ctx *ctx);
+void rx_gpu_fini(struct coh_ctx *ctx);
+const char *rx_gpu_name(const struct coh_ctx *ctx);     /* "cuda", "host", or NULL */
+void rx_gpu_stats(struct coh_ctx *ctx, coh_stats_t *s); /* the gpu_* counters */
+/* 1: a collective on a and b is a device op (of device *dev), 0: host
+ * memory, < 0: an error (mem is a coh_mem). */
+int rx_gpu_where(struct coh_ctx *ctx, int mem, const void *a, const void *b, int *dev,
+                 const char *fn);
+/* COH_EUNSUPPORTED when a or b is device memory (paths that take host
+ * buffers only: syncs, relay, bounded loss). */
+int rx_gpu_host_only(struct coh_ctx *ctx, const void *a, const void *b, const char *fn);
+/* coh_allreduce with where its buffers are (NULL: ask). */
+int rx_allreduce_opts(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                      coh_dtype dtype, coh_redop op, const coh_coll_opts_t *o, coh_request_t **req,
+                      const char *fn);
+/* Submit a checked collective on device buffers, ordered after stream. */
+int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int dev,
+                  coh_request_t **out, const char *fn);
 int rx_allreduce_lossy(coh_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                        coh_dtype dtype, coh_redop op, const coh_allreduce_opts_t *o,
                        coh_request_t **req);

@@ -256,6 +256,14 @@ static void publish(rx_lb_t *lb, uint64_t e)
     for (uint64_t k = from; k < to; k++) publish_one(lb, k, buf, (size_t)len);
 }
 
+void rx_lb_reserve(struct coh_ctx *ctx, uint64_t seq, uint64_t n)
+{
+    rx_lb_t *lb = ctx->lb;
+    if (!lb || !lb->authority) return;
+    for (uint64_t s = seq; s < seq + n; s++)
+        if (s % lb->E == 0) publish(lb, s / lb->E);
+}
+
 /* ---- the world's ops ---- */
 
 int rx_lb_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)

@@ -43,6 +43,10 @@ void rx_lb_fini(struct coh_ctx *ctx);
 /* Application thread: a world op, split with its epoch's table (now, or
  * when the table arrives). Returns like rx_launch; 0 also when queued. */
 int rx_lb_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
+/* World ops seq .. seq + n - 1 were reserved by a device op (rx_gpu.c) and
+ * will not pass rx_lb_launch: the coordinator publishes the tables their
+ * epochs would have. */
+void rx_lb_reserve(struct coh_ctx *ctx, uint64_t seq, uint64_t n);
 /* Rail thread: a slice of req ended well (the coordinator measures). */
 void rx_lb_observe(struct coh_ctx *ctx, const coh_request_t *req, const en_result_t *r);
 

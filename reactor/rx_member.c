@@ -1456,6 +1456,7 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
     size_t es = coh_dtype_size(dtype);
     if (comm != &ctx->world_comm)
         return bs_fail(COH_EUNSUPPORTED, "%s: only the world communicator is scheduled", fn);
+    BS_CHECK(rx_gpu_host_only(ctx, sendbuf, buf, fn));
     rx_member_t *m = ctx->member;
     /* Every COHORT_PROBE_EVERY syncs, an alpha-beta probe first. Only where
      * every rank syncs as often as every other (relay and allreduce modes:
@@ -1567,9 +1568,10 @@ COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbu
     coh_allreduce_opts_t o = opts ? *opts : (coh_allreduce_opts_t){0};
     if (o.algo == COH_ALLREDUCE_DEFAULT && (o.loss_bound != 0 || o.pull_loss_bound != 0))
         return rx_allreduce_lossy(comm, sendbuf, recvbuf, count, dtype, op, &o, req);
-    if (o.algo == COH_ALLREDUCE_DEFAULT)
-        return coh_allreduce(comm, sendbuf, recvbuf, count, dtype, op, req);
     const char *fn = "coh_allreduce_ex";
+    if (o.algo == COH_ALLREDUCE_DEFAULT)
+        return rx_allreduce_opts(comm, sendbuf, recvbuf, count, dtype, op,
+                                 &(coh_coll_opts_t){.mem = o.mem, .stream = o.stream}, req, fn);
     if (o.algo != COH_ALLREDUCE_RELAY)
         return bs_fail(COH_EINVAL, "%s: unknown algo %d", fn, o.algo);
     if (!comm || !comm->ctx) return bs_fail(COH_EINVAL, "%s: comm is NULL", fn);
@@ -1583,6 +1585,7 @@ COH_API int coh_allreduce_ex(coh_comm_t *comm, const void *sendbuf, void *recvbu
         return bs_fail(COH_EINVAL, "%s: unknown op %d", fn, (int)op);
     if (count && !recvbuf) return bs_fail(COH_EINVAL, "%s: NULL buffer with count %zu", fn, count);
     if (count > SIZE_MAX / es) return bs_fail(COH_EINVAL, "%s: count overflows", fn);
+    BS_CHECK(rx_gpu_host_only(ctx, sendbuf, recvbuf, fn));
     if (dtype == COH_U8 && op == COH_AVG && comm->size > 255)
         return bs_fail(COH_EINVAL, "%s: a u8 average over more than 255 ranks", fn);
     return sync_submit(comm, sendbuf, recvbuf, count, dtype, o.iteration, 1.0, COH_SYNC_RELAY, op,

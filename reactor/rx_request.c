@@ -119,6 +119,7 @@ void rx_request_complete(coh_request_t *req)
     atomic_store(&req->state, RX_REQ_DONE); /* seq_cst: then read waiters (Dekker with coh_wait) */
     if (atomic_load(&req->waiters) > 0) futex_wake_all(req);
     rx_ctx_notify(ctx, failed);
+    if (req->on_done) req->on_done(req->on_done_arg);
     rx_request_unref(req);
 }
 

@@ -1,0 +1,993 @@
+/*
+ * Device-buffer collectives (docs/gpu.md): a collective whose buffers are
+ * device memory runs as a state machine on the GPU reactor ("cohort-gpu",
+ * a loop of its own, started when the context has a device runtime).
+ *
+ *   submit (caller's thread): record an event on the caller's stream,
+ *       reserve one op number per chunk, hand the op to the reactor;
+ *   the reactor, per op: wait for that event (polled, no thread blocks in
+ *       the device runtime), then run up to GPU_SLOTS chunks at once, each
+ *       through a pinned host slot:
+ *         OUT  copy the chunk device -> host on cohort's stream, event;
+ *         NET  the host collective on the slot (op number seq0 + chunk);
+ *         IN   copy the result host -> device, event;
+ *       so the copy-out of chunk k+1 and the copy-in of chunk k-1 overlap
+ *       the network of chunk k. The request completes when the last
+ *       copy-in's event has.
+ *
+ * Polling: an idle handle spins the loop while a device event is pending
+ * and may complete soon: up to GPU_SPIN_NS after an op arrives or a copy is
+ * issued, plus the copy's time at GPU_COPY_BPNS; after that a 1 ms timer.
+ * A chunk's host collective wakes the loop when it completes (on_done).
+ *
+ * Allreduce and broadcast are cut into COHORT_GPU_CHUNK_BYTES chunks;
+ * allgather and reduce-scatter go as one chunk (their layout is strided).
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu/gpu_dev.h"
+#include "reactor/rx_ctx.h"
+
+#define GPU_SLOTS     3
+#define GPU_MAX_DEV   16
+#define GPU_SPIN_NS   200000ull /* 200 us */
+#define GPU_COPY_BPNS 5.0       /* bytes per ns a copy is expected to move (5 GB/s) */
+#define GPU_CACHE     6         /* pinned buffers kept for reuse */
+
+typedef enum { SLOT_FREE = 0, SLOT_OUT, SLOT_NET, SLOT_IN } slot_state;
+
+typedef struct gslot {
+    slot_state state;
+    char *host; /* pinned staging */
+    size_t bytes;
+    void *ev;
+    size_t chunk;
+    coh_request_t *sub;
+} gslot_t;
+
+typedef struct gop {
+    rx_task_t task; /* the submission */
+    struct gop *next;
+    coh_request_t *req;
+    coh_comm_t *comm;
+    rx_coll_args_t a; /* as checked; sendbuf / recvbuf are the device pointers */
+    int dev;
+    void *user_ev;
+    bool started; /* the caller's stream got past the submission */
+    uint64_t seq0;
+    size_t nchunks, next_out, ndone, chunk_elems, es;
+    gslot_t slot[GPU_SLOTS];
+    /* Every member on this host (COHORT_GPU_IPC): op numbers seq0 (the
+     * buffers' IPC handles, allgathered) and seq0 + 1 (a barrier once every
+     * member's device work is done); nchunks is 2, next_out and ndone count
+     * them as for chunks. */
+    bool local;
+    coh_request_t *lsub; /* the exchange or the barrier, while it runs */
+    bool ldev;           /* device work issued, its event (slot[0].ev) pending */
+    gpu_ipc_t *tab;      /* [size][2]: every member's input and output */
+    struct gipc **held;  /* [size * 2]: the peers' mappings this op holds */
+    int status;
+    char why[BS_ERR_LEN];
+} gop_t;
+
+/* A peer's allocation mapped here (CUDA IPC), kept for the next ops. */
+typedef struct gipc {
+    int peer; /* world rank */
+    gpu_ipc_t h;
+    void *base;
+    int busy;      /* ops using it now */
+    uint64_t used; /* for eviction */
+} gipc_t;
+
+struct rx_gpu {
+    struct coh_ctx *ctx;
+    const gpu_dev_t *dev;
+    rx_reactor_t rx;
+    bool started, handles;
+    uv_timer_t timer;
+    uv_idle_t idle;
+    gop_t *ops; /* loop thread only */
+    void *stream[GPU_MAX_DEV];
+    _Atomic int kicked;
+    rx_task_t kick_task;
+    uint64_t spin_until_ns; /* poll without pause until then (device events soon) */
+    size_t chunk_bytes;
+    bool ipc;      /* COHORT_GPU_IPC and the runtime offers it */
+    gipc_t **maps; /* loop thread only */
+    int nmaps, capmaps;
+    uint64_t uses;
+    _Atomic uint64_t n_ops, n_ipc, staged; /* coh_stats_t's gpu_* */
+    uv_mutex_t mu;                         /* the cache */
+    void *cache[GPU_CACHE];
+    size_t cache_n[GPU_CACHE];
+};
+
+/* ---- pinned staging, reused: pinning costs milliseconds ---- */
+
+static char *stage_get(struct rx_gpu *g, size_t n, size_t *got)
+{
+    uv_mutex_lock(&g->mu);
+    int best = -1;
+    for (int i = 0; i < GPU_CACHE; i++)
+        if (g->cache[i] && g->cache_n[i] >= n && (best < 0 || g->cache_n[i] < g->cache_n[best]))
+            best = i;
+    void *p = NULL;
+    if (best >= 0) {
+        p = g->cache[best];
+        *got = g->cache_n[best];
+        g->cache[best] = NULL;
+    }
+    uv_mutex_unlock(&g->mu);
+    if (p) return p;
+    if (g->dev->host_alloc(&p, n) < 0) return NULL;
+    *got = n;
+    return p;
+}
+
+static void stage_put(struct rx_gpu *g, char *p, size_t n)
+{
+    if (!p) return;
+    uv_mutex_lock(&g->mu);
+    int slot = -1;
+    for (int i = 0; i < GPU_CACHE && slot < 0; i++)
+        if (!g->cache[i]) slot = i;
+    if (slot < 0) { /* full: drop the smallest if this one is larger */
+        slot = 0;
+        for (int i = 1; i < GPU_CACHE; i++)
+            if (g->cache_n[i] < g->cache_n[slot]) slot = i;
+        if (g->cache_n[slot] >= n) slot = -1;
+    }
+    void *drop = p;
+    if (slot >= 0) {
+        drop = g->cache[slot];
+        g->cache[slot] = p;
+        g->cache_n[slot] = n;
+    }
+    uv_mutex_unlock(&g->mu);
+    if (drop) g->dev->host_free(drop);
+}
+
+/* ---- chunks ---- */
+
+/* Chunk k: its elements [*off, *off + *n) of the op's count (allreduce and
+ * broadcast); the other kinds have one chunk, the whole op. */
+static void chunk_range(const gop_t *op, size_t k, size_t *off, size_t *n)
+{
+    *off = k * op->chunk_elems;
+    size_t left = op->a.count - *off;
+    *n = left < op->chunk_elems ? left : op->chunk_elems;
+}
+
+/* The bytes a slot holds for one chunk. */
+static size_t slot_need(const gop_t *op)
+{
+    size_t size = (size_t)op->comm->size;
+    switch (op->a.kind) {
+    case SC_ALLGATHER:
+    case SC_REDUCE_SCATTER: return op->a.count * op->es * size;
+    default: return op->chunk_elems * op->es;
+    }
+}
+
+/* Device work of n bytes was just queued: poll closely until it may be done. */
+static void expect_soon(struct rx_gpu *g, size_t n)
+{
+    uint64_t t = bs_now_ns() + GPU_SPIN_NS + (uint64_t)((double)n / GPU_COPY_BPNS);
+    if (t > g->spin_until_ns) g->spin_until_ns = t;
+}
+
+static void op_fail(gop_t *op, int st, const char *why)
+{
+    if (op->status < 0) return;
+    op->status = st;
+    snprintf(op->why, sizeof(op->why), "%s", why);
+}
+
+static void dev_fail(gop_t *op, const struct rx_gpu *g, const char *what)
+{
+    char why[BS_ERR_LEN];
+    snprintf(why, sizeof(why), "%s: %s: %s", op->req->what, what, g->dev->last_error());
+    op_fail(op, COH_EINTERNAL, why);
+}
+
+/* A staged path's copy on cohort's stream, counted (coh_stats_t's
+ * gpu_staged_bytes) and expected soon by the poll. */
+static int stage_copy(struct rx_gpu *g, const gop_t *op, void *dst, const void *src, size_t n)
+{
+    int r = g->dev->copy(dst, src, n, g->stream[op->dev]);
+    if (r == 0) {
+        atomic_fetch_add_explicit(&g->staged, n, memory_order_relaxed);
+        expect_soon(g, n);
+    }
+    return r;
+}
+
+/* Issue the copy-out of chunk k into s (with its event). */
+static int issue_out(struct rx_gpu *g, gop_t *op, gslot_t *s, size_t k)
+{
+    const char *src = op->a.sendbuf ? op->a.sendbuf : op->a.recvbuf;
+    size_t off, n, rank = (size_t)op->comm->rank, es = op->es;
+    int r = 0;
+    switch (op->a.kind) {
+    case SC_ALLREDUCE:
+        chunk_range(op, k, &off, &n);
+        r = stage_copy(g, op, s->host, src + off * es, n * es);
+        break;
+    case SC_BROADCAST: /* only the root has data to send */
+        chunk_range(op, k, &off, &n);
+        if (op->comm->rank == op->a.root)
+            r = stage_copy(g, op, s->host, (char *)op->a.recvbuf + off * es, n * es);
+        break;
+    case SC_ALLGATHER:
+        r = stage_copy(g, op, s->host + rank * op->a.count * es, op->a.sendbuf, op->a.count * es);
+        break;
+    case SC_REDUCE_SCATTER: /* the whole input: sendbuf, or recvbuf when in place */
+        r = stage_copy(g, op, s->host, op->a.rs_in_place ? op->a.recvbuf : op->a.sendbuf,
+                       op->a.count * es * (size_t)op->comm->size);
+        break;
+    default: r = COH_EINVAL;
+    }
+    if (r == 0) r = g->dev->event_record(s->ev, g->stream[op->dev]);
+    if (r < 0) return dev_fail(op, g, "copy to host"), r;
+    expect_soon(g, 0); /* the event, also where nothing was copied */
+    s->chunk = k;
+    s->state = SLOT_OUT;
+    return 0;
+}
+
+static void kick(void *arg);
+
+/* The host collective of the chunk in s. */
+static int issue_net(struct rx_gpu *g, gop_t *op, gslot_t *s)
+{
+    rx_coll_args_t a = op->a;
+    a.on_done = kick;
+    a.on_done_arg = g;
+    size_t off, n;
+    switch (a.kind) {
+    case SC_ALLREDUCE:
+    case SC_BROADCAST:
+        chunk_range(op, s->chunk, &off, &n);
+        a.sendbuf = NULL;
+        a.recvbuf = s->host;
+        a.count = n;
+        break;
+    case SC_ALLGATHER:
+        a.recvbuf = s->host;
+        a.sendbuf = s->host + (size_t)op->comm->rank * op->a.count * op->es;
+        break;
+    case SC_REDUCE_SCATTER:
+        a.sendbuf = NULL;
+        a.recvbuf = s->host;
+        a.rs_in_place = true;
+        break;
+    default: return COH_EINVAL;
+    }
+    int st = rx_coll_submit(op->comm, &a, op->seq0 + s->chunk, &s->sub, op->req->what);
+    if (st < 0) {
+        op_fail(op, st, coh_last_error());
+        return st;
+    }
+    s->state = SLOT_NET;
+    return 0;
+}
+
+/* The chunk's collective ended: copy its result back. */
+static int issue_in(struct rx_gpu *g, gop_t *op, gslot_t *s)
+{
+    size_t off, n, es = op->es, rank = (size_t)op->comm->rank;
+    int r = 0;
+    switch (op->a.kind) {
+    case SC_ALLREDUCE:
+        chunk_range(op, s->chunk, &off, &n);
+        r = stage_copy(g, op, (char *)op->a.recvbuf + off * es, s->host, n * es);
+        break;
+    case SC_BROADCAST:
+        chunk_range(op, s->chunk, &off, &n);
+        if (op->comm->rank != op->a.root)
+            r = stage_copy(g, op, (char *)op->a.recvbuf + off * es, s->host, n * es);
+        break;
+    case SC_ALLGATHER:
+        r = stage_copy(g, op, op->a.recvbuf, s->host, op->a.count * es * (size_t)op->comm->size);
+        break;
+    case SC_REDUCE_SCATTER: {
+        char *dst = (char *)op->a.recvbuf + (op->a.rs_in_place ? rank * op->a.count * es : 0);
+        r = stage_copy(g, op, dst, s->host + rank * op->a.count * es, op->a.count * es);
+        break;
+    }
+    default: r = COH_EINVAL;
+    }
+    if (r == 0) r = g->dev->event_record(s->ev, g->stream[op->dev]);
+    if (r < 0) return dev_fail(op, g, "copy to the device"), r;
+    expect_soon(g, 0);
+    s->state = SLOT_IN;
+    return 0;
+}
+
+/* 1: the slot's event completed; 0: pending; < 0: the device failed. */
+static int slot_event(struct rx_gpu *g, gop_t *op, gslot_t *s)
+{
+    int q = g->dev->event_query(s->ev);
+    if (q < 0) dev_fail(op, g, "event");
+    return q;
+}
+
+/* Chunks never launched: their peers must not wait for them. */
+static void abort_unlaunched(struct rx_gpu *g, gop_t *op, size_t k)
+{
+    rx_comm_abort_seq(g->ctx, op->comm, op->seq0 + k, op->status < 0 ? op->status : COH_ESTATE,
+                      op->why, -1);
+}
+
+static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait);
+
+/* Move op as far as it goes now; *devwait: it waits for a device event. */
+static void advance(struct rx_gpu *g, gop_t *op, bool *devwait)
+{
+    if (!op->started) {
+        int q = g->dev->event_query(op->user_ev);
+        if (q == 0) {
+            *devwait = true;
+            return;
+        }
+        if (q < 0) dev_fail(op, g, "the caller's stream");
+        op->started = true;
+    }
+    if (g->dev->set_device(op->dev, NULL) < 0) dev_fail(op, g, "set device");
+    if (op->local) {
+        advance_local(g, op, devwait);
+        return;
+    }
+    for (bool again = true; again;) {
+        again = false;
+        for (int i = 0; i < GPU_SLOTS; i++) {
+            gslot_t *s = &op->slot[i];
+            int q;
+            switch (s->state) {
+            case SLOT_FREE:
+                if (op->status < 0 || op->next_out >= op->nchunks || !s->host) break;
+                if (issue_out(g, op, s, op->next_out) == 0) {
+                    op->next_out++;
+                    again = true;
+                }
+                break;
+            case SLOT_OUT:
+                q = slot_event(g, op, s);
+                if (q == 0) {
+                    *devwait = true;
+                } else if (q > 0 && op->status == 0) {
+                    if (issue_net(g, op, s) == 0) again = true;
+                } else {
+                    abort_unlaunched(g, op, s->chunk);
+                    s->state = SLOT_FREE;
+                    again = true;
+                }
+                break;
+            case SLOT_NET:
+                if (atomic_load(&s->sub->state) != RX_REQ_DONE) break;
+                if (atomic_load(&s->sub->status) < 0)
+                    op_fail(op, atomic_load(&s->sub->status), s->sub->err);
+                coh_request_free(s->sub);
+                s->sub = NULL;
+                s->state = SLOT_FREE;
+                if (op->status == 0) issue_in(g, op, s);
+                again = true;
+                break;
+            case SLOT_IN:
+                q = slot_event(g, op, s);
+                if (q == 0) {
+                    *devwait = true;
+                } else {
+                    if (q > 0) op->ndone++;
+                    s->state = SLOT_FREE;
+                    again = true;
+                }
+                break;
+            }
+        }
+    }
+}
+
+/* ---- every member on this host: through each other's device memory ---- */
+
+#define GPU_MAPS_KEEP 64 /* peers' allocations kept mapped when unused */
+
+/* The mapping of peer's allocation h, opened or reused, held by the caller. */
+static gipc_t *map_get(struct rx_gpu *g, int peer, const gpu_ipc_t *h)
+{
+    for (int i = 0; i < g->nmaps; i++) {
+        gipc_t *m = g->maps[i];
+        if (m->peer == peer && m->h.pid == h->pid && m->h.size == h->size &&
+            !memcmp(m->h.handle, h->handle, GPU_IPC_BYTES)) {
+            m->busy++;
+            m->used = ++g->uses;
+            return m;
+        }
+    }
+    /* Unused ones beyond the keep go first, the least recently used. */
+    if (g->nmaps >= GPU_MAPS_KEEP) {
+        int lru = -1;
+        for (int i = 0; i < g->nmaps; i++)
+            if (!g->maps[i]->busy && (lru < 0 || g->maps[i]->used < g->maps[lru]->used)) lru = i;
+        if (lru >= 0) {
+            g->dev->ipc_close(g->maps[lru]->base);
+            coh_free(g->maps[lru]);
+            g->maps[lru] = g->maps[--g->nmaps];
+        }
+    }
+    if (g->nmaps == g->capmaps) {
+        int cap = g->capmaps ? g->capmaps * 2 : 16;
+        gipc_t **nm = coh_realloc(g->maps, sizeof(*nm) * (size_t)cap);
+        if (!nm) return NULL;
+        g->maps = nm;
+        g->capmaps = cap;
+    }
+    gipc_t *m = coh_zalloc(sizeof(*m));
+    if (!m) return NULL;
+    if (g->dev->ipc_open(h, &m->base) < 0) {
+        coh_free(m);
+        return NULL;
+    }
+    m->peer = peer;
+    m->h = *h;
+    m->busy = 1;
+    m->used = ++g->uses;
+    g->maps[g->nmaps++] = m;
+    return m;
+}
+
+/* The op's input (which 0) or output (1) pointer on comm rank q. */
+static char *lbuf(const gop_t *op, int q, int which)
+{
+    if (q == op->comm->rank) {
+        const rx_coll_args_t *a = &op->a;
+        if (which == 1 || a->kind == SC_BROADCAST) return a->recvbuf;
+        if (a->kind == SC_REDUCE_SCATTER) return a->rs_in_place ? a->recvbuf : (char *)a->sendbuf;
+        return a->sendbuf ? (char *)a->sendbuf : a->recvbuf;
+    }
+    const gipc_t *m = op->held[q * 2 + which];
+    return (char *)m->base + op->tab[q * 2 + which].offset;
+}
+
+static int world_of(const coh_comm_t *c, int q)
+{
+    return c->ranks ? c->ranks[q] : q;
+}
+
+/* dst = op over every member's src + off (n elements), own first: dst may
+ * be this member's own input there (the reduction reads it first). */
+static int reduce_all(struct rx_gpu *g, gop_t *op, char *dst, size_t off, size_t n, void *st)
+{
+    int N = op->comm->size, me = op->comm->rank, r = 0;
+    const rx_coll_args_t *a = &op->a;
+    char *own = lbuf(op, me, 0) + off;
+    if (N == 1) {
+        if (dst != own) r = g->dev->copy(dst, own, n * op->es, st);
+    } else {
+        r = g->dev->reduce(a->dtype, a->op, dst, own, lbuf(op, (me + 1) % N, 0) + off, n, st);
+        for (int k = 2; k < N && r == 0; k++)
+            r = g->dev->reduce(a->dtype, a->op, dst, dst, lbuf(op, (me + k) % N, 0) + off, n, st);
+    }
+    if (r == 0 && a->op == COH_AVG) r = g->dev->div(a->dtype, dst, n, (double)N, st);
+    return r;
+}
+
+/* This member's part, on cohort's stream, then its event. */
+static int issue_local(struct rx_gpu *g, gop_t *op)
+{
+    int N = op->comm->size, me = op->comm->rank, r = 0;
+    const rx_coll_args_t *a = &op->a;
+    size_t es = op->es;
+    void *st = g->stream[op->dev];
+    switch (a->kind) {
+    case SC_ALLREDUCE: { /* reduce my shard, then write it into every output */
+        size_t lo = a->count * (size_t)me / (size_t)N, hi = a->count * (size_t)(me + 1) / (size_t)N;
+        char *acc = lbuf(op, me, 1) + lo * es;
+        if (hi > lo) r = reduce_all(g, op, acc, lo * es, hi - lo, st);
+        for (int q = 0; q < N && r == 0 && hi > lo; q++)
+            if (q != me) r = g->dev->copy(lbuf(op, q, 1) + lo * es, acc, (hi - lo) * es, st);
+        break;
+    }
+    case SC_REDUCE_SCATTER: {
+        char *out = lbuf(op, me, 1) + (a->rs_in_place ? (size_t)me * a->count * es : 0);
+        r = reduce_all(g, op, out, (size_t)me * a->count * es, a->count, st);
+        break;
+    }
+    case SC_ALLGATHER: { /* my block into every output */
+        const char *mine = lbuf(op, me, 0);
+        for (int q = 0; q < N && r == 0; q++) {
+            char *dst = lbuf(op, q, 1) + (size_t)me * a->count * es;
+            if (dst != mine) r = g->dev->copy(dst, mine, a->count * es, st);
+        }
+        break;
+    }
+    case SC_BROADCAST: /* the root's buffer into mine */
+        if (me != a->root) r = g->dev->copy(a->recvbuf, lbuf(op, a->root, 1), a->count * es, st);
+        break;
+    default: r = COH_EINVAL;
+    }
+    if (r == 0) r = g->dev->event_record(op->slot[0].ev, st);
+    if (r < 0) return dev_fail(op, g, "device work"), r;
+    expect_soon(g, a->count * es);
+    op->ldev = true;
+    return 0;
+}
+
+/* Launch reserved op number seq0 + k: the exchange (0) or the barrier (1). */
+static void launch_local(struct rx_gpu *g, gop_t *op, int k)
+{
+    rx_coll_args_t a = {.kind = SC_BARRIER, .on_done = kick, .on_done_arg = g};
+    if (k == 0) {
+        size_t n = 2 * sizeof(gpu_ipc_t);
+        a = (rx_coll_args_t){.kind = SC_ALLGATHER,
+                             .sendbuf = (char *)op->tab + (size_t)op->comm->rank * n,
+                             .recvbuf = op->tab,
+                             .count = n,
+                             .dtype = COH_U8,
+                             .on_done = kick,
+                             .on_done_arg = g};
+    }
+    op->next_out = (size_t)k + 1;
+    int st = rx_coll_submit(op->comm, &a, op->seq0 + (uint64_t)k, &op->lsub, op->req->what);
+    if (st < 0) {
+        op->lsub = NULL;
+        op_fail(op, st, coh_last_error());
+    }
+}
+
+/* The local op as far as it goes (it has started). */
+static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait)
+{
+    int N = op->comm->size, me = op->comm->rank;
+    if (op->next_out == 0 && op->status == 0) {
+        /* My input's and output's handles, for the others. */
+        gpu_ipc_t *mine = op->tab + me * 2;
+        int r = g->dev->ipc_get(lbuf(op, me, 0), &mine[0]);
+        if (r == 0) r = g->dev->ipc_get(op->a.recvbuf, &mine[1]);
+        if (r < 0) {
+            char why[BS_ERR_LEN];
+            snprintf(why, sizeof(why),
+                     "%s: device memory that cannot be shared with the ranks on this host (%s); "
+                     "COHORT_GPU_IPC=0 stages it through host memory",
+                     op->req->what, g->dev->last_error());
+            op_fail(op, COH_EUNSUPPORTED, why);
+            return;
+        }
+        launch_local(g, op, 0);
+        return;
+    }
+    if (op->lsub) {
+        if (atomic_load(&op->lsub->state) != RX_REQ_DONE) return;
+        if (atomic_load(&op->lsub->status) < 0)
+            op_fail(op, atomic_load(&op->lsub->status), op->lsub->err);
+        coh_request_free(op->lsub);
+        op->lsub = NULL;
+        if (op->status < 0) return;
+        op->ndone++;
+        if (op->ndone == 2) return; /* the barrier: done */
+        /* The handles are in: map the peers' memory, then do my part. */
+        for (int q = 0; q < N && op->status == 0; q++)
+            for (int w = 0; w < 2 && q != me; w++) {
+                op->held[q * 2 + w] = map_get(g, world_of(op->comm, q), &op->tab[q * 2 + w]);
+                if (!op->held[q * 2 + w]) dev_fail(op, g, "mapping a peer's device memory");
+            }
+        if (op->status == 0) issue_local(g, op);
+    }
+    if (op->ldev) {
+        int q = slot_event(g, op, &op->slot[0]);
+        if (q == 0) {
+            *devwait = true;
+            return;
+        }
+        op->ldev = false;
+        if (q > 0 && op->status == 0) launch_local(g, op, 1);
+    }
+}
+
+static bool op_busy(const gop_t *op)
+{
+    if (op->lsub || op->ldev) return true;
+    for (int i = 0; i < GPU_SLOTS; i++)
+        if (op->slot[i].state != SLOT_FREE) return true;
+    return false;
+}
+
+static void op_free(struct rx_gpu *g, gop_t *op)
+{
+    for (int i = 0; i < GPU_SLOTS; i++) {
+        stage_put(g, op->slot[i].host, op->slot[i].bytes);
+        if (op->slot[i].ev) g->dev->event_free(op->slot[i].ev);
+        if (op->slot[i].sub) coh_request_free(op->slot[i].sub);
+    }
+    if (op->user_ev) g->dev->event_free(op->user_ev);
+    if (op->lsub) coh_request_free(op->lsub);
+    for (int i = 0; op->held && i < op->comm->size * 2; i++)
+        if (op->held[i]) op->held[i]->busy--;
+    coh_free(op->held);
+    coh_free(op->tab);
+    coh_free(op);
+}
+
+/* The op ended (all chunks in, or failed and nothing in flight). */
+static void finish(struct rx_gpu *g, gop_t *op)
+{
+    if (op->status == 0 && op->ndone < op->nchunks)
+        op_fail(op, COH_EINTERNAL, "device op ended with chunks missing");
+    if (op->status < 0) {
+        for (size_t k = op->next_out; k < op->nchunks; k++) abort_unlaunched(g, op, k);
+        rx_request_set_error(op->req, op->status, op->why);
+    }
+    if (op->status == 0) {
+        atomic_fetch_add_explicit(&g->n_ops, 1, memory_order_relaxed);
+        if (op->local) atomic_fetch_add_explicit(&g->n_ipc, 1, memory_order_relaxed);
+    }
+    coh_request_t *req = op->req;
+    op_free(g, op);
+    rx_request_complete(req);
+}
+
+static void arm(struct rx_gpu *g, bool devwait);
+
+/* Loop thread: every op as far as it goes. */
+static void run_all(struct rx_gpu *g)
+{
+    bool devwait = false;
+    for (gop_t **pp = &g->ops; *pp;) {
+        gop_t *op = *pp;
+        advance(g, op, &devwait);
+        bool over = op->started && !op_busy(op) && (op->status < 0 || op->ndone == op->nchunks);
+        if (over) {
+            *pp = op->next;
+            finish(g, op);
+        } else {
+            pp = &op->next;
+        }
+    }
+    arm(g, devwait);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    run_all(t->data);
+}
+
+static void on_idle(uv_idle_t *h)
+{
+    run_all(h->data);
+    sched_yield(); /* whatever does the device's work may need this core */
+}
+
+static void arm(struct rx_gpu *g, bool devwait)
+{
+    if (!g->handles) return;
+    if (!g->ops) {
+        uv_idle_stop(&g->idle);
+        uv_timer_stop(&g->timer);
+        return;
+    }
+    if (devwait && bs_now_ns() < g->spin_until_ns)
+        uv_idle_start(&g->idle, on_idle);
+    else
+        uv_idle_stop(&g->idle);
+    if (!uv_is_active((uv_handle_t *)&g->timer)) uv_timer_start(&g->timer, on_timer, 1, 1);
+}
+
+static void kick_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    struct rx_gpu *g = rx->owner;
+    atomic_store(&g->kicked, 0);
+    run_all(g);
+}
+
+/* Any thread: a chunk's host collective completed. */
+static void kick(void *arg)
+{
+    struct rx_gpu *g = arg;
+    if (atomic_exchange(&g->kicked, 1)) return;
+    g->kick_task.run = kick_run;
+    if (!rx_reactor_post(&g->rx, &g->kick_task)) atomic_store(&g->kicked, 0);
+}
+
+static void submit_run(rx_task_t *t, rx_reactor_t *rx)
+{
+    struct rx_gpu *g = rx->owner;
+    gop_t *op = (gop_t *)t;
+    /* The stream of the op's device, made on first use. */
+    if (!g->stream[op->dev] &&
+        (g->dev->set_device(op->dev, NULL) < 0 || g->dev->stream_new(&g->stream[op->dev]) < 0))
+        dev_fail(op, g, "cohort's stream");
+    op->next = g->ops;
+    g->ops = op;
+    expect_soon(g, 0); /* its caller's stream may be there already */
+    run_all(g);
+}
+
+static int start_handles(rx_reactor_t *rx, void *arg)
+{
+    struct rx_gpu *g = arg;
+    uv_timer_init(&rx->loop, &g->timer);
+    uv_idle_init(&rx->loop, &g->idle);
+    g->timer.data = g->idle.data = g;
+    g->handles = true;
+    return 0;
+}
+
+static void gpu_on_stop(rx_reactor_t *rx)
+{
+    struct rx_gpu *g = rx->owner;
+    if (!g->handles) return;
+    uv_close((uv_handle_t *)&g->timer, NULL);
+    uv_close((uv_handle_t *)&g->idle, NULL);
+    g->handles = false;
+}
+
+/* ---- the context's side ---- */
+
+int rx_gpu_init(struct coh_ctx *ctx)
+{
+    const char *mode = NULL, *why = NULL;
+    BS_CHECK(rx_env_knob_str("gpu", &mode));
+    size_t chunk = 0;
+    BS_CHECK(rx_env_knob_size("gpu_chunk_bytes", &chunk));
+    int ipc = 1;
+    BS_CHECK(rx_env_knob_int("gpu_ipc", &ipc));
+    if (strcmp(mode, "auto") && strcmp(mode, "cuda") && strcmp(mode, "host") && strcmp(mode, "off"))
+        return bs_fail(COH_EINVAL, "coh_init: COHORT_GPU must be auto, cuda, host or off (%s)",
+                       mode);
+    const gpu_dev_t *dev = gpu_dev_pick(mode, &why);
+    if (!dev && !strcmp(mode, "cuda")) return bs_fail(COH_EUNSUPPORTED, "coh_init: %s", why);
+    if (!dev) return 0; /* no device runtime: every pointer is host memory */
+    struct rx_gpu *g = coh_zalloc(sizeof(*g));
+    if (!g) return bs_fail(COH_ENOMEM, "coh_init: out of memory");
+    g->ctx = ctx;
+    g->dev = dev;
+    g->chunk_bytes = chunk;
+    g->ipc = ipc && dev->ipc_get && dev->ipc_open && dev->ipc_close;
+    uv_mutex_init(&g->mu);
+    int st = rx_reactor_start(&g->rx, "cohort-gpu", gpu_on_stop, g);
+    if (st == 0) {
+        g->started = true;
+        st = rx_reactor_call(&g->rx, start_handles, g);
+    }
+    ctx->gpu = g;
+    if (st < 0) return bs_fail(st, "coh_init: the GPU reactor: %s", coh_last_error());
+    return 0;
+}
+
+static int fail_all_fn(rx_reactor_t *rx, void *arg)
+{
+    struct rx_gpu *g = arg;
+    for (int d = 0; d < GPU_MAX_DEV; d++)
+        if (g->stream[d]) g->dev->stream_sync(g->stream[d]); /* copies into slots end */
+    while (g->ops) {
+        gop_t *op = g->ops;
+        g->ops = op->next;
+        for (int i = 0; i < GPU_SLOTS; i++) /* the rails have stopped: every sub-op ended */
+            op->slot[i].state = SLOT_FREE;
+        op_fail(op, COH_ESTATE, "the context was finalized while the device op ran");
+        finish(g, op);
+    }
+    arm(g, false);
+    return 0;
+}
+
+void rx_gpu_stop(struct coh_ctx *ctx)
+{
+    struct rx_gpu *g = ctx->gpu;
+    if (!g || !g->started) return;
+    rx_reactor_call(&g->rx, fail_all_fn, g);
+    rx_reactor_stop(&g->rx);
+    g->started = false;
+}
+
+void rx_gpu_fini(struct coh_ctx *ctx)
+{
+    struct rx_gpu *g = ctx->gpu;
+    if (!g) return;
+    rx_gpu_stop(ctx);
+    rx_reactor_fini(&g->rx);
+    for (int d = 0; d < GPU_MAX_DEV; d++)
+        if (g->stream[d]) g->dev->stream_free(g->stream[d]);
+    for (int i = 0; i < GPU_CACHE; i++)
+        if (g->cache[i]) g->dev->host_free(g->cache[i]);
+    for (int i = 0; i < g->nmaps; i++) {
+        g->dev->ipc_close(g->maps[i]->base);
+        coh_free(g->maps[i]);
+    }
+    coh_free(g->maps);
+    uv_mutex_destroy(&g->mu);
+    coh_free(g);
+    ctx->gpu = NULL;
+}
+
+int rx_gpu_where(struct coh_ctx *ctx, int mem, const void *a, const void *b, int *dev,
+                 const char *fn)
+{
+    *dev = 0;
+    if (mem == COH_MEM_HOST) return 0;
+    if (mem != COH_MEM_AUTO && mem != COH_MEM_DEVICE)
+        return bs_fail(COH_EINVAL, "%s: mem must be COH_MEM_AUTO, _HOST or _DEVICE (%d)", fn, mem);
+    struct rx_gpu *g = ctx->gpu;
+    if (!g) {
+        if (mem == COH_MEM_DEVICE)
+            return bs_fail(COH_EUNSUPPORTED,
+                           "%s: device buffers, but no device runtime "
+                           "(COHORT_GPU; docs/gpu.md)",
+                           fn);
+        return 0;
+    }
+    int da = 0, db = 0;
+    int ia = a ? g->dev->is_device(a, &da) : 0, ib = b ? g->dev->is_device(b, &db) : 0;
+    if (ia < 0 || ib < 0) return bs_fail(COH_EINVAL, "%s: %s", fn, g->dev->last_error());
+    if (mem == COH_MEM_DEVICE || ia || ib) {
+        if (ia && ib && da != db)
+            return bs_fail(COH_EINVAL, "%s: the buffers are on devices %d and %d", fn, da, db);
+        *dev = ia ? da : db;
+        if (*dev < 0 || *dev >= GPU_MAX_DEV)
+            return bs_fail(COH_EUNSUPPORTED, "%s: device %d (at most %d)", fn, *dev, GPU_MAX_DEV);
+        return 1;
+    }
+    return 0;
+}
+
+void rx_gpu_stats(struct coh_ctx *ctx, coh_stats_t *s)
+{
+    struct rx_gpu *g = ctx->gpu;
+    if (!g) return;
+    s->gpu_ops = atomic_load_explicit(&g->n_ops, memory_order_relaxed);
+    s->gpu_ops_ipc = atomic_load_explicit(&g->n_ipc, memory_order_relaxed);
+    s->gpu_staged_bytes = atomic_load_explicit(&g->staged, memory_order_relaxed);
+}
+
+const char *rx_gpu_name(const struct coh_ctx *ctx)
+{
+    return ctx->gpu ? ctx->gpu->dev->name : NULL;
+}
+
+/* Is every member of c on this host? (The same answer on every member.) */
+static bool all_here(const struct coh_ctx *ctx, const coh_comm_t *c)
+{
+    for (int q = 0; q < c->size; q++) {
+        int w = world_of(c, q);
+        if (w != ctx->rank && !ctx->same_host[w]) return false;
+    }
+    return true;
+}
+
+int rx_gpu_host_only(struct coh_ctx *ctx, const void *a, const void *b, const char *fn)
+{
+    struct rx_gpu *g = ctx->gpu;
+    if (!g) return 0;
+    if ((a && g->dev->is_device(a, NULL) > 0) || (b && g->dev->is_device(b, NULL) > 0))
+        return bs_fail(COH_EUNSUPPORTED, "%s: takes host buffers only (docs/gpu.md)", fn);
+    return 0;
+}
+
+int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int dev,
+                  coh_request_t **out, const char *fn)
+{
+    struct coh_ctx *ctx = comm->ctx;
+    struct rx_gpu *g = ctx->gpu;
+    if (a->loss[SC_STAGE_PUSH] > 0 || a->loss[SC_STAGE_PULL] > 0)
+        return bs_fail(COH_EUNSUPPORTED, "%s: a loss bound on device buffers", fn);
+    gop_t *op = coh_zalloc(sizeof(*op));
+    if (!op) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);
+    op->comm = comm;
+    op->a = *a;
+    op->dev = dev;
+    op->es = coh_dtype_size(a->dtype);
+    op->local = g->ipc && all_here(ctx, comm);
+    size_t ce = g->chunk_bytes / op->es;
+    op->chunk_elems = ce ? ce : 1;
+    bool chunked = a->kind == SC_ALLREDUCE || a->kind == SC_BROADCAST;
+    if (!chunked || a->count <= op->chunk_elems) op->chunk_elems = a->count ? a->count : 1;
+    op->nchunks = chunked && a->count ? (a->count + op->chunk_elems - 1) / op->chunk_elems : 1;
+    if (op->local) op->nchunks = 2; /* the exchange and the barrier */
+    /* On the caller's thread: its current device is put back afterwards. */
+    int prev = -1;
+    int st = g->dev->set_device(dev, &prev);
+    if (st == 0) st = g->dev->event_new(&op->user_ev);
+    if (st == 0) st = g->dev->event_record(op->user_ev, stream);
+    size_t need = slot_need(op);
+    int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
+    if (op->local) {
+        nslots = 0;
+        op->tab = coh_calloc((size_t)comm->size * 2, sizeof(gpu_ipc_t));
+        op->held = coh_calloc((size_t)comm->size * 2, sizeof(gipc_t *));
+        if (!op->tab || !op->held) st = COH_ENOMEM;
+        if (st == 0) st = g->dev->event_new(&op->slot[0].ev);
+    }
+    for (int i = 0; i < nslots && st == 0; i++) {
+        op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
+        if (!op->slot[i].host) st = COH_ENOMEM;
+        if (st == 0) st = g->dev->event_new(&op->slot[i].ev);
+    }
+    if (prev >= 0 && prev != dev) g->dev->set_device(prev, NULL);
+    op->req = st == 0 ? rx_request_new(ctx, 0) : NULL;
+    if (st < 0 || !op->req) {
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why), "%s", g->dev->last_error());
+        op_free(g, op);
+        return bs_fail(st < 0 ? st : COH_ENOMEM, "%s: device op set-up: %s", fn, why);
+    }
+    op->req->what = sc_coll_kind_name(a->kind);
+    op->req->bytes = (uint64_t)a->count * op->es;
+    op->req->deferred = true; /* no slices for a waiter to drive */
+    op->req->spin_us = 0;
+    /* The chunks' numbers now, in the caller's order of submissions. */
+    op->seq0 = atomic_fetch_add(&comm->next_seq, op->nchunks);
+    if (comm == &ctx->world_comm) rx_lb_reserve(ctx, op->seq0, op->nchunks);
+    coh_request_t *req = op->req;
+    op->task.run = submit_run;
+    if (!rx_reactor_post(&g->rx, &op->task)) {
+        op->req = NULL;
+        op_free(g, op);
+        rx_request_discard(req);
+        return bs_fail(COH_ESTATE, "%s: the context is finalizing", fn);
+    }
+    *out = req;
+    return 0;
+}
+
+static void wait_host_fn(void *arg)
+{
+    coh_request_t *req = arg;
+    coh_wait(req, -1);
+    rx_request_unref(req);
+}
+
+COH_API int coh_request_stream_wait(coh_request_t *req, void *stream)
+{
+    if (!req) return bs_fail(COH_EINVAL, "coh_request_stream_wait: request is NULL");
+    struct rx_gpu *g = req->ctx->gpu;
+    if (atomic_load(&req->state) == RX_REQ_DONE) return 0; /* its data is in place */
+    if (!g)
+        return bs_fail(COH_EUNSUPPORTED, "coh_request_stream_wait: no device runtime (COHORT_GPU)");
+    /* The stream's next work waits in a host function until the request
+     * completes (the runtime's own thread waits there, not the caller). */
+    atomic_fetch_add(&req->refs, 1);
+    int st = g->dev->host_fn(stream, wait_host_fn, req);
+    if (st < 0) {
+        rx_request_unref(req);
+        return bs_fail(st, "coh_request_stream_wait: %s", g->dev->last_error());
+    }
+    return 0;
+}
+
+/* The context's device runtime into *d, or a failure naming fn. */
+static int ctx_dev(coh_ctx_t *ctx, const char *fn, const gpu_dev_t **d)
+{
+    if (!ctx || !rx_ctx_alive(ctx)) return bs_fail(COH_EINVAL, "%s: not a live context", fn);
+    if (!ctx->gpu)
+        return bs_fail(COH_EUNSUPPORTED, "%s: no device runtime (COHORT_GPU; docs/gpu.md)", fn);
+    *d = ctx->gpu->dev;
+    return 0;
+}
+
+COH_API int coh_mem_alloc(coh_ctx_t *ctx, size_t bytes, void **ptr)
+{
+    const gpu_dev_t *d = NULL;
+    BS_CHECK(ctx_dev(ctx, "coh_mem_alloc", &d));
+    if (!ptr) return bs_fail(COH_EINVAL, "coh_mem_alloc: ptr is NULL");
+    int st = d->dev_alloc(ptr, bytes);
+    return st < 0 ? bs_fail(st, "coh_mem_alloc(%zu): %s", bytes, d->last_error()) : 0;
+}
+
+COH_API int coh_mem_free(coh_ctx_t *ctx, void *ptr)
+{
+    const gpu_dev_t *d = NULL;
+    BS_CHECK(ctx_dev(ctx, "coh_mem_free", &d));
+    d->dev_free(ptr);
+    return 0;
+}
+
+COH_API int coh_mem_copy(coh_ctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    const gpu_dev_t *d = NULL;
+    BS_CHECK(ctx_dev(ctx, "coh_mem_copy", &d));
+    int st = d->copy(dst, src, bytes, NULL);
+    if (st == 0) st = d->stream_sync(NULL);
+    return st < 0 ? bs_fail(st, "coh_mem_copy: %s", d->last_error()) : 0;
+}

@@ -1,0 +1,370 @@
+/*
+ * Collectives on device buffers (docs/gpu.md), against the device runtime
+ * COHORT_GPU names: "host" (the emulation: device memory a host access
+ * faults on, streams that run later) on every machine, "cuda" where a GPU
+ * is (label gpu; exit 77 without one).
+ *
+ * Each case fills the device input through the runtime, runs the
+ * collective on device pointers, copies the result back and checks every
+ * element against the exact value (mp_data.h) and, bit for bit, against
+ * the same collective on host buffers. Also: several pipeline chunks
+ * (COHORT_GPU_CHUNK_BYTES is small in the tests), an op ordered after a
+ * stream whose earlier work is slow, a stream ordered after an op
+ * (coh_request_stream_wait), device and host ops in flight together, and
+ * the paths that refuse device buffers.
+ *
+ *   test_gpu probe   exit 0 when COHORT_GPU's runtime is usable, else 77
+ *   test_gpu         the matrix
+ *   test_gpu kill    the last rank SIGKILLs itself during a 16 MiB device
+ *                    allreduce: the others' op fails (no hang) within 5 s,
+ *                    and so does the next one
+ */
+#include <signal.h>
+#include <unistd.h>
+
+#include "gpu/gpu_dev.h"
+#include "mp_data.h"
+#include "mp_util.h"
+
+static int R, N;
+static coh_comm_t *W;
+static const gpu_dev_t *D;
+
+static const coh_dtype DTYPES[] = {COH_F32, COH_F64, COH_F16, COH_BF16, COH_I32, COH_I64, COH_U8};
+static const coh_redop OPS[] = {COH_SUM, COH_AVG, COH_MIN, COH_MAX, COH_PROD};
+
+static void *xmalloc(size_t n)
+{
+    void *p = calloc(1, n ? n : 1);
+    if (!p) MP_FAIL("out of memory (%zu bytes)", n);
+    return p;
+}
+
+static void *dalloc(size_t n)
+{
+    void *p;
+    if (D->dev_alloc(&p, n) < 0) MP_FAIL("dev_alloc(%zu): %s", n, D->last_error());
+    return p;
+}
+
+static void to_dev(void *d, const void *h, size_t n)
+{
+    if (D->copy(d, h, n, NULL) < 0 || D->stream_sync(NULL) < 0)
+        MP_FAIL("copy to device: %s", D->last_error());
+}
+
+static void from_dev(void *h, const void *d, size_t n)
+{
+    if (D->copy(h, d, n, NULL) < 0 || D->stream_sync(NULL) < 0)
+        MP_FAIL("copy from device: %s", D->last_error());
+}
+
+static void fill(void *buf, coh_dtype dt, coh_redop op, int r, size_t off, size_t n, int seed)
+{
+    for (size_t i = 0; i < n; i++)
+        mpd_put(buf, dt, off + i, mpd_val(dt, op, r, i, (unsigned)seed, N));
+}
+
+static void check(const char *what, coh_dtype dt, coh_redop op, size_t count, const void *got,
+                  size_t goff, int seed, int nranks)
+{
+    for (size_t i = 0; i < count; i++) {
+        double g = mpd_get(got, dt, goff + i), w = mpd_expect(dt, op, i, (unsigned)seed, nranks);
+        if (!mpd_close(dt, g, w))
+            MP_FAIL("%s %s %s count=%zu: element %zu is %.9g, expected %.9g", what,
+                    coh_dtype_name(dt), coh_redop_name(op), count, i, g, w);
+    }
+}
+
+static void same_bits(const char *what, coh_dtype dt, const void *a, const void *b, size_t n)
+{
+    if (n && memcmp(a, b, n))
+        MP_FAIL("%s %s: device result differs from host's", what, coh_dtype_name(dt));
+}
+
+static void test_allreduce(coh_dtype dt, coh_redop op, size_t count, bool inplace, int seed)
+{
+    size_t es = coh_dtype_size(dt), n = count * es;
+    char *in = xmalloc(n), *host = xmalloc(n), *out = xmalloc(n);
+    fill(in, dt, op, R, 0, count, seed);
+    memcpy(host, in, n);
+    MP_OK(coh_allreduce_sync(W, host, host, count, dt, op)); /* the host path, in place */
+    char *dsend = dalloc(n), *drecv = dalloc(n);
+    to_dev(inplace ? drecv : dsend, in, n);
+    coh_request_t *req;
+    MP_OK(coh_allreduce(W, inplace ? drecv : dsend, drecv, count, dt, op, &req)); /* found out */
+    mp_wait(req);
+    from_dev(out, drecv, n);
+    check("allreduce", dt, op, count, out, 0, seed, N);
+    same_bits("allreduce", dt, out, host, n);
+    D->dev_free(dsend);
+    D->dev_free(drecv);
+    free(in);
+    free(host);
+    free(out);
+}
+
+static void test_broadcast(coh_dtype dt, size_t count, int root)
+{
+    size_t es = coh_dtype_size(dt), n = count * es;
+    char *in = xmalloc(n), *out = xmalloc(n);
+    fill(in, dt, COH_MAX, R == root ? 0 : R + 1, 0, count, 3);
+    char *d = dalloc(n);
+    to_dev(d, in, n);
+    coh_request_t *req;
+    coh_coll_opts_t o = {.mem = COH_MEM_DEVICE};
+    MP_OK(coh_broadcast_ex(W, d, count, dt, root, &o, &req));
+    mp_wait(req);
+    from_dev(out, d, n);
+    fill(in, dt, COH_MAX, 0, 0, count, 3);
+    same_bits("broadcast", dt, out, in, n);
+    D->dev_free(d);
+    free(in);
+    free(out);
+}
+
+static void test_allgather(coh_dtype dt, size_t count, bool inplace)
+{
+    size_t es = coh_dtype_size(dt), n = count * es;
+    char *want = xmalloc(n * (size_t)N), *out = xmalloc(n * (size_t)N);
+    for (int r = 0; r < N; r++) fill(want, dt, COH_SUM, r, (size_t)r * count, count, 5);
+    char *drecv = dalloc(n * (size_t)N), *dsend = NULL;
+    if (inplace) {
+        to_dev(drecv + (size_t)R * n, want + (size_t)R * n, n);
+    } else {
+        dsend = dalloc(n);
+        to_dev(dsend, want + (size_t)R * n, n);
+    }
+    coh_request_t *req;
+    MP_OK(coh_allgather(W, inplace ? NULL : dsend, drecv, count, dt, &req));
+    mp_wait(req);
+    from_dev(out, drecv, n * (size_t)N);
+    same_bits("allgather", dt, out, want, n * (size_t)N);
+    D->dev_free(drecv);
+    D->dev_free(dsend);
+    free(want);
+    free(out);
+}
+
+/* form 0: separate buffers; 1: sendbuf NULL (recvbuf holds the input);
+ * 2: NCCL's in place (recvbuf = sendbuf + rank * count). */
+static void test_reduce_scatter(coh_dtype dt, coh_redop op, size_t count, int form)
+{
+    size_t es = coh_dtype_size(dt), n = count * es, full = n * (size_t)N;
+    char *in = xmalloc(full), *out = xmalloc(full);
+    /* element i of block b: the value of index b * count + i */
+    fill(in, dt, op, R, 0, count * (size_t)N, 7);
+    char *dfull = dalloc(full), *drecv = form == 0 ? dalloc(n) : NULL;
+    to_dev(dfull, in, full);
+    coh_request_t *req;
+    const void *send = form == 1 ? NULL : dfull;
+    void *recv = form == 0 ? drecv : form == 1 ? dfull : dfull + (size_t)R * n;
+    MP_OK(coh_reduce_scatter(W, send, recv, count, dt, op, &req));
+    mp_wait(req);
+    if (form == 0)
+        from_dev(out, drecv, n);
+    else
+        from_dev(out, dfull + (size_t)R * n, n);
+    for (size_t i = 0; i < count; i++) {
+        double g = mpd_get(out, dt, i), w = mpd_expect(dt, op, (size_t)R * count + i, 7, N);
+        if (!mpd_close(dt, g, w))
+            MP_FAIL("reduce_scatter form %d %s %s count=%zu: element %zu is %.9g, expected %.9g",
+                    form, coh_dtype_name(dt), coh_redop_name(op), count, i, g, w);
+    }
+    D->dev_free(dfull);
+    D->dev_free(drecv);
+    free(in);
+    free(out);
+}
+
+/* ---- stream order ---- */
+
+typedef struct slow_fill {
+    float *host;
+    size_t count;
+    int rank;
+} slow_fill_t;
+
+/* Runs on the stream: late, then writes what the op must reduce. */
+static void slow_fill_fn(void *arg)
+{
+    slow_fill_t *s = arg;
+    usleep(150000);
+    for (size_t i = 0; i < s->count; i++) s->host[i] = (float)(s->rank + 1) * (float)(i % 97);
+}
+
+/* The op follows work the caller queued on its stream (a slow host step,
+ * then a copy into the device buffer) and the caller's second stream
+ * follows the op: neither ordering comes from the host waiting. */
+static void test_stream_order(size_t count)
+{
+    size_t n = count * sizeof(float);
+    void *s1, *s2;
+    if (D->stream_new(&s1) < 0 || D->stream_new(&s2) < 0)
+        MP_FAIL("stream_new: %s", D->last_error());
+    float *src = xmalloc(n), *out = xmalloc(n);
+    float *d = dalloc(n);
+    slow_fill_t sf = {.host = src, .count = count, .rank = R};
+    if (D->host_fn(s1, slow_fill_fn, &sf) < 0 || D->copy(d, src, n, s1) < 0)
+        MP_FAIL("queue: %s", D->last_error());
+    coh_allreduce_opts_t o = {.mem = COH_MEM_DEVICE, .stream = s1};
+    coh_request_t *req;
+    MP_OK(coh_allreduce_ex(W, d, d, count, COH_F32, COH_SUM, &o, &req));
+    MP_OK(coh_request_stream_wait(req, s2));
+    if (D->copy(out, d, n, s2) < 0) MP_FAIL("copy: %s", D->last_error());
+    if (D->stream_sync(s2) < 0) MP_FAIL("sync: %s", D->last_error());
+    /* s2's copy ran after the op: the result is there before any wait. */
+    float tri = (float)N * (float)(N + 1) / 2;
+    for (size_t i = 0; i < count; i++)
+        if (out[i] != tri * (float)(i % 97))
+            MP_FAIL("stream order: element %zu is %g, expected %g", i, out[i],
+                    tri * (float)(i % 97));
+    mp_wait(req);
+    D->stream_free(s1);
+    D->stream_free(s2);
+    D->dev_free(d);
+    free(src);
+    free(out);
+}
+
+/* Device ops reserve their chunks' op numbers at submission and launch
+ * them later: host ops submitted meanwhile must not be confused with them. */
+static void test_interleaved(size_t count)
+{
+    size_t n = count * 4;
+    int32_t *dh = xmalloc(n), *hh = xmalloc(n), *out = xmalloc(n);
+    for (size_t i = 0; i < count; i++) {
+        dh[i] = R + (int32_t)i;
+        hh[i] = 2 * R - (int32_t)i;
+    }
+    int32_t *d = dalloc(n);
+    to_dev(d, dh, n);
+    coh_request_t *r1, *r2, *r3;
+    MP_OK(coh_allreduce(W, d, d, count, COH_I32, COH_SUM, &r1));
+    MP_OK(coh_allreduce(W, hh, hh, count, COH_I32, COH_SUM, &r2));
+    MP_OK(coh_barrier(W, &r3));
+    mp_wait(r3);
+    mp_wait(r2);
+    mp_wait(r1);
+    from_dev(out, d, n);
+    int32_t rs = N * (N - 1) / 2;
+    for (size_t i = 0; i < count; i++) {
+        if (out[i] != rs + N * (int32_t)i) MP_FAIL("interleaved device element %zu: %d", i, out[i]);
+        if (hh[i] != 2 * rs - N * (int32_t)i) MP_FAIL("interleaved host element %zu: %d", i, hh[i]);
+    }
+    D->dev_free(d);
+    free(dh);
+    free(hh);
+    free(out);
+}
+
+static void test_refused(void)
+{
+    void *d = dalloc(64);
+    coh_request_t *req;
+    int st = coh_sync(W, d, 16, COH_F32, 0, 1.0, &req);
+    if (st != COH_EUNSUPPORTED) MP_FAIL("coh_sync on a device buffer: %s", coh_status_name(st));
+    coh_allreduce_opts_t o = {.loss_bound = 0.01};
+    st = coh_allreduce_ex(W, d, d, 16, COH_F32, COH_SUM, &o, &req);
+    if (st != COH_EUNSUPPORTED) MP_FAIL("bounded loss on a device buffer: %s", coh_status_name(st));
+    coh_coll_opts_t bad = {.mem = 7};
+    st = coh_broadcast_ex(W, d, 16, COH_F32, 0, &bad, &req);
+    if (st != COH_EINVAL) MP_FAIL("mem = 7: %s", coh_status_name(st));
+    D->dev_free(d);
+}
+
+static void mode_kill(void)
+{
+    size_t count = 4u << 20, n = count * sizeof(float);
+    float *h = xmalloc(n);
+    for (size_t i = 0; i < count; i++) h[i] = 1.0f;
+    float *d = dalloc(n);
+    to_dev(d, h, n);
+    MP_OK(coh_allreduce_sync(W, d, d, 1024, COH_F32, COH_SUM)); /* everyone is up */
+    coh_request_t *req;
+    MP_OK(coh_allreduce(W, d, d, count, COH_F32, COH_SUM, &req));
+    if (R == N - 1) {
+        usleep(2000);
+        raise(SIGKILL);
+    }
+    double t0 = mp_now_s();
+    int st = coh_wait(req, 10000);
+    double dt = mp_now_s() - t0;
+    if (st == COH_EAGAIN) MP_FAIL("the device op still runs 10 s after a rank died");
+    if (st == 0) MP_FAIL("the device op succeeded although a rank died in it");
+    if (dt > 5) MP_FAIL("took %.1f s to notice the dead rank", dt);
+    printf("rank %d: failed as it should after %.2f s: %s: %s\n", R, dt, coh_status_name(st),
+           coh_request_error(req));
+    coh_request_free(req);
+    MP_OK(coh_allreduce(W, d, d, 1024, COH_F32, COH_SUM, &req));
+    st = coh_wait(req, 10000);
+    if (st == 0 || st == COH_EAGAIN)
+        MP_FAIL("the next device op: %s (expected a failure)", coh_status_name(st));
+    coh_request_free(req);
+    D->dev_free(d);
+    free(h);
+    printf("rank %d: OK\n", R);
+}
+
+int main(int argc, char **argv)
+{
+    const char *why = "";
+    const char *mode = getenv("COHORT_GPU") ? getenv("COHORT_GPU") : "auto";
+    D = gpu_dev_pick(mode, &why);
+    if (argc > 1 && !strcmp(argv[1], "probe")) {
+        if (!D) printf("SKIP: COHORT_GPU=%s: %s\n", mode, why);
+        return D ? 0 : 77;
+    }
+    if (!D) MP_FAIL("COHORT_GPU=%s: %s", mode, why);
+    coh_ctx_t *ctx = mp_init(&W, &R, &N);
+    if (argc > 1 && !strcmp(argv[1], "kill")) {
+        mode_kill();
+        coh_finalize(ctx);
+        return 0;
+    }
+    if (R == 0) printf("device runtime: %s; %s\n", D->name, coh_ctx_describe(ctx));
+    /* COHORT_GPU_CHUNK_BYTES is 64K in the tests: 70001 f64 are 9 chunks. */
+    const size_t counts[] = {0, 1, (size_t)N + 1, 1000, 70001};
+    int seed = 0;
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t o = 0; o < sizeof(OPS) / sizeof(OPS[0]); o++)
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+                test_allreduce(DTYPES[d], OPS[o], counts[c], (c + o) % 2, seed++);
+    test_allreduce(COH_F32, COH_SUM, 1000003, false, 1);
+    if (R == 0) printf("allreduce: ok\n");
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            test_broadcast(DTYPES[d], counts[c], (int)(c % (size_t)N));
+    if (R == 0) printf("broadcast: ok\n");
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            test_allgather(DTYPES[d], counts[c], c % 2);
+    if (R == 0) printf("allgather: ok\n");
+    for (size_t d = 0; d < sizeof(DTYPES) / sizeof(DTYPES[0]); d++)
+        for (size_t o = 0; o < sizeof(OPS) / sizeof(OPS[0]); o++)
+            test_reduce_scatter(DTYPES[d], OPS[o], 1001, (int)((d + o) % 3));
+    if (R == 0) printf("reduce_scatter: ok\n");
+    test_stream_order(100003);
+    if (R == 0) printf("stream order: ok\n");
+    for (int i = 0; i < 5; i++) test_interleaved(200003);
+    if (R == 0) printf("interleaved: ok\n");
+    test_refused();
+    /* The path taken: every rank is on this host, so through each other's
+     * device memory unless COHORT_GPU_IPC=0. */
+    coh_stats_t st;
+    MP_OK(coh_ctx_stats(ctx, &st));
+    bool ipc = !getenv("COHORT_GPU_IPC") || atoi(getenv("COHORT_GPU_IPC")) != 0;
+    if (R == 0)
+        printf("device ops %llu, through IPC %llu, staged %llu bytes\n",
+               (unsigned long long)st.gpu_ops, (unsigned long long)st.gpu_ops_ipc,
+               (unsigned long long)st.gpu_staged_bytes);
+    if (st.gpu_ops < 100) MP_FAIL("only %llu device ops counted", (unsigned long long)st.gpu_ops);
+    if (ipc ? st.gpu_ops_ipc != st.gpu_ops || st.gpu_staged_bytes
+            : st.gpu_ops_ipc || !st.gpu_staged_bytes)
+        MP_FAIL("wrong path (COHORT_GPU_IPC=%d): %llu of %llu ops through IPC, %llu bytes staged",
+                ipc, (unsigned long long)st.gpu_ops_ipc, (unsigned long long)st.gpu_ops,
+                (unsigned long long)st.gpu_staged_bytes);
+    MP_OK(coh_finalize(ctx));
+    printf("rank %d: OK\n", R);
+    return 0;
+}
