@@ -27,7 +27,7 @@ typedef enum { C_ALLREDUCE, C_BROADCAST, C_ALLGATHER, C_REDUCE_SCATTER } coll_t;
 static struct {
     uint64_t minb, maxb, step;
     double factor;
-    int iters, warmup, check, csv, root, pct;
+    int iters, warmup, check, csv, root, pct, device;
     double loss_bound, pull_bound;
     coh_redop op;
     coh_dtype dtype;
@@ -130,6 +130,8 @@ static void usage(void)
         "  --pct     rank 0 also prints 'pct,bytes,p50_us,p90_us,p99_us,max_us,lost' per size\n"
         "            (iteration times: the slowest rank's; lost: the fraction of datagram\n"
         "            receive bytes lost, over every rank)\n"
+        "  --mem M   host (default) or device: the buffers are device memory (coh_mem_alloc;\n"
+        "            COHORT_GPU, docs/gpu.md), staged through pinned host memory\n"
         "  --loss-bound X  allreduce through coh_allreduce_ex with this loss bound (udp\n"
         "            rails, docs/udp.md); the check then counts short elements, not failures\n");
     exit(2);
@@ -211,14 +213,17 @@ static double reduce_expect(size_t i)
 
 static int run_one(void *send, void *recv, size_t count, coh_request_t **req)
 {
+    coh_coll_opts_t co = {.mem = o.device ? COH_MEM_DEVICE : COH_MEM_HOST};
     switch (o.coll) {
     case C_ALLREDUCE: {
-        coh_allreduce_opts_t ao = {.loss_bound = o.loss_bound, .pull_loss_bound = o.pull_bound};
+        coh_allreduce_opts_t ao = {
+            .loss_bound = o.loss_bound, .pull_loss_bound = o.pull_bound, .mem = co.mem};
         return coh_allreduce_ex(W, send, recv, count, o.dtype, o.op, &ao, req);
     }
-    case C_BROADCAST: return coh_broadcast(W, recv, count, o.dtype, o.root, req);
-    case C_ALLGATHER: return coh_allgather(W, send, recv, count, o.dtype, req);
-    case C_REDUCE_SCATTER: return coh_reduce_scatter(W, send, recv, count, o.dtype, o.op, req);
+    case C_BROADCAST: return coh_broadcast_ex(W, recv, count, o.dtype, o.root, &co, req);
+    case C_ALLGATHER: return coh_allgather_ex(W, send, recv, count, o.dtype, &co, req);
+    case C_REDUCE_SCATTER:
+        return coh_reduce_scatter_ex(W, send, recv, count, o.dtype, o.op, &co, req);
     }
     return COH_EINVAL;
 }
@@ -266,6 +271,12 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--csv")) {
             o.csv = 1;
+            continue;
+        }
+        if (!strcmp(a, "--mem") && v) {
+            if (strcmp(v, "host") && strcmp(v, "device")) usage();
+            o.device = !strcmp(v, "device");
+            i++;
             continue;
         }
         if (!strcmp(a, "--pct")) {
@@ -362,11 +373,23 @@ int main(int argc, char **argv)
             put(send, i, o.coll == C_ALLGATHER ? in_val(R, i) : in_val(R, i));
         for (size_t i = 0; i < recv_n; i++)
             put(recv, i, o.coll == C_BROADCAST ? in_val(R == o.root ? o.root : 99, i) : 0);
+        /* Device buffers: the same data, copied in; results copied out to check. */
+        char *hsend = send, *hrecv = recv;
+        if (o.device) {
+            if ((st = coh_mem_alloc(ctx, send_n * es + 64, (void **)&send)) ||
+                (st = coh_mem_alloc(ctx, recv_n * es + 64, (void **)&recv)) ||
+                (st = coh_mem_copy(ctx, send, hsend, send_n * es)) ||
+                (st = coh_mem_copy(ctx, recv, hrecv, recv_n * es)))
+                die("device buffers", st, NULL);
+        }
         double cpu0 = 0;
         for (int it = 0; it < o.warmup + o.iters; it++) {
             if (it == o.warmup) cpu0 = pb_cpu_s();
-            if (o.coll == C_BROADCAST && R == o.root)
-                for (size_t i = 0; i < recv_n && it == 0; i++) put(recv, i, in_val(o.root, i));
+            if (o.coll == C_BROADCAST && R == o.root && it == 0) {
+                for (size_t i = 0; i < recv_n; i++) put(hrecv, i, in_val(o.root, i));
+                if (o.device && (st = coh_mem_copy(ctx, recv, hrecv, recv_n * es)))
+                    die("device buffers", st, NULL);
+            }
             coh_request_t *req;
             double t0 = now_us();
             st = run_one(send, recv, per, &req);
@@ -381,6 +404,14 @@ int main(int argc, char **argv)
             }
             coh_request_free(req);
             if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
+        }
+        if (o.device) {
+            if (o.check && (st = coh_mem_copy(ctx, hrecv, recv, recv_n * es)))
+                die("device buffers", st, NULL);
+            coh_mem_free(ctx, send);
+            coh_mem_free(ctx, recv);
+            send = hsend;
+            recv = hrecv;
         }
         long wrong = o.check ? check(recv, recv_n) : 0;
         /* Slowest rank per iteration, and the total of wrong elements. */
