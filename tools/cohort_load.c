@@ -642,6 +642,18 @@ static uint64_t grow_back(uint64_t next)
     return at;
 }
 
+/* The op a sync's mode is drawn from: the last collective before it. A
+ * function of idx alone, so a restarted rank, or survivors that were at
+ * different ops when a rank died, draw the same mode after they agree on
+ * the op to go on from (a per-rank "last collective submitted" gave a
+ * rejoined rank mode 0's draw: a partial sync against the others' relay). */
+static uint64_t sync_epoch(uint64_t idx)
+{
+    uint64_t j = idx;
+    while (j > 0 && op_at(j - 1, 1).kind == K_SYNC) j--;
+    return j ? j - 1 : 0;
+}
+
 /* ---- main ---- */
 
 /* "4M", "256K", "0": base/'s parser (the knobs' own). */
@@ -862,7 +874,7 @@ int main(int argc, char **argv)
     uint64_t last_ops = 0, last_bytes = 0;
     double rss0 = -1, rss_max = 0;
     int fd0 = -1, fd_max = 0;
-    uint64_t idx = 0, epoch = 0;
+    uint64_t idx = 0;
     if (rejoined) { /* back in through the survivors' next grow point */
         faults_seen = true;
         coh_comm_t *g;
@@ -921,7 +933,7 @@ int main(int argc, char **argv)
             }
             /* the mode changes only across a collective: the syncs between
              * two collectives may meet each other in groups */
-            d.mode = o.modes[mix(epoch) % (uint64_t)o.nmodes];
+            d.mode = o.modes[mix(sync_epoch(idx)) % (uint64_t)o.nmodes];
             do_sync(idx, &d);
             idx++;
             continue;
@@ -935,7 +947,6 @@ int main(int argc, char **argv)
                 continue;
             }
         }
-        epoch = idx;
         slot_t *s = &win[nin];
         *s = (slot_t){.d = d, .idx = idx, .n = cur_n, .me = cur_me};
         st = submit(s);

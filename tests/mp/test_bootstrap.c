@@ -259,8 +259,13 @@ static void mode_reject(int n)
     coh_request_t *q;
     MP_OK(coh_allgather(w, mine, all, sizeof(mine), COH_U8, &q));
     mp_wait(q);
+    /* Not always 0: under -j2 a process of another test may redial a port
+     * this job's listener now holds (a fault test resuming a dead peer's
+     * link) and be refused for its job token (TSan CI, 2026-11-26). */
     uint64_t base = rejected(ctx);
-    if (base != 0) MP_FAIL("%llu connections rejected before the test", (unsigned long long)base);
+    if (base != 0)
+        printf("rank %d: %llu connections rejected before the test (strangers)\n", R,
+               (unsigned long long)base);
     uint64_t want = 0;
     if (R == 0) {
         struct sockaddr_storage store;
@@ -292,9 +297,9 @@ static void mode_reject(int n)
     MP_OK(coh_barrier(w, &q));
     mp_wait(q);
     uint64_t got = 0;
-    for (int i = 0; i < 500 && (got = rejected(ctx)) < want; i++) sleep_ms(10);
+    for (int i = 0; i < 500 && (got = rejected(ctx) - base) < want; i++) sleep_ms(10);
     sleep_ms(200);
-    got = rejected(ctx);
+    got = rejected(ctx) - base;
     printf("rank %d: %llu of %llu bad connections counted\n", R, (unsigned long long)got,
            (unsigned long long)want);
     MP_EQ_INT(got, want);
