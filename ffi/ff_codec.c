@@ -671,7 +671,7 @@ int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *e)
     msgpack_unpacked mp;
     msgpack_unpacked_init(&mp);
     int st = unpack_map(buf, len, "config", &mp, e);
-    uint64_t seen = 0;
+    bool seen[FF_CFG_MAX] = {false};
     if (st == 0) {
         const msgpack_object_map *m = &mp.data.via.map;
         for (uint32_t i = 0; i < m->size && st == 0; i++) {
@@ -696,11 +696,11 @@ int ff_decode_config(const void *buf, size_t len, ff_config_t *c, ff_err_t *e)
             }
             if (!(j < nk && knobs[j].off >= 0))
                 j = name[0] == 'v' ? FF_CFG_MAX - 1 : FF_CFG_MAX - 2;
-            if (seen & (1ull << j)) {
+            if (seen[j]) {
                 st = ff_fail(e, COH_EINVAL, name, "field '%s': given twice", name);
                 break;
             }
-            seen |= 1ull << j;
+            seen[j] = true;
             if (v->type == MSGPACK_OBJECT_NIL) continue;
             st = j < nk && knobs[j].off >= 0 ? cfg_knob(j, &knobs[j], v, c, e)
                                              : cfg_extra(name, v, c, e);

@@ -191,7 +191,7 @@ int ff_resolve(const ff_req_t *req, int comm_size, ff_shape_t *shape, ff_err_t *
 
 /* ---- config (ff_codec.c) ---- */
 
-#define FF_CFG_MAX 64 /* knobs of reactor/rx_config.h, with room to grow */
+#define FF_CFG_MAX 128 /* knobs of reactor/rx_config.h (64 in 2026-11), with room to grow */
 
 typedef struct ff_config {
     coh_config_t cfg;        /* string fields point at the copies below */
