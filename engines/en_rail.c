@@ -81,8 +81,7 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     }
 #ifdef COHORT_HAVE_VERBS
     if (cfg->verbs) {
-        int e = en_verbs_init(rail, cfg->verbs_netdev, cfg->verbs_dev, cfg->verbs_port,
-                              cfg->verbs_gid, cfg->verbs_ring_bytes);
+        int e = en_verbs_init(rail, cfg);
         if (e) {
             char why[BS_ERR_LEN];
             snprintf(why, sizeof(why), "%s", coh_last_error());

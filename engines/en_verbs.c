@@ -18,6 +18,14 @@
  * request is signalled, so each yields one completion (flushed ones too)
  * and a link's memory goes only when all of its have come back.
  *
+ * Zero copy: a frame of COHORT_VERBS_ZCOPY_BYTES or more whose payload lies
+ * in memory the application declared (coh_mem_register) skips the staging
+ * ring: its header is copied as always, its payload written to the peer's
+ * ring straight from a registration of that memory (en_regcache.h, one
+ * cache per rail). It completes when the send completion of its last write
+ * comes back (an RC send queue completes in order, so a count of send
+ * completions tells which frames are done).
+ *
  * Set-up goes over TCP beside the queue pair, to the rail's address, as
  * rdma_cm would: the dialler sends its HELLO (the job token, as on TCP)
  * and its endpoint (QP number, PSN, LID, GID, ring address, key and size),
@@ -50,6 +58,7 @@
 
 #include "base/bs_alloc.h"
 #include "engines/en_link.h"
+#include "engines/en_regcache.h"
 
 #define VB_EP_SIZE      64
 #define VB_RQ_DEPTH     128 /* receives posted per QP: immediates in flight */
@@ -102,6 +111,12 @@ typedef struct vb_conn {
     uint64_t tx_posted; /* of them, written to the peer */
     uint64_t tx_told;   /* the tail the peer was last told */
     uint64_t peer_head; /* the peer consumed (its immediates) */
+    /* Zero copy: the head frame's registration (NULL: copied); frames whose
+     * writes are posted, oldest first, each done when sq_done reaches its
+     * tr.vb.mark; send work requests posted and completed, ever. */
+    en_reg_t *q_reg;
+    en_wreq_t *zc_head, *zc_tail;
+    uint64_t sq_posted, sq_done;
     /* Receiving */
     uint64_t rx_tail; /* the peer wrote (its immediates) */
     uint64_t rx_head; /* we consumed */
@@ -116,6 +131,9 @@ typedef struct en_verbs {
     char dev_name[IBV_SYSFS_NAME_MAX];
     int port, gid_index;
     size_t ring_bytes;
+    size_t zcopy_bytes, reg_cache_bytes; /* 0: no zero copy */
+    en_regtab_t *regions;                /* the context's declared memory */
+    en_regcache_t *regs;                 /* this rail's registrations of it */
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_comp_channel *ch;
@@ -188,14 +206,14 @@ static int post_recv(vb_conn_t *t)
     return e;
 }
 
-/* RDMA-write n bytes at ring position pos (from the staging ring), with an
- * immediate when imm_on. n may be 0 (the immediate alone). */
-static int post_write(vb_conn_t *t, uint64_t pos, uint64_t n, bool imm_on, uint32_t imm)
+/* RDMA-write n bytes from src (lkey's memory) to the peer's ring at
+ * position pos, with an immediate when imm_on. n may be 0 (the immediate
+ * alone). */
+static int post_write_from(vb_conn_t *t, uint64_t pos, const void *src, uint32_t lkey, uint64_t n,
+                           bool imm_on, uint32_t imm)
 {
     uint64_t at = pos & (t->size - 1);
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)(t->tx_ring + at),
-                          .length = (uint32_t)n,
-                          .lkey = t->tx_mr->lkey};
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)src, .length = (uint32_t)n, .lkey = lkey};
     struct ibv_send_wr wr = {.wr_id = wr_id(t, VB_WR_SEND),
                              .sg_list = n ? &sge : NULL,
                              .num_sge = n ? 1 : 0,
@@ -209,8 +227,16 @@ static int post_write(vb_conn_t *t, uint64_t pos, uint64_t n, bool imm_on, uint3
     if (e == 0) {
         t->wr_out++;
         t->sq_out++;
+        t->sq_posted++;
     }
     return e;
+}
+
+/* The same from the staging ring, at the same position. */
+static int post_write(vb_conn_t *t, uint64_t pos, uint64_t n, bool imm_on, uint32_t imm)
+{
+    return post_write_from(t, pos, t->tx_ring + (pos & (t->size - 1)), t->tx_mr->lkey, n, imm_on,
+                           imm);
 }
 
 /* Room in the send queue for one more write (the rest waits for a send
@@ -233,8 +259,8 @@ static void ring_put(vb_conn_t *t, const uint8_t *src, uint64_t n)
 }
 
 /* Write what was copied since the last call, in pieces that do not cross
- * the ring's end, and tell the peer the new tail. */
-static int flush_tx(vb_conn_t *t)
+ * the ring's end (as far as the send queue takes them). */
+static int post_pending(vb_conn_t *t)
 {
     while (t->tx_posted < t->tx_tail) {
         if (!sq_room(t, VB_SQ_SLACK + 1)) return 0;
@@ -245,8 +271,16 @@ static int flush_tx(vb_conn_t *t)
         if (e) return e;
         t->tx_posted += n;
     }
+    return 0;
+}
+
+/* post_pending, then tell the peer the new tail. */
+static int flush_tx(vb_conn_t *t)
+{
+    int e = post_pending(t);
+    if (e || t->tx_posted < t->tx_tail) return e;
     if (t->tx_told == t->tx_tail || !sq_room(t, VB_SQ_SLACK)) return 0;
-    int e = post_write(t, t->tx_tail, 0, true, (uint32_t)t->tx_tail & VB_POS_MASK);
+    e = post_write(t, t->tx_tail, 0, true, (uint32_t)t->tx_tail & VB_POS_MASK);
     if (e == 0) t->tx_told = t->tx_tail;
     return e;
 }
@@ -262,9 +296,32 @@ static en_wreq_t *q_pop(vb_conn_t *t, uint64_t bytes)
     return w;
 }
 
-/* Copy what fits of the queued frames into the staging ring and write it. */
+/* Write n payload bytes of the head frame from its registration straight
+ * to the peer's ring at tx_tail, in pieces that do not cross the ring's
+ * end. Everything before them is posted already. How many went (fewer
+ * when the send queue filled), or -1 when posting failed. */
+static int64_t zc_write(vb_conn_t *t, const uint8_t *src, uint64_t n)
+{
+    uint64_t done = 0;
+    while (done < n) {
+        if (!sq_room(t, VB_SQ_SLACK + 1)) break;
+        uint64_t at = t->tx_tail & (t->size - 1), k = n - done;
+        if (k > t->size - at) k = t->size - at;
+        if (k > VB_PIECE) k = VB_PIECE;
+        if (post_write_from(t, t->tx_tail, src + done, t->q_reg->key, k, false, 0) != 0) return -1;
+        t->tx_tail += k;
+        t->tx_posted = t->tx_tail;
+        done += k;
+    }
+    atomic_fetch_add_explicit(&t->base.rail->stat_zcopy_out, done, memory_order_relaxed);
+    return (int64_t)done;
+}
+
+/* Copy what fits of the queued frames into the staging ring and write it
+ * (the payloads of declared memory straight from there). */
 static void pump_tx(vb_conn_t *t)
 {
+    en_verbs_t *tr = t->tr;
     while (t->q_head && t->phase == VB_LIVE && !t->err) {
         en_wreq_t *w = t->q_head;
         uint64_t total = EN_HDR_SIZE + w->len, padded = total + pad8(total);
@@ -274,19 +331,43 @@ static void pump_tx(vb_conn_t *t)
             ring_put(t, w->hdr, EN_HDR_SIZE);
             t->q_off = EN_HDR_SIZE;
             room -= EN_HDR_SIZE;
+            if (tr->regs && tr->zcopy_bytes && w->len >= tr->zcopy_bytes)
+                t->q_reg = en_regcache_get(tr->regs, w->payload, w->len);
         }
         uint64_t left = padded - t->q_off, n = left < room ? left : room;
         if (n < left) n &= ~7ull; /* whole words until the end */
         uint64_t pay_at = t->q_off - EN_HDR_SIZE, pay_n = 0;
-        if (pay_at < w->len) {
-            pay_n = w->len - pay_at < n ? w->len - pay_at : n;
+        if (pay_at < w->len) pay_n = w->len - pay_at < n ? w->len - pay_at : n;
+        if (t->q_reg && pay_n) {
+            /* what the staging ring holds goes first, then the payload */
+            if (post_pending(t) != 0) break;
+            if (t->tx_posted != t->tx_tail) break; /* the send queue is full */
+            int64_t k = zc_write(t, w->payload + pay_at, pay_n);
+            if (k < 0) {
+                t->err = true;
+                conn_close(t, COH_ESYS, "posting an RDMA write failed");
+                return;
+            }
+            if ((uint64_t)k < pay_n) { /* the send queue filled: resume from a whole word */
+                t->q_off += (uint64_t)k;
+                break;
+            }
+        } else if (pay_n) {
             ring_put(t, w->payload + pay_at, pay_n);
         }
-        if (n > pay_n) ring_put(t, NULL, n - pay_n);
+        if (n > pay_n) ring_put(t, NULL, n - pay_n); /* padding, written from the staging ring */
         t->q_off += n;
         if (t->q_off < padded) continue;
         t->q_off = 0;
-        en_wq_push(&t->tr->done_head, &t->tr->done_tail, q_pop(t, total)); /* its buffer is free */
+        en_wreq_t *f = q_pop(t, total);
+        if (t->q_reg) { /* done when its last write is */
+            f->tr.vb.mark = t->sq_posted;
+            f->tr.vb.reg = t->q_reg;
+            t->q_reg = NULL;
+            en_wq_push(&t->zc_head, &t->zc_tail, f);
+        } else {
+            en_wq_push(&tr->done_head, &tr->done_tail, f); /* its buffer is free */
+        }
     }
     if (t->phase == VB_LIVE && !t->err && flush_tx(t) != 0)
         conn_close(t, COH_ESYS, "posting an RDMA write failed");
@@ -442,6 +523,14 @@ static void on_wc(en_verbs_t *tr, const struct ibv_wc *wc)
         return;
     }
     if (k == VB_WR_SEND) { /* room in the send queue: what waited for it */
+        t->sq_done++;
+        while (t->zc_head && t->zc_head->tr.vb.mark <= t->sq_done) { /* its writes are done */
+            en_wreq_t *f = t->zc_head;
+            t->zc_head = f->tx_next;
+            if (!t->zc_head) t->zc_tail = NULL;
+            en_regcache_put(tr->regs, f->tr.vb.reg);
+            en_wq_push(&tr->done_head, &tr->done_tail, f);
+        }
         if (t->tx_posted != t->tx_tail || t->tx_told != t->tx_tail || t->rx_told != t->rx_head ||
             t->q_head)
             kick(t);
@@ -481,6 +570,7 @@ static bool drain(en_verbs_t *tr)
         any = true;
         for (int i = 0; i < n; i++) on_wc(tr, &wc[i]);
     }
+    if (tr->regs) en_regcache_sweep(tr->regs); /* declarations taken back */
     return done_run(tr) || any;
 }
 
@@ -553,6 +643,12 @@ static void conn_close(vb_conn_t *t, int status, const char *why)
     en_wq_done_of(c, &tr->done_head, &tr->done_tail);
     en_rail_conn_lost(c->rail, c, was == EN_CONN_READY ? status : (status ? status : COH_EPROTO),
                       why);
+    /* Frames written from declared memory whose writes had not completed
+     * may not have arrived: they fail with the queued ones. */
+    if (t->q_reg) en_regcache_put(tr->regs, t->q_reg);
+    t->q_reg = NULL;
+    for (en_wreq_t *f = t->zc_head; f; f = f->tx_next) en_regcache_put(tr->regs, f->tr.vb.reg);
+    en_wq_fail_all(&t->base, &t->zc_head, &t->zc_tail, COH_ECANCELED);
     en_wq_fail_all(&t->base, &t->q_head, &t->q_tail, COH_ECANCELED);
     c->state = EN_CONN_CLOSED;
     /* The error state flushes every posted work request back to us. */
@@ -846,6 +942,29 @@ static int dev_of_netdev(const char *ifname, char *out, size_t cap)
     return st;
 }
 
+/* The registration cache's registrar: the rail's protection domain. The
+ * memory is only ever read by the device (the source of RDMA writes). */
+static int mr_reg(void *arg, void *addr, size_t len, void **handle, uint32_t *key)
+{
+    en_verbs_t *tr = arg;
+    struct ibv_mr *mr = ibv_reg_mr(tr->pd, addr, len, 0);
+    if (!mr) {
+        bs_log(COH_LOG_WARN, "rank %d rail %d: registering %zu bytes of declared memory: %s",
+               tr->rail->rank, tr->rail->index, len, strerror(errno));
+        return COH_ESYS;
+    }
+    *handle = mr;
+    *key = mr->lkey;
+    atomic_fetch_add_explicit(&tr->rail->stat_regs, 1, memory_order_relaxed);
+    return 0;
+}
+
+static void mr_dereg(void *arg, void *handle)
+{
+    (void)arg;
+    ibv_dereg_mr(handle);
+}
+
 static int dev_open(en_verbs_t *tr)
 {
     int n = 0;
@@ -868,6 +987,11 @@ static int dev_open(en_verbs_t *tr)
     tr->pd = ibv_alloc_pd(tr->ctx);
     tr->ch = ibv_create_comp_channel(tr->ctx);
     if (!tr->pd || !tr->ch) return bs_fail(COH_ESYS, "verbs: PD / channel: %s", strerror(errno));
+    if (tr->regions && tr->zcopy_bytes) {
+        en_regcache_ops_t ro = {.arg = tr, .reg = mr_reg, .dereg = mr_dereg};
+        tr->regs = en_regcache_new(tr->regions, &ro, tr->reg_cache_bytes);
+        if (!tr->regs) return bs_fail(COH_ENOMEM, "verbs: out of memory");
+    }
     /* Room for every link's work requests at once. */
     struct ibv_device_attr da;
     int cqe = (tr->rail->world > 1 ? tr->rail->world : 2) * (VB_RQ_DEPTH + VB_SQ_DEPTH) + 64;
@@ -1003,17 +1127,20 @@ const en_transport_ops_t en_verbs_ops = {
     .tr_cut = vb_cut,
 };
 
-int en_verbs_init(en_rail_t *rail, const char *netdev, const char *dev, int port, int gid_index,
-                  size_t ring_bytes)
+int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
 {
+    const char *netdev = cfg->verbs_netdev, *dev = cfg->verbs_dev;
     en_verbs_t *tr = coh_zalloc(sizeof(*tr));
     if (!tr) return bs_fail(COH_ENOMEM, "out of memory");
     tr->rail = rail;
     tr->lfd = -1;
-    tr->port = port > 0 ? port : 1;
-    tr->gid_index = gid_index;
+    tr->port = cfg->verbs_port > 0 ? cfg->verbs_port : 1;
+    tr->gid_index = cfg->verbs_gid;
+    tr->regions = cfg->regions;
+    tr->zcopy_bytes = cfg->verbs_zcopy_bytes;
+    tr->reg_cache_bytes = cfg->verbs_reg_cache_bytes;
     size_t rb = 64 * 1024; /* a power of two, at least 64 KiB */
-    while (rb < ring_bytes && rb < (1u << 30)) rb <<= 1;
+    while (rb < cfg->verbs_ring_bytes && rb < (1u << 30)) rb <<= 1;
     tr->ring_bytes = rb;
     int st = 0;
     if (dev && *dev)
@@ -1042,6 +1169,7 @@ void en_verbs_fini(en_rail_t *rail)
         t->wr_out = 0;
         conn_free(t);
     }
+    en_regcache_free(tr->regs); /* every link is gone: nothing holds one */
     if (tr->cq) ibv_destroy_cq(tr->cq);
     if (tr->ch) ibv_destroy_comp_channel(tr->ch);
     if (tr->pd) ibv_dealloc_pd(tr->pd);

@@ -203,6 +203,10 @@ struct en_wreq {
     void (*done)(en_wreq_t *w, int status);
     union {
         uv_write_t tcp;
+        struct { /* verbs, written from declared memory: done at send completion mark */
+            uint64_t mark;
+            void *reg;
+        } vb;
     } tr;
     uint8_t ctl[EN_MAX_ABORT]; /* control frames carry their payload here */
     /* Failover: the transport keeps every frame until the peer has consumed
@@ -246,8 +250,8 @@ extern const en_transport_ops_t en_verbs_ops;
 /* Peers on the same host (en_shm.c): listen and connect ignore addresses. */
 extern const en_transport_ops_t en_shm_ops;
 void en_ops_complete(en_transport_ops_t *ops);
-int en_verbs_init(en_rail_t *rail, const char *netdev, const char *dev, int port, int gid_index,
-                  size_t ring_bytes);
+struct en_rail_cfg;
+int en_verbs_init(en_rail_t *rail, const struct en_rail_cfg *cfg);
 void en_verbs_fini(en_rail_t *rail);
 bool en_verbs_poll(en_rail_t *rail); /* completions drained (the rail's poll hook) */
 
@@ -397,6 +401,11 @@ typedef struct en_rail_cfg {
     const char *verbs_netdev, *verbs_dev;
     int verbs_port, verbs_gid;
     size_t verbs_ring_bytes;
+    /* Memory the application declared for zero copy (coh_mem_register):
+     * frames of zcopy_bytes or more from it are written without a copy;
+     * what stays registered is bounded by reg_cache_bytes. */
+    struct en_regtab *regions;
+    size_t verbs_zcopy_bytes, verbs_reg_cache_bytes;
 } en_rail_cfg_t;
 
 struct en_rail {
@@ -469,11 +478,13 @@ struct en_rail {
     _Atomic uint64_t stat_resent;    /* bytes sent again after a move */
     _Atomic uint64_t stat_shm_out, stat_shm_in; /* of stat_bytes_*: through shared memory */
     _Atomic uint64_t stat_cma_in;               /* of stat_shm_in: read from the sender's memory */
-    struct en_udp *udp;     /* a udp rail's datagram engine; NULL on tcp rails */
-    struct en_shm *shm;     /* the shared-memory transport; NULL: off */
-    struct en_verbs *verbs; /* a verbs rail's device and links; NULL: not one */
-    uint8_t *shm_peer;      /* [world]: dial this peer through shared memory */
-    char *shm_names;        /* [world * EN_SHM_NAME]: their contexts' names */
+    _Atomic uint64_t stat_zcopy_out; /* of stat_bytes_out: written from declared memory (verbs) */
+    _Atomic uint64_t stat_regs;      /* registrations of declared memory made (verbs) */
+    struct en_udp *udp;              /* a udp rail's datagram engine; NULL on tcp rails */
+    struct en_shm *shm;              /* the shared-memory transport; NULL: off */
+    struct en_verbs *verbs;          /* a verbs rail's device and links; NULL: not one */
+    uint8_t *shm_peer;               /* [world]: dial this peer through shared memory */
+    char *shm_names;                 /* [world * EN_SHM_NAME]: their contexts' names */
     bool want_udp;
     en_udp_cfg_t udpcfg;
 };

@@ -371,6 +371,10 @@ typedef struct coh_stats {
      * them those that went through the host's ranks' device memory (CUDA
      * IPC), and the bytes the others copied between device and host. */
     uint64_t gpu_ops, gpu_ops_ipc, gpu_staged_bytes;
+    /* Verbs rails (docs/verbs.md): payload bytes written to peers straight
+     * from memory declared with coh_mem_register, and the registrations of
+     * that memory made (a count that keeps growing: the cache evicts). */
+    uint64_t zcopy_bytes_sent, mem_registrations;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went
@@ -579,6 +583,17 @@ COH_API int coh_request_stream_wait(coh_request_t *req, void *stream);
 COH_API int coh_mem_alloc(coh_ctx_t *ctx, size_t bytes, void **ptr);
 COH_API int coh_mem_free(coh_ctx_t *ctx, void *ptr);
 COH_API int coh_mem_copy(coh_ctx_t *ctx, void *dst, const void *src, size_t bytes);
+
+/* Declare host memory that collectives will send from, so that transports
+ * that can (verbs rails, COHORT_VERBS_ZCOPY_BYTES) write it to peers
+ * without a copy (cf. ncclCommRegister). The range must stay mapped until
+ * coh_mem_deregister(ptr) and must not overlap another declared range
+ * (COH_EINVAL); deregister only when no collective using it is pending.
+ * Registrations are made per rail on first use and cached
+ * (COHORT_VERBS_REG_CACHE_BYTES bounds what stays pinned). Any transport
+ * accepts the declaration; those without zero copy ignore it. */
+COH_API int coh_mem_register(coh_ctx_t *ctx, const void *ptr, size_t bytes);
+COH_API int coh_mem_deregister(coh_ctx_t *ctx, const void *ptr);
 
 /* What a bounded-loss request lost on this rank: bytes its datagram
  * receives expected and missed, by stage, and the missed fractions. */

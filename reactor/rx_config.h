@@ -201,6 +201,12 @@ typedef enum rx_knob_kind {
     X(verbs_ring_bytes, RX_K_SIZE, "1M", "COHORT_VERBS_RING_BYTES", 65536, 1ull << 30,             \
       "each verbs link's ring per direction, registered memory (a power of two; every rank must "  \
       "get the same)")                                                                             \
+    X(verbs_zcopy_bytes, RX_K_SIZE, "64K", "COHORT_VERBS_ZCOPY_BYTES", 0, 1ull << 30,              \
+      "verbs rails write frames from this size up straight from memory declared with "             \
+      "coh_mem_register (no copy into the staging ring); 0: never")                                \
+    X(verbs_reg_cache_bytes, RX_K_SIZE, "4G", "COHORT_VERBS_REG_CACHE_BYTES", 0, 1ull << 50,       \
+      "declared memory each verbs rail keeps registered (pinned) at most; the least recently "     \
+      "used unused registrations go first; 0: no bound")                                           \
     X(test_fault, RX_K_STR, "", "COHORT_TEST_FAULT", 0, RX_STR_MAX,                                \
       "tests only: die-after-joined-relay kills this process 20 ms after a relay op its own "      \
       "data joined has ended (between a relay group's phases); die-after-phase1 20 ms after it "   \

@@ -25,6 +25,7 @@
 
 #include "gpu/gpu.h"
 #include "engines/en_dgram.h"
+#include "engines/en_regcache.h"
 #include "reactor/rx_addr.h"
 #include "reactor/rx_ctx.h"
 #include "reactor/rx_trace.h"
@@ -291,6 +292,9 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     BS_CHECK(rx_env_knob_int("verbs_port", &port));
     BS_CHECK(rx_env_knob_int("verbs_gid_index", &gid));
     BS_CHECK(rx_env_knob_size("verbs_ring_bytes", &ring));
+    BS_CHECK(rx_env_knob_size("verbs_zcopy_bytes", &rc->verbs_zcopy_bytes));
+    BS_CHECK(rx_env_knob_size("verbs_reg_cache_bytes", &rc->verbs_reg_cache_bytes));
+    rc->regions = ctx->regions;
     rc->ops = &en_verbs_ops;
     rc->verbs = true;
     rc->verbs_netdev = ctx->rail_nic[r];
@@ -690,6 +694,7 @@ static void ctx_fini(struct coh_ctx *ctx)
     uv_mutex_destroy(&ctx->fail_mu);
     uv_mutex_destroy(&ctx->links_mu);
     coh_free(ctx->links);
+    en_regtab_free(ctx->regions); /* after the rails: their caches look it up */
     coh_free(ctx);
 }
 
@@ -745,6 +750,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     ctx->shm_names = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), EN_SHM_NAME);
     ctx->host_hash = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(uint64_t));
     ctx->host_idx = coh_calloc((size_t)(ctx->world > 0 ? ctx->world : 1), sizeof(int));
+    ctx->regions = en_regtab_new();
     ctx->local_n = 1;
     ctx->world_comm.ctx = ctx;
     ctx->world_comm.id = 0;
@@ -755,7 +761,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     uint64_t deadline = bs_now_ns() + (uint64_t)cfg_in->connect_timeout_ms * 1000000ull;
     if (!ctx->token_s || !ctx->nics_s || !ctx->sched_s || (cfg_in->store && !ctx->store_s) ||
         !ctx->failed || !ctx->back || !ctx->ctrl_addrs || !ctx->same_host || !ctx->shm_peer ||
-        !ctx->shm_names || !ctx->host_hash || !ctx->host_idx) {
+        !ctx->regions || !ctx->shm_names || !ctx->host_hash || !ctx->host_idx) {
         st = bs_fail(COH_ENOMEM, "coh_init: out of memory");
         goto fail;
     }
@@ -1017,6 +1023,8 @@ static void rail_stats_add(const en_rail_t *en, coh_stats_t *s)
     s->shm_bytes_sent += atomic_load(&en->stat_shm_out);
     s->shm_bytes_received += atomic_load(&en->stat_shm_in);
     s->shm_cma_bytes_received += atomic_load(&en->stat_cma_in);
+    s->zcopy_bytes_sent += atomic_load(&en->stat_zcopy_out);
+    s->mem_registrations += atomic_load(&en->stat_regs);
 }
 
 COH_API int coh_ctx_rail_stats(coh_ctx_t *ctx, int rail, coh_stats_t *s)
@@ -1080,4 +1088,20 @@ COH_API int coh_comm_size(const coh_comm_t *comm, int *size)
     if (!comm || !size) return bs_fail(COH_EINVAL, "coh_comm_size: NULL argument");
     *size = comm->size;
     return 0;
+}
+
+/* ---- memory declared for zero copy ---- */
+
+COH_API int coh_mem_register(coh_ctx_t *ctx, const void *ptr, size_t bytes)
+{
+    if (!ctx || !rx_ctx_alive(ctx))
+        return bs_fail(COH_EINVAL, "coh_mem_register: not a live context");
+    return en_regtab_add(ctx->regions, ptr, bytes);
+}
+
+COH_API int coh_mem_deregister(coh_ctx_t *ctx, const void *ptr)
+{
+    if (!ctx || !rx_ctx_alive(ctx))
+        return bs_fail(COH_EINVAL, "coh_mem_deregister: not a live context");
+    return en_regtab_remove(ctx->regions, ptr);
 }

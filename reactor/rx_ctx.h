@@ -93,7 +93,8 @@ struct coh_ctx {
      * NULL before bootstrap and for a rank that rejoined. */
     uint64_t *host_hash;
     int *host_idx;
-    struct rx_gpu *gpu; /* device buffers (rx_gpu.c); NULL: none (COHORT_GPU) */
+    struct rx_gpu *gpu;        /* device buffers (rx_gpu.c); NULL: none (COHORT_GPU) */
+    struct en_regtab *regions; /* memory declared for zero copy (coh_mem_register) */
     char describe[1024];
 };
 

@@ -17,6 +17,20 @@
 
 static int R, N;
 static coh_comm_t *W;
+static coh_ctx_t *CTX;
+/* MP_DECLARE=1: allreduce buffers are declared (coh_mem_register) for the
+ * op, so verbs rails write them without a copy (mp.verbs.zcopy). */
+static bool DECLARE;
+
+static void declare(const void *p, size_t n)
+{
+    if (DECLARE && n) MP_OK(coh_mem_register(CTX, p, n));
+}
+
+static void undeclare(const void *p, size_t n)
+{
+    if (DECLARE && n) MP_OK(coh_mem_deregister(CTX, p));
+}
 
 static const coh_dtype DTYPES[] = {COH_F32, COH_F64, COH_F16, COH_BF16, COH_I32, COH_I64, COH_U8};
 static const coh_redop OPS[] = {COH_SUM, COH_AVG, COH_MIN, COH_MAX, COH_PROD};
@@ -56,9 +70,13 @@ static void test_allreduce(coh_dtype dt, coh_redop op, size_t count, bool inplac
     char *send = xmalloc(count * es), *recv = xmalloc(count * es);
     for (size_t i = 0; i < count; i++) put(send, dt, i, val(dt, op, R, i, seed));
     if (inplace) memcpy(recv, send, count * es);
+    if (!inplace) declare(send, count * es);
+    declare(recv, count * es);
     coh_request_t *req;
     MP_OK(coh_allreduce(W, inplace ? recv : send, recv, count, dt, op, &req));
     mp_wait(req);
+    if (!inplace) undeclare(send, count * es);
+    undeclare(recv, count * es);
     for (size_t i = 0; i < count; i++)
         check_val(inplace ? "allreduce(in place)" : "allreduce", dt, op, count, i, get(recv, dt, i),
                   expect(dt, op, i, seed, N));
@@ -161,10 +179,12 @@ static void test_big(size_t mib)
     size_t count = mib * (1u << 20) / sizeof(float);
     float *buf = xmalloc(count * sizeof(float));
     for (size_t i = 0; i < count; i++) buf[i] = (float)val(COH_F32, COH_SUM, R, i, 9);
+    declare(buf, count * sizeof(float));
     coh_request_t *req;
     MP_OK(coh_allreduce(W, NULL, buf, count, COH_F32, COH_SUM, &req));
     double us;
     int st = coh_wait(req, -1);
+    undeclare(buf, count * sizeof(float));
     if (st) MP_FAIL("big allreduce: %s", coh_request_error(req));
     coh_request_time_us(req, &us);
     coh_request_free(req);
@@ -180,6 +200,8 @@ static void test_big(size_t mib)
 int main(int argc, char **argv)
 {
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
+    CTX = ctx;
+    DECLARE = getenv("MP_DECLARE") && atoi(getenv("MP_DECLARE")) == 1;
     if (argc > 2 && !strcmp(argv[1], "--big")) {
         test_big((size_t)atoi(argv[2]));
         MP_OK(coh_finalize(ctx));
@@ -227,6 +249,16 @@ int main(int argc, char **argv)
     }
     test_concurrent();
     if (R == 0) printf("barrier, concurrent: ok\n");
+    if (DECLARE) { /* MP_EXPECT_ZCOPY=1: verbs rails wrote from the declarations */
+        coh_stats_t st;
+        MP_OK(coh_ctx_stats(ctx, &st));
+        bool want = getenv("MP_EXPECT_ZCOPY") && atoi(getenv("MP_EXPECT_ZCOPY")) == 1;
+        printf("rank %d: %llu bytes sent without a copy, %llu registrations\n", R,
+               (unsigned long long)st.zcopy_bytes_sent, (unsigned long long)st.mem_registrations);
+        if (want != (st.zcopy_bytes_sent > 0))
+            MP_FAIL("zero copy: %llu bytes, expected %s", (unsigned long long)st.zcopy_bytes_sent,
+                    want ? "some" : "none");
+    }
     MP_OK(coh_finalize(ctx));
     return 0;
 }
