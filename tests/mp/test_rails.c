@@ -133,7 +133,7 @@ static int run_latency(int ops)
     float x[1024], y[1024];
     fill(x, 1024, rank, 0);
     double worst = 0, total = 0;
-    int slow = 0;
+    int slow = 0, lost = 0;
     for (int op = 0; op < ops + 10; op++) {
         double t0 = mp_now_s();
         MP_OK(coh_allreduce_sync(world, x, y, 1024, COH_F32, COH_MAX));
@@ -142,6 +142,7 @@ static int run_latency(int ops)
         total += dt;
         if (dt > worst) worst = dt;
         slow += dt > 0.020;
+        lost += dt > 0.045; /* the look of a wake-up lost to the 50 ms poll */
     }
     for (int i = 0; i < 1024; i++) {
         float want = 0;
@@ -153,13 +154,17 @@ static int run_latency(int ops)
     }
     double mean = total / ops;
     printf("rank %d: %d allreduces of 4 KiB on %d rails: mean %.3f ms, worst %.3f ms, %d over 20 "
-           "ms\n",
-           rank, ops, ctx->nrails, mean * 1e3, worst * 1e3, slow);
+           "ms, %d over 45 ms\n",
+           rank, ops, ctx->nrails, mean * 1e3, worst * 1e3, slow, lost);
     const char *tc = getenv("COHORT_TIMING_CHECKS");
-    /* A lost wake-up costs the rail thread's 50 ms poll timeout; a busy
-     * host may stall an op once, not several times in a few hundred. */
-    if (!(tc && !strcmp(tc, "0")) && slow > 3)
-        MP_FAIL("%d of %d 4 KiB allreduces took over 20 ms: ops wait for a wake-up", slow, ops);
+    /* A lost wake-up costs the rail thread's 50 ms poll timeout (the defect
+     * made nearly every op take 48 ms). A busy host (ctest -j2 on 2 cores,
+     * 4 ranks beside another test's) stalls an op for 20-30 ms now and
+     * then: 5 in 1000 were seen, none near 45 ms. */
+    if (!(tc && !strcmp(tc, "0")) && (slow > ops / 20 || lost > 3))
+        MP_FAIL("%d of %d 4 KiB allreduces took over 20 ms, %d over 45 ms: ops wait for a "
+                "wake-up",
+                slow, ops, lost);
     MP_OK(coh_finalize(ctx));
     printf("rank %d: OK\n", rank);
     return 0;
