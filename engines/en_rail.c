@@ -50,6 +50,7 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     rail->stall_ms = cfg->stall_ms > 0 ? cfg->stall_ms : 100;
     rail->rejoin = cfg->rejoin;
     rail->probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 500;
+    rail->test_resume_delay_ms = cfg->test_resume_delay_ms;
     rail->progress_ns = cfg->progress_ns;
     rail->observer = cfg->observer;
     rail->want_udp = cfg->udp;

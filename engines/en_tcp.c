@@ -63,6 +63,7 @@ typedef struct tcp_sock {
     bool resume; /* dialled to move an existing link here */
     int via;     /* the interface (rail index) it leaves through */
     int expect_peer;
+    struct sockaddr_storage to; /* a resume dial's destination */
 } tcp_sock_t;
 
 struct tcp_conn {
@@ -92,9 +93,11 @@ struct tcp_conn {
     uint64_t t_ack_ns;      /* last ACK sent */
     uint64_t t_probe_ns;
     uint64_t t_dial_ns;
-    int tries;       /* resume dials since the link was last live */
-    uint64_t epoch;  /* moves of this link so far: a dial from an older one is stale */
-    int old_closing; /* replaced sockets whose writes are not cancelled yet */
+    int tries;            /* resume dials since the link was last live */
+    uint64_t t_fail0_ns;  /* when it stopped being live (0: it is) */
+    uint64_t retry_at_ns; /* the next resume dial, when the last failed fast (watch_cb) */
+    uint64_t epoch;       /* moves of this link so far: a dial from an older one is stale */
+    int old_closing;      /* replaced sockets whose writes are not cancelled yet */
     bool replay_pending;
     uint64_t replay_from;
     char why[160];
@@ -561,6 +564,7 @@ static void resumed(tcp_conn_t *t, tcp_sock_t *s, int via, uint64_t peer_off)
     if (was == rail->index && via != rail->index)
         rail->suspect_until_ns = bs_now_ns() + (uint64_t)rail->stall_ms * 10000000ull;
     t->tries = 0;
+    t->t_fail0_ns = t->retry_at_ns = 0;
     t->t_probe_ns = bs_now_ns();
     t->replay_from = peer_off;
     t->replay_pending = true;
@@ -853,6 +857,15 @@ static void kick(tcp_conn_t *t)
 
 static void on_connect(uv_connect_t *req, int status);
 static void dial_timeout(uv_timer_t *h);
+static void late_connect(uv_timer_t *h);
+static void next_dial(tcp_conn_t *t, bool refused);
+
+/* How long a resume dial may take: a link that is down drops the SYN. */
+static uint64_t dial_ms(const en_rail_t *rail)
+{
+    uint64_t ms = (uint64_t)rail->stall_ms * 4;
+    return ms < 200 ? 200 : ms;
+}
 
 /* Dial peer's listener of this rail through interface via, to resume. */
 static int dial_resume(tcp_conn_t *t, int via)
@@ -871,30 +884,70 @@ static int dial_resume(tcp_conn_t *t, int via)
     if (local.ss_family == AF_INET) ((struct sockaddr_in *)&local)->sin_port = 0;
     int e = uv_tcp_bind(&s->tcp, (struct sockaddr *)&local, 0);
     s->creq.data = s;
-    if (!e) e = uv_tcp_connect(&s->creq, &s->tcp, (struct sockaddr *)&to, on_connect);
+    s->to = to;
+    bool late = rail->test_resume_delay_ms > 0 && rail->rank < t->base.peer;
+    if (!e && !late) e = uv_tcp_connect(&s->creq, &s->tcp, (struct sockaddr *)&to, on_connect);
     if (e) {
         sock_close(s);
         return bs_errno_status(e);
     }
     t->dial = s;
     t->t_dial_ns = bs_now_ns();
-    /* A link that is down drops the SYN: give up on this way after a while. */
-    uint64_t ms = (uint64_t)rail->stall_ms * 4;
-    if (ms < 200) ms = 200;
-    uv_timer_start(&s->timer, dial_timeout, ms, 0);
+    if (late)
+        uv_timer_start(&s->timer, late_connect, (uint64_t)rail->test_resume_delay_ms, 0);
+    else
+        uv_timer_start(&s->timer, dial_timeout, dial_ms(rail), 0);
     return 0;
 }
 
-/* Try the next interface, own one last; after every interface failed twice
- * the peer is gone. */
-static void next_dial(tcp_conn_t *t)
+/* COHORT_TEST_RESUME_DELAY_MS: the dial connects now (tests only). */
+static void late_connect(uv_timer_t *h)
+{
+    tcp_sock_t *s = h->data;
+    tcp_conn_t *t = s->conn;
+    int e = uv_tcp_connect(&s->creq, &s->tcp, (struct sockaddr *)&s->to, on_connect);
+    if (e) {
+        sock_close(s);
+        if (t && t->base.state == EN_CONN_READY && !t->sock && !t->dial) next_dial(t, false);
+        return;
+    }
+    uv_timer_start(&s->timer, dial_timeout, dial_ms(s->rail), 0);
+}
+
+/* Try the next interface, own one last. The peer is gone when a dial is
+ * refused (its host answers and nothing listens: the process is dead), or
+ * when every interface has failed twice and as long as 2 x nrails dials
+ * that time out take. A dial that fails fast does not shorten that: one
+ * the peer turns away because it is dialling us (the lower rank's dial
+ * wins), or one through an interface that is down. After such a failure
+ * the next dial waits out the dial time (watch_cb starts it), which also
+ * gives the peer's own dial time to land: a burst of fast refusals used to
+ * end a live link in milliseconds ("no interface reaches", cluster.load
+ * and cluster.rails.nics3 in CI). */
+static void next_dial(tcp_conn_t *t, bool refused)
 {
     en_rail_t *rail = t->base.rail;
     int n = rail->nrails;
-    while (t->tries < 2 * n) {
-        int k = t->tries++;
-        int via = (rail->index + 1 + k % n) % n;
-        if (dial_resume(t, via) == 0) return;
+    uint64_t now = bs_now_ns(), dial = dial_ms(rail) * 1000000ull;
+    if (!t->t_fail0_ns) t->t_fail0_ns = now;
+    bool spent = false;
+    if (!refused) {
+        if (t->tries > 0 && now - t->t_dial_ns < dial) { /* the last one failed fast */
+            t->retry_at_ns = t->t_dial_ns + dial;
+            return;
+        }
+        t->retry_at_ns = 0;
+        for (int i = 0; i < n; i++) { /* interfaces that fail at once: the next one */
+            spent = t->tries >= 2 * n && now - t->t_fail0_ns >= (uint64_t)(2 * n) * dial;
+            if (spent) break;
+            int k = t->tries++;
+            int via = (rail->index + 1 + k % n) % n;
+            if (dial_resume(t, via) == 0) return;
+        }
+        if (!spent) {
+            t->retry_at_ns = now + dial;
+            return;
+        }
     }
     char why[BS_ERR_LEN];
     snprintf(why, sizeof(why), "no interface reaches rank %d (%s)", t->base.peer,
@@ -913,7 +966,7 @@ static void dial_timeout(uv_timer_t *h)
         unfreeze(t); /* a probe that did not answer: stay where we are */
         return;
     }
-    next_dial(t);
+    next_dial(t, false);
 }
 
 /* The link's socket failed or stalled: move it to another interface. */
@@ -927,7 +980,7 @@ static void move_link(tcp_conn_t *t, const char *why)
     freeze(t);
     if (t->sock) sock_close(t->sock);
     if (t->dial) return; /* already dialling */
-    next_dial(t);
+    next_dial(t, false);
 }
 
 static void watch_cb(uv_timer_t *h)
@@ -937,7 +990,14 @@ static void watch_cb(uv_timer_t *h)
     en_rail_t *rail = c->rail;
     if (c->state != EN_CONN_READY || rail->closing) return;
     uint64_t now = bs_now_ns(), stall = (uint64_t)rail->stall_ms * 1000000ull;
-    if (!t->sock || t->frozen) return; /* moving: dial timeouts drive it */
+    /* Moving: dial timeouts drive it, and this the dial after a fast
+     * failure, or after a dial whose answer was turned down (no socket, no
+     * dial: nothing else would). */
+    if (!t->sock && !t->dial && (!t->retry_at_ns || now >= t->retry_at_ns)) {
+        next_dial(t, false);
+        return;
+    }
+    if (!t->sock || t->frozen) return;
     /* Every live link acks now and then, paused or idle: a link is taken
      * for dead only when its ACKs stop while another rail's go on. */
     uint64_t period = stall / 8;
@@ -1060,7 +1120,8 @@ static void on_connect(uv_connect_t *req, int status)
     if (status < 0) {
         if (t && s->resume) {
             sock_close(s);
-            if (t->base.state == EN_CONN_READY && !t->sock && !t->dial) next_dial(t);
+            if (t->base.state == EN_CONN_READY && !t->sock && !t->dial)
+                next_dial(t, status == UV_ECONNREFUSED);
             return;
         }
         if (t) conn_close(t, COH_EPEER, uv_strerror(status));
@@ -1079,7 +1140,7 @@ static void on_connect(uv_connect_t *req, int status)
             if (t->sock)
                 unfreeze(t);
             else
-                next_dial(t);
+                next_dial(t, false);
         } else {
             conn_close(t, bs_errno_status(e), uv_strerror(e));
         }

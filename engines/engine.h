@@ -382,6 +382,7 @@ typedef struct en_rail_cfg {
      * every probe_ms it tries its own interface again. */
     bool failover;
     int stall_ms, probe_ms;
+    int test_resume_delay_ms;             /* tests: the lower rank's resume dials connect late */
     bool rejoin;                          /* this rank restarts a failed one: its hellos say so */
     _Atomic uint64_t *progress_ns;        /* [nrails], shared by the rank's rails: last ack seen */
     const struct sockaddr *const *locals; /* [nrails]: every interface's address, port 0 */
@@ -467,6 +468,7 @@ struct en_rail {
      * of this rail through interface j (under mu). */
     bool failover;
     int stall_ms, probe_ms;
+    int test_resume_delay_ms;
     bool rejoin;
     _Atomic uint64_t *progress_ns;
     struct sockaddr_storage locals[EN_MAX_RAILS];

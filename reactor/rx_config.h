@@ -217,7 +217,10 @@ typedef enum rx_knob_kind {
       "control (random loss without a network namespace)")                                         \
     X(test_udp_ctl_dgram, RX_K_INT, "0", "COHORT_TEST_UDP_CTL_DGRAM", 0, 1,                        \
       "tests only: 1 sends udp control messages (DONE, NACK, FIN) as datagrams alone, without "    \
-      "their reliable TCP copy")
+      "their reliable TCP copy")                                                                   \
+    X(test_resume_delay, RX_K_INT, "0", "COHORT_TEST_RESUME_DELAY_MS", 0, 10000,                   \
+      "tests only: the lower rank of a failing-over TCP link connects its resume dials this many " \
+      "ms late (the higher rank's dials meet a dial in progress and are turned away meanwhile)")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

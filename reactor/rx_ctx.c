@@ -203,6 +203,13 @@ static uint32_t test_udp_drop_ppm(void)
     return rx_env_knob_int("test_udp_drop", &ppm) == 0 ? (uint32_t)ppm : 0;
 }
 
+/* COHORT_TEST_RESUME_DELAY_MS (tests only): slow resume dials of the lower rank. */
+static int test_resume_delay_ms(void)
+{
+    int ms = 0;
+    return rx_env_knob_int("test_resume_delay", &ms) == 0 ? ms : 0;
+}
+
 /* COHORT_TEST_UDP_CTL_DGRAM (tests only): control without its TCP copy. */
 static bool test_udp_ctl_dgram(void)
 {
@@ -861,6 +868,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             .failover = ctx->cfg.rail_failover != 0 && !ctx->rail_verbs[r],
             .stall_ms = ctx->cfg.rail_stall_ms,
             .probe_ms = ctx->cfg.rail_probe_ms,
+            .test_resume_delay_ms = test_resume_delay_ms(),
             .rejoin = ctx->cfg.rejoin != 0,
             .progress_ns = ctx->rail_progress,
             .locals = ctx->rail_locals,

@@ -32,13 +32,13 @@ stage "gcc build"
 tools/build.sh build -DCOHORT_WERROR=ON
 stage "tests (gcc build)"
 run_ctest build -LE flaky
-# Known flaky tests (label "flaky": the relay kill/stop trials, the three-rail
-# cut): run and reported, not gating, until their defects are fixed.
+# Known flaky tests (label "flaky": the relay kill/stop trials and fault runs,
+# cluster.load): run and reported, not gating, until their defects are fixed.
 stage "known flaky tests (gcc build; reported, not gating)"
 if run_ctest build -L flaky; then
   echo "known flaky tests: all passed this time"
 else
-  echo "KNOWN FLAKY: a test labelled flaky failed (docs/relay.md, docs/multirail.md \"Open\")"
+  echo "KNOWN FLAKY: a test labelled flaky failed (docs/relay.md, docs/load.md \"Open\")"
 fi
 
 if ! skipped matrix; then
