@@ -255,6 +255,8 @@ static void send_commit(rx_coord_t *c, int r, uint64_t gid, int status)
     rx_ctl_msg_t msg = {.type = RX_CTL_COMMIT};
     msg.u.commit.group_id = gid;
     msg.u.commit.status = status;
+    bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu: COMMIT %d to rank %d%s",
+           (unsigned long long)gid, status, r, cr->conn && !cr->lost ? "" : " (not sent: lost)");
     if (cr->conn && !cr->lost) rx_ctl_send(cr->conn, &msg);
 }
 
@@ -305,6 +307,8 @@ static void resolve_awaiting(rx_coord_t *c)
  * grouped again with it at the group's end. */
 static void relay_retry_all(rx_coord_t *c, co_group_t *g)
 {
+    bs_log(COH_LOG_DEBUG, "coordinator: relay group %llu (phase %d): every member again",
+           (unsigned long long)g->gid, g->phase);
     for (int i = 0; i < g->n; i++) {
         co_rank_t *cr = &c->ranks[g->members[i]];
         if ((g->rst[i] & RL_LATE) || cr->lost || !cr->conn) continue;
@@ -369,6 +373,10 @@ static bool relay_partial(const co_group_t *g, int i)
 
 static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double duration)
 {
+    bs_log(COH_LOG_DEBUG,
+           "coordinator: group %llu (%s, phase %d): rank %d done, status %d, %d of %d",
+           (unsigned long long)g->gid, g->relay ? "relay" : "plain", g->phase, r, status, g->ndone,
+           g->n);
     if (g->relay && g->phase == 2) {
         /* Between the phases nobody owes a DONE: r is gone or failed, so
          * phase 2 goes on without it (its phase-1 part, if it was ready,
@@ -838,9 +846,27 @@ static void relay_try_phase2(rx_coord_t *c, co_group_t *g)
     uint32_t *late = ring + n;
     double total = g->w1;
     const rx_ctl_ready_t *first = NULL;
+    for (int i = 0; i < n && !first; i++)
+        if (!(g->rst[i] & (RL_OUT | RL_LATE))) first = &g->readys[i];
+    if (!first) {
+        /* Every ready member is gone, and with them the phase-1 result's
+         * data: nobody to finish with. The late ranks' READYs came (or they
+         * are out) and are still theirs (deferred): the group ends and they
+         * are grouped again. This used to leave the group in phase 3 with
+         * no plan sent, and their syncs hung. */
+        coh_free(to);
+        coh_free(att);
+        coh_free(ring);
+        coh_free(iring);
+        bs_log(COH_LOG_INFO,
+               "coordinator: relay group %llu lost every ready member: the late ones are "
+               "grouped again",
+               (unsigned long long)g->gid);
+        relay_retry_all(c, g);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         if (g->rst[i] & RL_OUT) continue;
-        if (!(g->rst[i] & RL_LATE) && !first) first = &g->readys[i];
         to[n2] = g->members[i];
         iring[n2] = g->members[i];
         att[n2] = g->readys[i].attempt;
@@ -850,15 +876,6 @@ static void relay_try_phase2(rx_coord_t *c, co_group_t *g)
             total += g->readys[i].plain ? 1 : g->readys[i].weight;
             c->ranks[g->members[i]].deferred = false; /* its READY is used up here */
         }
-    }
-    if (!first) { /* every ready member is gone: nobody to finish */
-        coh_free(to);
-        coh_free(att);
-        coh_free(ring);
-        coh_free(iring);
-        g->phase = 3;
-        if (g->ndone == g->n) group_end(c, g);
-        return;
     }
     /* Phase 2 covers what the late ranks' data missed: everything for one
      * that joined no segment of phase 1, the segments before its join for

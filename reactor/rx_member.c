@@ -672,6 +672,10 @@ static void handle_commit(rx_member_t *m, const rx_ctl_commit_t *c)
 {
     coh_request_t *req = m->pending;
     rx_syncreq_t *s = req ? req->sync : NULL;
+    bs_log(COH_LOG_DEBUG, "rank %d: COMMIT %d of group %llu (pending: %s, group %llu)",
+           m->ctx->rank, c->status, (unsigned long long)c->group_id,
+           s ? (s->awaiting ? "awaiting" : "running") : "none",
+           s ? (unsigned long long)s->group_id : 0ull);
     if (!s || !s->awaiting || s->group_id != c->group_id) {
         bs_log(COH_LOG_WARN, "rank %d: ignoring a stale commit of group %llu", m->ctx->rank,
                (unsigned long long)c->group_id);
@@ -705,6 +709,8 @@ static void handle_commit(rx_member_t *m, const rx_ctl_commit_t *c)
 static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
 {
     struct coh_ctx *ctx = m->ctx;
+    bs_log(COH_LOG_DEBUG, "rank %d: relay plan of group %llu, phase %u, ring of %u, %u late",
+           ctx->rank, (unsigned long long)p->group_id, p->phase, p->nring, p->nlate);
     int pos = -1;
     int *ring = plan_ranks(ctx, p->ring, p->nring, &pos);
     int *late = ring ? plan_ranks(ctx, p->late, p->nlate, NULL) : NULL;
@@ -866,6 +872,8 @@ static void done_msg(rx_member_t *m, coh_request_t *req, int status, rx_ctl_msg_
     rx_syncreq_t *s = req->sync;
     *msg = (rx_ctl_msg_t){.type = RX_CTL_DONE};
     rx_ctl_done_t *d = &msg->u.done;
+    bs_log(COH_LOG_DEBUG, "rank %d: group %llu (phase %d) done: %d", m->ctx->rank,
+           (unsigned long long)s->group_id, s->phase, status);
     d->group_id = s->group_id;
     d->rank = (uint32_t)m->ctx->rank;
     d->status = status;

@@ -36,7 +36,10 @@
  *       its data partly in phase 1's result: the group starts over without
  *       it. "p1": the victim (a ready rank) dies just after its report of a
  *       relay group's phase 1, which the straggler (the relay) holds back
- *       300 ms: phase 2 must go on without it.
+ *       300 ms: phase 2 must go on without it. "alone": every other rank is
+ *       200 ms late, so the victim is its first relay group's only ready
+ *       rank, and it dies after its phase 1: the late ranks, ready later,
+ *       are grouped again without it.
  *   test_relay shrink VICTIM  world allreduces until VICTIM dies (SIGKILL);
  *       the survivors shrink the world (coh_comm_shrink) and run checked
  *       collectives on the new communicator: its size and renumbering, an
@@ -378,6 +381,7 @@ static void run_fault(int victim)
 static size_t agree_count = AGREE_COUNT;
 static bool agree_joined; /* the victim dies between the phases, its data partly in */
 static bool agree_p1;     /* the victim (ready) dies after its phase-1 DONE, others' to come */
+static bool agree_alone;  /* the victim, the only ready rank, dies after its phase-1 DONE */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -394,7 +398,8 @@ static void run_agree(int iters, int victim)
      * straggler's data) and the commit that follows: the straggler itself
      * within 4 ms of its READY, another rank 20-30 ms after its own (the
      * straggler is 25 ms late), at a random iteration. */
-    int die_at = R == victim && !agree_joined && !agree_p1 ? 10 + rand() % (iters / 2) : -1;
+    int die_at =
+        R == victim && !agree_joined && !agree_p1 && !agree_alone ? 10 + rand() % (iters / 2) : -1;
     useconds_t die_us = (useconds_t)(R == N - 1 ? rand() % 4000 : 20000 + rand() % 10000);
     double *x = malloc(agree_count * sizeof(double));
     uint64_t *dig = calloc((size_t)iters, sizeof(uint64_t));
@@ -402,6 +407,8 @@ static void run_agree(int iters, int victim)
     for (int it = 0; it < iters; it++) {
         if (agree_joined) /* two late ranks: the victim, joined; the last, much later */
             usleep(R == N - 1 ? 300000 : R == victim ? 40000 : 2000);
+        else if (agree_alone) /* every other rank 200 ms late: the victim relayed by all */
+            usleep(R == victim ? 2000 : 200000);
         else
             step(it);
         for (size_t j = 0; j < agree_count; j++) x[j] = val(R, it, j);
@@ -775,6 +782,14 @@ int main(int argc, char **argv)
         if (me && atoi(me) == atoi(argv[4])) setenv("COHORT_TEST_FAULT", "die-after-phase1", 1);
         if (me && size && atoi(me) == atoi(size) - 1)
             setenv("COHORT_TEST_FAULT", "hold-relay-done", 1);
+    }
+    /* agree ... alone: the victim is the only ready rank of its first relay
+     * group (the others are 200 ms late: all relay) and dies just after its
+     * phase-1 DONE; phase 2 then has no ready member left to finish with. */
+    if (argc > 6 && !strcmp(argv[1], "agree") && !strcmp(argv[6], "alone")) {
+        agree_alone = true;
+        const char *me = getenv("COHORT_RANK");
+        if (me && atoi(me) == atoi(argv[4])) setenv("COHORT_TEST_FAULT", "die-after-phase1", 1);
     }
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
     if (!strcmp(argv[1], "fault")) {
