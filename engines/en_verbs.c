@@ -331,7 +331,7 @@ static void pump_tx(vb_conn_t *t)
             ring_put(t, w->hdr, EN_HDR_SIZE);
             t->q_off = EN_HDR_SIZE;
             room -= EN_HDR_SIZE;
-            if (tr->regs && tr->zcopy_bytes && w->len >= tr->zcopy_bytes)
+            if (tr->regs && w->len >= tr->zcopy_bytes) /* regs: only with zcopy_bytes */
                 t->q_reg = en_regcache_get(tr->regs, w->payload, w->len);
         }
         uint64_t left = padded - t->q_off, n = left < room ? left : room;
