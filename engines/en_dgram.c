@@ -255,7 +255,12 @@ double en_tag_median(const void *x, size_t n, size_t es, double frac)
 bool en_tag_important(const void *x, size_t n, size_t es, double median)
 {
     if (!n || (es != 4 && es != 8)) return false;
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) sum += mag(x, i, es);
-    return sum / (double)n > median;
+    /* Four independent sums: one chain of dependent additions was 4% of a
+     * udp rank's CPU (every float datagram is weighed). */
+    double s[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (size_t k = 0; k < 4; k++) s[k] += mag(x, i + k, es);
+    for (; i < n; i++) s[0] += mag(x, i, es);
+    return (s[0] + s[1] + s[2] + s[3]) / (double)n > median;
 }

@@ -653,11 +653,37 @@ static void flow_turn(struct en_udp *u, en_dgflow_t *f, unsigned avail, uint64_t
     f->nredo = keep + nleft;
     if (f->ri == f->nrg && f->nredo == 0) {
         /* The pass is out: the receiver decides. */
+        if (u->debug)
+            fprintf(stderr, "udp rank %d: op %llu flow to %d stage %d pass %u out at %.1f ms\n",
+                    u->rail->rank, (unsigned long long)op->seq, f->peer, f->stage, f->pass,
+                    (now - op->t_start_ns) / 1e6);
         send_list_remove(u, f);
         send_ctl(op, f, CTL_DONE, f->pass, f->nseg, f->pmask, NULL, 0, f->pmask);
         f->again_gap = 4 * u->period_ns > DG_AGAIN_MIN_NS ? 4 * u->period_ns : DG_AGAIN_MIN_NS;
         f->again_ns = now + f->again_gap;
     }
+}
+
+/* The flow that takes peer's turn: a pass sent again first (a few
+ * datagrams that a receive, and the chunk after it, wait for), else the
+ * oldest, by op and by step: the plan sends a destination's chunks in order,
+ * two at once (sc_plan.c, DIRECT_WINDOW), and the older goes out first, so
+ * it ends first and the pull of its chunk can start. */
+static en_dgflow_t *turn_flow(struct en_udp *u, int peer)
+{
+    en_dgflow_t *g = NULL;
+    for (en_dgflow_t *x = u->sends; x; x = x->snext) {
+        if (x->peer != peer) continue;
+        if (!g) {
+            g = x;
+            continue;
+        }
+        bool xr = x->pass > 0, gr = g->pass > 0;
+        if (xr != gr ? xr
+                     : (x->op->seq != g->op->seq ? x->op->seq < g->op->seq : x->step < g->step))
+            g = x;
+    }
+    return g;
 }
 
 static void pump(struct en_udp *u)
@@ -676,10 +702,12 @@ static void pump(struct en_udp *u)
         bool any = false;
         memset(u->took, 0, (size_t)u->rail->world);
         en_dgflow_t *next;
-        for (en_dgflow_t *f = u->sends; f && stopped != all; f = next) {
-            next = f->snext;
-            if (u->took[f->peer]) continue;
-            u->took[f->peer] = 1;
+        for (en_dgflow_t *p = u->sends; p && stopped != all; p = next) {
+            next = p->snext;
+            if (u->took[p->peer]) continue;
+            u->took[p->peer] = 1;
+            en_dgflow_t *f = turn_flow(u, p->peer);
+            if (f == next) next = f->snext; /* its turn may take it off the list */
             en_op_t *op = f->op;
             uint32_t ri = (uint32_t)f->ri, rk = f->rk;
             int nredo = f->nredo;
@@ -696,10 +724,9 @@ static void pump(struct en_udp *u)
         }
         if (!any) break;
     }
-    /* The next pump starts with the next flow: round robin across pumps,
-     * or the head would take every pump's first credit. A pass sent again
-     * stays ahead (send_list_add put it there): it is a few datagrams that a
-     * receive, and the next chunk to that destination, wait for. */
+    /* The next pump starts with the next destination: round robin across
+     * pumps, or the head would take every pump's first credit. A pass sent
+     * again stays ahead (send_list_add put it there; turn_flow picks it). */
     if (u->sends && u->sends->snext && u->sends->pass == 0) {
         en_dgflow_t *h = u->sends, *t = h;
         while (t->snext) t = t->snext;

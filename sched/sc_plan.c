@@ -305,6 +305,14 @@ static uint32_t add_after(bld_t *b, sc_step_t s, const uint32_t *deps, uint32_t 
     return i < 0 ? NONE : (uint32_t)i;
 }
 
+/* Chunks of one destination's pushes in flight at once. With one, each
+ * waited for the end of the last (over udp: its FIN, after a NACK round at
+ * drops), a round trip through the links' queues in which nothing went to
+ * that destination: at 5% drops a rank's sender had nothing to send a third
+ * of the time. Two keep the link busy; more only lengthen the queues (and
+ * every round trip with them). The engine sends the older chunk first. */
+#define DIRECT_WINDOW 2u
+
 static void build_allreduce_direct(bld_t *b)
 {
     const int n = b->n, r = b->r;
@@ -320,7 +328,8 @@ static void build_allreduce_direct(bld_t *b)
     const bool oop = b->in == SC_BUF_SEND;
     /* Every block in K chunks: the pull of a chunk starts once its pushes
      * are in, while later chunks are still pushed (a pipeline, as the ring's
-     * chunks are); each destination gets its chunks in order. */
+     * chunks are); each destination gets its chunks in order, DIRECT_WINDOW
+     * of them at once. */
     uint32_t K = chunks_for((b->len + (uint64_t)n - 1) / (uint64_t)n, b->c->chunk_elems);
     if (K > 64) K = 64;
     uint32_t *sv = coh_malloc(sizeof(uint32_t) * (size_t)n * K); /* [block][chunk]: its push */
@@ -344,7 +353,7 @@ static void build_allreduce_direct(bld_t *b)
             uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p);
             uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p + 1) - o;
             uint64_t co = o + sc_split(c, K, k), cc = o + sc_split(c, K, k + 1) - co;
-            uint32_t prev = k ? sv[(size_t)p * K + k - 1] : NONE;
+            uint32_t prev = k >= DIRECT_WINDOW ? sv[(size_t)p * K + k - DIRECT_WINDOW] : NONE;
             uint32_t i =
                 cc ? add(b, SC_SEND, b->in, SC_BUF_RECV, r + d, tpush, co, co, cc, 0, DEPS(prev))
                    : prev;

@@ -276,6 +276,14 @@ static void test_tags(void **state)
     assert_true(en_tag_important(x + 9000, 100, 4, m));
     assert_false(en_tag_important(x, 100, 4, m));
     assert_false(en_tag_important(x, 0, 4, m));
+    /* Lengths that are no multiple of the four sums: the rest counts too. */
+    float v[7] = {1, -1, 1, -1, 1, -1, -8};
+    assert_true(en_tag_important(v, 7, 4, 1.9)); /* mean 2 */
+    assert_false(en_tag_important(v, 7, 4, 2.1));
+    assert_false(en_tag_important(v, 6, 4, 1.0)); /* mean 1: not above */
+    double w[3] = {-3, 3, 3};
+    assert_true(en_tag_important(w, 3, 8, 2.9));
+    assert_false(en_tag_important(w, 3, 8, 3.0));
     free(x);
     free(d);
 }

@@ -1215,6 +1215,45 @@ static void test_barrier(void **state)
     }
 }
 
+/* The direct allreduce sends each destination its push chunks in order,
+ * two at once: chunk k waits for chunk k-2 to that peer, not for k-1 (one
+ * at a time left a udp sender idle for a round trip per chunk). */
+static void test_direct_window(void **state)
+{
+    (void)state;
+    const int n = 4;
+    sc_coll_t c = {.kind = SC_ALLREDUCE,
+                   .algo = SC_ALGO_DIRECT,
+                   .nranks = n,
+                   .rank = 1,
+                   .count = 4 * 8 * 100,
+                   .chunk_elems = 100};
+    c.hi = c.count;
+    sc_plan_t p;
+    sc_plan_init(&p);
+    assert_int_equal(sc_plan_build(&c, &p), 0);
+    for (int peer = 0; peer < n; peer++) {
+        if (peer == c.rank) continue;
+        uint32_t push[64];
+        int k = 0;
+        for (uint32_t i = 0; i < p.nsteps; i++)
+            if (p.steps[i].kind == SC_SEND && p.steps[i].stage == SC_STAGE_PUSH &&
+                p.steps[i].peer == peer)
+                push[k++] = i;
+        assert_int_equal(k, 8); /* 800 elements a block, chunks of 100 */
+        for (int j = 0; j < k; j++) {
+            const sc_step_t *st = &p.steps[push[j]];
+            if (j < 2) {
+                assert_int_equal(st->ndeps, 0);
+            } else {
+                assert_int_equal(st->ndeps, 1);
+                assert_int_equal(p.deps[st->dep_off], push[j - 2]);
+            }
+        }
+    }
+    sc_plan_free(&p);
+}
+
 /* Plans over a subset of a larger communicator (order names comm ranks
  * that are not 0..n-1), as the scheduler's group plans use them. */
 static void test_subset(void **state)
@@ -1595,7 +1634,8 @@ int main(void)
         cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_allgather),        cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_barrier),          cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_subset),           cmocka_unit_test(test_many_orders),
+        cmocka_unit_test(test_subset),           cmocka_unit_test(test_direct_window),
+        cmocka_unit_test(test_many_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
