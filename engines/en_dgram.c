@@ -12,39 +12,60 @@
 
 /* ---- header ---- */
 
+static void put24(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+}
+
+static uint32_t get24(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
+}
+
+static void put48(uint8_t *p, uint64_t v)
+{
+    en_put32(p, (uint32_t)v);
+    en_put16(p + 4, (uint16_t)(v >> 32));
+}
+
+static uint64_t get48(const uint8_t *p)
+{
+    return (uint64_t)en_get32(p) | (uint64_t)en_get16(p + 4) << 32;
+}
+
 void en_dg_encode(const en_dg_hdr_t *h, uint8_t out[EN_DG_HDR])
 {
-    en_put16(out, EN_DG_MAGIC);
-    out[2] = EN_DG_VERSION;
-    out[3] = h->flags;
-    en_put32(out + 4, h->comm);
-    en_put64(out + 8, h->job);
-    en_put64(out + 16, h->seq);
-    en_put32(out + 24, h->step);
-    en_put32(out + 28, h->segno);
+    out[0] = EN_DG_VERSION;
+    out[1] = h->flags;
+    put48(out + 2, h->job);
+    en_put32(out + 8, h->comm);
+    put48(out + 12, h->seq);
+    put24(out + 18, h->step);
+    put24(out + 21, h->segno);
 }
 
 uint64_t en_dg_job(const char *token)
 {
     uint64_t j = BS_FNV_SEED;
     for (const char *t = token ? token : ""; *t; t++) j = bs_fnv64(j, (uint8_t)*t);
-    return bs_fnv64(j, 0x75647020u);
+    return bs_fnv64(j, 0x75647020u) & EN_DG_JOB_MASK;
 }
 
 int en_dg_decode(const uint8_t *buf, size_t n, uint32_t seg, en_dg_hdr_t *out)
 {
     if (n < EN_DG_HDR || n > EN_DG_MAX) return COH_EPROTO;
-    if (en_get16(buf) != EN_DG_MAGIC || buf[2] != EN_DG_VERSION || (buf[3] & ~EN_DG_FLAGS))
-        return COH_EPROTO;
-    en_dg_hdr_t h = {.flags = buf[3],
-                     .comm = en_get32(buf + 4),
-                     .job = en_get64(buf + 8),
-                     .seq = en_get64(buf + 16),
-                     .step = en_get32(buf + 24),
-                     .segno = en_get32(buf + 28),
+    if (buf[0] != EN_DG_VERSION || (buf[1] & ~EN_DG_FLAGS)) return COH_EPROTO;
+    en_dg_hdr_t h = {.flags = buf[1],
+                     .job = get48(buf + 2),
+                     .comm = en_get32(buf + 8),
+                     .seq = get48(buf + 12),
+                     .step = get24(buf + 18),
+                     .segno = get24(buf + 21),
                      .len = (uint32_t)(n - EN_DG_HDR)};
     /* A segment is never longer than one; it starts where its number says
-     * (a u32 times a u32: no overflow). */
+     * (a u24 times a u32: no overflow). */
     if (!seg || h.len > seg) return COH_EPROTO;
     h.offset = (uint64_t)h.segno * seg;
     *out = h;

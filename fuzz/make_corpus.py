@@ -232,11 +232,14 @@ def ctl():
     write(t, "state_short", ctl_msg(16, struct.pack("<IIQ", 2, 0, 40)))
 
 
-def dg(flags=0, job=0x1122334455667788, comm=0, step=1, seq=3, segno=0, seg=1400, payload=b"",
-       magic=b"CD", version=2):
-    """A datagram of the bounded-loss transport (version 2: offset and length implied), then
-    the segment size (2 bytes, big-endian) the fuzzer decodes it with."""
-    head = magic + struct.pack("<BBIQQII", version, flags, comm, job, seq, step, segno)
+def dg(flags=0, job=0x334455667788, comm=0, step=1, seq=3, segno=0, seg=1400, payload=b"",
+       version=3):
+    """A datagram of the bounded-loss transport (version 3: a 24-byte header, offset and
+    length implied), then the segment size (2 bytes, big-endian) the fuzzer decodes it with."""
+    u48 = lambda v: struct.pack("<Q", v)[:6]
+    u24 = lambda v: struct.pack("<I", v)[:3]
+    head = (struct.pack("<BB", version, flags) + u48(job) + struct.pack("<I", comm) + u48(seq) +
+            u24(step) + u24(segno))
     return head + payload + struct.pack(">H", seg)
 
 
@@ -248,8 +251,7 @@ def dgram():
     write(t, "past_bitmap", dg(segno=64, seg=64, payload=b"z"))
     write(t, "empty", dg())
     write(t, "too_long", dg(seg=16, payload=b"a" * 17))
-    write(t, "bad_magic", dg(magic=b"CX"))
-    write(t, "bad_version", dg(version=1))
+    write(t, "bad_version", dg(version=2))
     write(t, "bad_flags", dg(flags=0x80))
     write(t, "no_segment_size", dg(seg=0, payload=b"q"))
     # a rate report (EN_DG_RATE): u64 bytes, u64 ns

@@ -169,7 +169,7 @@ typedef struct coh_config {
                                 rank's data joins the ones still to come (8; 1 = phase 2) */
     size_t udp_seg_bytes;    /* COHORT_UDP_SEG_BYTES: payload of a bounded-loss data datagram
                                 (0: the rail interface's MTU less the IP, UDP and cohort
-                                headers, 1440 on Ethernet) */
+                                headers, 1448 on Ethernet) */
     int udp_rate_mbps;       /* COHORT_UDP_RATE_MBPS: the line rate a udp flow starts at and
                                 returns to (10000) */
     int udp_period_us;       /* COHORT_UDP_PERIOD_US: receivers report their receiving rate

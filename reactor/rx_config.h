@@ -118,7 +118,7 @@ typedef enum rx_knob_kind {
       "its data always comes in phase 2")                                                          \
     X(udp_seg_bytes, RX_K_SIZE, "0", "COHORT_UDP_SEG_BYTES", 0, 65000,                             \
       "payload bytes of a bounded-loss data datagram (rounded down to 8); 0: what fills the "      \
-      "rail interface's MTU (1440 for 1500 bytes; every rank must get the same)")                  \
+      "rail interface's MTU (1448 for 1500 bytes; every rank must get the same)")                  \
     X(udp_rate_mbps, RX_K_INT, "10000", "COHORT_UDP_RATE_MBPS", 1, 10000000,                       \
       "line rate of udp rails (set it to the NIC's): all of a rail's flows together stay "         \
       "below it; a flow starts there and a retransmission pass restarts there (DLCP Fig. 7)")      \

@@ -831,7 +831,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
     }
     for (int r = 0; r < ctx->nrails; r++) {
         /* A datagram fills the interface's MTU (less the IP, UDP and cohort
-         * headers): 1440 on Ethernet, 65k on loopback, where a syscall per
+         * headers): 1448 on Ethernet, 65k on loopback, where a syscall per
          * 1.4 KB costs more than the copy. */
         size_t seg = ctx->cfg.udp_seg_bytes;
         if (!seg) {

@@ -35,15 +35,16 @@ static void test_header_layout_roundtrip(void **state)
     uint8_t b[EN_DG_HDR + 100];
     memset(b, 0xab, sizeof(b));
     en_dg_encode(&H, b);
-    static const uint8_t want[EN_DG_HDR] = {'C',  'D',  2,    EN_DG_PULL, 7,    0,    0,    0,
-                                            0x88, 0x77, 0x66, 0x55,       0x44, 0x33, 0x22, 0x11,
-                                            0x08, 0x07, 0x06, 0x05,       0x04, 0x03, 0x02, 0x01,
-                                            3,    0,    0,    0,          2,    0,    0,    0};
+    /* job and seq keep their low 48 bits */
+    static const uint8_t want[EN_DG_HDR] = {3,    EN_DG_PULL, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33,
+                                            7,    0,          0,    0,    0x08, 0x07, 0x06, 0x05,
+                                            0x04, 0x03,       3,    0,    0,    2,    0,    0};
     assert_memory_equal(b, want, EN_DG_HDR);
     en_dg_hdr_t out;
     assert_int_equal(en_dg_decode(b, sizeof(b), 1400, &out), 0);
     assert_int_equal(out.flags, EN_DG_PULL);
-    assert_true(out.job == H.job && out.seq == H.seq && out.offset == H.offset);
+    assert_true(out.job == (H.job & EN_DG_JOB_MASK) && out.seq == (H.seq & EN_DG_SEQ_MAX) &&
+                out.offset == H.offset);
     assert_int_equal(out.comm, 7);
     assert_int_equal(out.step, 3);
     assert_int_equal(out.len, 100);
@@ -62,10 +63,10 @@ static void test_header_refusals(void **state)
     assert_int_equal(out.len, 99);
     assert_int_equal(en_dg_decode(b, EN_DG_HDR, 1400, &out), 0);
     assert_int_equal(out.len, 0);
-    /* magic, version, unknown flags */
-    int bytes[] = {0, 1, 2, 3};
-    uint8_t vals[] = {'X', 'X', 1, 0x80};
-    for (int i = 0; i < 4; i++) {
+    /* version (2: the 32-byte header), unknown flags */
+    int bytes[] = {0, 0, 1};
+    uint8_t vals[] = {2, 'C', 0x80};
+    for (int i = 0; i < 3; i++) {
         en_dg_encode(&H, b);
         b[bytes[i]] = vals[i];
         assert_int_equal(en_dg_decode(b, sizeof(b), 1400, &out), COH_EPROTO);
@@ -76,10 +77,21 @@ static void test_header_refusals(void **state)
     assert_int_equal(en_dg_decode(b, sizeof(b), 0, &out), COH_EPROTO);
     /* the largest segment number and size: the offset does not overflow */
     en_dg_hdr_t h = H;
-    h.segno = UINT32_MAX;
+    h.segno = EN_DG_NSEG_MAX - 1;
     en_dg_encode(&h, b);
     assert_int_equal(en_dg_decode(b, sizeof(b), 0xffffffffu, &out), 0);
-    assert_true(out.offset == (uint64_t)UINT32_MAX * UINT32_MAX);
+    assert_int_equal(out.segno, EN_DG_NSEG_MAX - 1);
+    assert_true(out.offset == (uint64_t)(EN_DG_NSEG_MAX - 1) * UINT32_MAX);
+    /* the widest step tag, op and job */
+    h = H;
+    h.step = EN_DG_STEP_MAX;
+    h.seq = EN_DG_SEQ_MAX;
+    h.job = EN_DG_JOB_MASK;
+    en_dg_encode(&h, b);
+    assert_int_equal(en_dg_decode(b, sizeof(b), 1400, &out), 0);
+    assert_true(out.step == EN_DG_STEP_MAX && out.seq == EN_DG_SEQ_MAX &&
+                out.job == EN_DG_JOB_MASK);
+    assert_true(en_dg_job("a token") <= EN_DG_JOB_MASK);
     /* and the good one still passes */
     en_dg_encode(&H, b);
     assert_int_equal(en_dg_decode(b, sizeof(b), 1400, &out), 0);

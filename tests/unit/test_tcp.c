@@ -527,7 +527,7 @@ static bool dg_recv(int fd, en_dg_hdr_t *h, float *v)
     assert_int_equal(poll(&pf, 1, 3000), 1);
     ssize_t n = recv(fd, b, sizeof(b), 0);
     assert_true(n >= EN_DG_HDR);
-    if (b[3] & (EN_DG_RATE | EN_DG_CTL)) return false; /* the flags byte */
+    if (b[1] & (EN_DG_RATE | EN_DG_CTL)) return false; /* the flags byte */
     assert_int_equal(en_dg_decode(b, (size_t)n, 64, h), 0);
     memcpy(v, b + EN_DG_HDR, h->len);
     return true;
