@@ -114,6 +114,7 @@ typedef struct en_dgflow {
     uint64_t w_sent_ns, w_recv_ns; /* send: the rate window */
     int w_n;
     uint64_t t_start;
+    uint32_t chunk;         /* send, push: its number among the pushes to its peer */
     uint8_t tos_lo, tos_hi; /* send: the TOS of an unimportant / important datagram */
     double median;          /* send: ECN threshold (|x| of the tensor's median) */
 } en_dgflow_t;
@@ -121,6 +122,9 @@ typedef struct en_dgflow {
 struct en_dgop {
     en_dgflow_t *flows;    /* [nsteps]; network steps with a stage */
     uint64_t stage_len[3]; /* by sc_stage: the bytes of this rank's datagram receives */
+    /* [world]: the pushes to each peer that started and have not ended, a
+     * bit per push by its number among that peer's (dg_held). */
+    uint64_t *push_live;
 };
 
 /* One turn's datagrams on one path (flow_turn): headers, the iovecs that
@@ -664,6 +668,17 @@ static void flow_turn(struct en_udp *u, en_dgflow_t *f, unsigned avail, uint64_t
     }
 }
 
+/* A push to a peer waits while this many older pushes to it have not
+ * ended. The plan starts two at once (sc_plan.c, DIRECT_WINDOW): that keeps
+ * a single path busy at drops. A sprayed op sends one at a time: two made
+ * it slower (bench/udp_spray.sh at 1% drops, two 400 Mbit/s rails: 352 and
+ * 368 ms against 323 and 319 with one; four: 417 and 400). */
+static bool dg_held(const struct en_udp *u, const en_dgflow_t *f)
+{
+    if (u->npaths == 1 || f->stage != SC_STAGE_PUSH || f->pass > 0 || f->chunk >= 64) return false;
+    return (f->op->dg->push_live[f->peer] & ((1ull << f->chunk) - 1)) != 0;
+}
+
 /* The flow that takes peer's turn: a pass sent again first (a few
  * datagrams that a receive, and the chunk after it, wait for), else the
  * oldest, by op and by step: the plan sends a destination's chunks in order,
@@ -673,7 +688,7 @@ static en_dgflow_t *turn_flow(struct en_udp *u, int peer)
 {
     en_dgflow_t *g = NULL;
     for (en_dgflow_t *x = u->sends; x; x = x->snext) {
-        if (x->peer != peer) continue;
+        if (x->peer != peer || dg_held(u, x)) continue;
         if (!g) {
             g = x;
             continue;
@@ -707,6 +722,7 @@ static void pump(struct en_udp *u)
             if (u->took[p->peer]) continue;
             u->took[p->peer] = 1;
             en_dgflow_t *f = turn_flow(u, p->peer);
+            if (!f) continue;               /* every flow to that peer waits (dg_held) */
             if (f == next) next = f->snext; /* its turn may take it off the list */
             en_op_t *op = f->op;
             uint32_t ri = (uint32_t)f->ri, rk = f->rk;
@@ -1212,6 +1228,8 @@ static void on_ctl(struct en_udp *u, en_op_t *op, int peer, int path, uint32_t t
         f->ended = true;
         u->nflows--;
         send_list_remove(u, f);
+        if (f->stage == SC_STAGE_PUSH && f->chunk < 64)
+            op->dg->push_live[f->peer] &= ~(1ull << f->chunk);
         en_exec_step_done(op, f->step);
     } else if (kind == CTL_NACK) {
         if (pass != f->pass) return; /* a copy, or about a pass already redone */
@@ -1279,8 +1297,11 @@ int en_udp_op_start(en_op_t *op)
     en_rail_t *rail = op->rail;
     struct en_udp *u = rail->udp;
     op->dg = coh_zalloc(sizeof(*op->dg));
-    if (op->dg) op->dg->flows = coh_zalloc(sizeof(en_dgflow_t) * (op->plan.nsteps + 1));
-    if (!op->dg || !op->dg->flows) return COH_ENOMEM;
+    if (op->dg) {
+        op->dg->flows = coh_zalloc(sizeof(en_dgflow_t) * (op->plan.nsteps + 1));
+        op->dg->push_live = coh_zalloc(sizeof(uint64_t) * (size_t)rail->world);
+    }
+    if (!op->dg || !op->dg->flows || !op->dg->push_live) return COH_ENOMEM;
     if (u->group) adopt_paths(u);
     refresh_peers(u);
     /* What the header has room for (en_dgram.h): far beyond any real op. */
@@ -1314,9 +1335,13 @@ int en_udp_op_start(en_op_t *op)
             if (en_dg_bitmap_init(&f->bm, f->nseg) != 0) return COH_ENOMEM;
         } else {
             f->src = op->buf[s->src] + s->src_off * op->esize;
+            /* Pushes to a peer are numbered in plan order (the chunks'),
+             * counted in push_live until the numbering is done. */
+            if (s->stage == SC_STAGE_PUSH) f->chunk = (uint32_t)op->dg->push_live[s->peer]++;
         }
         u->nflows++;
     }
+    memset(op->dg->push_live, 0, sizeof(uint64_t) * (size_t)rail->world);
     /* DONE messages that came before the op. */
     for (dg_keep_t **pp = &u->keep; *pp;) {
         dg_keep_t *k = *pp;
@@ -1352,6 +1377,7 @@ int en_udp_send(en_op_t *op, uint32_t i)
     /* Flows of one datagram would all take path 0 first: start apart. */
     f->pnext = (uint8_t)((op->seq + i) % (uint64_t)u->npaths);
     f->period_t0 = f->t_start = bs_now_ns();
+    if (f->stage == SC_STAGE_PUSH && f->chunk < 64) op->dg->push_live[f->peer] |= 1ull << f->chunk;
     if (op->nlayers > 0 || op->ecn) {
         int prio = en_tag_prio(op->layer, op->nlayers, 8);
         f->tos_lo = en_tag_tos(prio, false);
@@ -1442,6 +1468,7 @@ void en_udp_op_free(en_op_t *op)
         coh_free(op->dg->flows[i].redo);
     }
     coh_free(op->dg->flows);
+    coh_free(op->dg->push_live);
     coh_free(op->dg);
     op->dg = NULL;
 }

@@ -310,7 +310,8 @@ static uint32_t add_after(bld_t *b, sc_step_t s, const uint32_t *deps, uint32_t 
  * drops), a round trip through the links' queues in which nothing went to
  * that destination: at 5% drops a rank's sender had nothing to send a third
  * of the time. Two keep the link busy; more only lengthen the queues (and
- * every round trip with them). The engine sends the older chunk first. */
+ * every round trip with them). The engine sends the older chunk first, and
+ * a sprayed op's one at a time (en_udp.c, dg_held). */
 #define DIRECT_WINDOW 2u
 
 static void build_allreduce_direct(bld_t *b)
