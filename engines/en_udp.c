@@ -65,9 +65,14 @@ enum { CTL_DONE = 1, CTL_NACK = 2, CTL_FIN = 3 }; /* rate reports: EN_DG_RATE da
 /* A sender with no answer to its DONE sends it again as a datagram after
  * this, doubling up to DG_AGAIN_MAX: both copies of a control message (the
  * datagram and the TCP segment) lost costs a TCP retransmission timeout of
- * 200 ms or more otherwise, which at 5% drops hit nearly every op. */
+ * 200 ms or more otherwise, which at 5% drops hit nearly every op. The
+ * first tries mostly go while the answer is still on its way (a round trip
+ * of queues: 11-14 ms in the cluster of docs/udp.md), so by the time an
+ * answer is really lost the gap had grown to 32-64 ms: the 5% tail's
+ * outliers (bench/udp.sh: 644 and 673 ms in runs whose p50 was 578).
+ * Capped at 16 ms, a flow that waits costs a 60-byte datagram every 16 ms. */
 #define DG_AGAIN_MIN_NS (2ull * 1000000ull)
-#define DG_AGAIN_MAX_NS (128ull * 1000000ull)
+#define DG_AGAIN_MAX_NS (16ull * 1000000ull)
 
 /* A flow on one path: DLCP's rate control runs per path, so a congested
  * rail sheds its share to the others. */
@@ -292,11 +297,15 @@ static void send_ctl(en_op_t *op, const en_dgflow_t *f, int kind, uint32_t pass,
     w->payload = w->ctl;
     w->len = len;
     w->done = ctl_sent;
-    /* A copy goes as a datagram first: one lost TCP segment costs a 200 ms
+    /* Copies go as datagrams first: one lost TCP segment costs a 200 ms
      * retransmission timeout, which would be the tail of a lossy link. The
-     * TCP copy is the reliable one; both are idempotent (pass numbers). */
+     * TCP copy is the reliable one; all are idempotent (pass numbers). Two
+     * datagrams: a drop rate p loses both p^2 of the time, not p (at 5%, an
+     * op's thousands of messages lost dozens, each waiting for a DONE sent
+     * again); they are 50 bytes. */
     struct en_udp *u = rail->udp;
-    if (u) ctl_datagram(u, op->comm, op->seq, h.tag, f->peer, p, len, mask);
+    for (int copy = 0; u && copy < 2; copy++)
+        ctl_datagram(u, op->comm, op->seq, h.tag, f->peer, p, len, mask);
     if (u && u->ctl_dgram_only) {
         coh_free(w);
         return;
