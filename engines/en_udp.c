@@ -1313,19 +1313,24 @@ int en_udp_op_start(en_op_t *op)
     if (!op->dg || !op->dg->flows || !op->dg->push_live) return COH_ENOMEM;
     if (u->group) adopt_paths(u);
     refresh_peers(u);
-    /* What the header has room for (en_dgram.h): far beyond any real op. */
+    /* What the header has room for (en_dgram.h): far beyond any real op.
+     * Checked before any flow counts in nflows. */
     if (op->seq > EN_DG_SEQ_MAX)
         return bs_fail(COH_EINVAL, "udp: op %llu past the datagram header's sequence numbers",
                        (unsigned long long)op->seq);
     for (uint32_t i = 0; i < op->plan.nsteps; i++) {
         const sc_step_t *s = &op->plan.steps[i];
-        bool recv = s->kind == SC_RECV || s->kind == SC_RECV_REDUCE;
-        if (!s->stage || !(recv || s->kind == SC_SEND) || s->count == 0) continue;
-        if (s->tag > EN_DG_STEP_MAX || en_dg_nseg(s->count * op->esize, u->seg) > EN_DG_NSEG_MAX)
+        if (s->stage &&
+            (s->tag > EN_DG_STEP_MAX || en_dg_nseg(s->count * op->esize, u->seg) > EN_DG_NSEG_MAX))
             return bs_fail(COH_EINVAL,
                            "udp: a step of %llu bytes (tag %u) does not fit the datagram header "
                            "(at most %u segments)",
                            (unsigned long long)(s->count * op->esize), s->tag, EN_DG_NSEG_MAX);
+    }
+    for (uint32_t i = 0; i < op->plan.nsteps; i++) {
+        const sc_step_t *s = &op->plan.steps[i];
+        bool recv = s->kind == SC_RECV || s->kind == SC_RECV_REDUCE;
+        if (!s->stage || !(recv || s->kind == SC_SEND) || s->count == 0) continue;
         en_dgflow_t *f = &op->dg->flows[i];
         f->op = op;
         f->step = i;
