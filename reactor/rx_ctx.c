@@ -15,6 +15,7 @@
  * store of the previous context, still up while rank 0 finalizes it.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,8 +138,16 @@ static int next_incarnation(const struct coh_ctx *ctx, uint32_t *out)
 
 /* The launcher's socket (COHORT_STORE_FD) is adopted once per process: the
  * first context closes it at finalize, and by the next init that number may
- * be the application's file or socket. */
+ * be the application's file or socket. A copy of it (another number) is kept
+ * for the life of the process, and a later context adopts a copy of that:
+ * binding COHORT_STORE's port again raced with anything that took the port
+ * meanwhile (CI: mp.lb.n4.rails2 failed with EADDRINUSE after 2 s of
+ * retries). Connections for the next context wait in its backlog. */
 static atomic_bool inherited_fd_seen;
+static atomic_int inherited_keep = -1;
+/* A context's store listens on it (or its copy): a second context at the
+ * same time binds the address instead (and finds it taken), as before. */
+static atomic_bool inherited_busy;
 
 static bool listening_tcp(int fd)
 {
@@ -154,7 +163,7 @@ static bool listening_tcp(int fd)
 /* The fd rank 0's store adopts, or -1 to bind the store's address. An fd
  * that is not a listening TCP socket is never adopted (nor closed): the
  * launcher's is then replaced by the address, one given otherwise refused. */
-static int store_fd_pick(const struct coh_ctx *ctx, int *fd)
+static int store_fd_pick(struct coh_ctx *ctx, int *fd)
 {
     int want = ctx->cfg.store_fd;
     *fd = -1;
@@ -163,12 +172,27 @@ static int store_fd_pick(const struct coh_ctx *ctx, int *fd)
     char *end = NULL;
     bool inherited = env && *env && strtol(env, &end, 10) == want && end && !*end;
     if (inherited && atomic_exchange(&inherited_fd_seen, true)) {
+        int keep = atomic_load(&inherited_keep);
+        if (keep >= 0 && listening_tcp(keep) && !atomic_exchange(&inherited_busy, true)) {
+            int d = fcntl(keep, F_DUPFD_CLOEXEC, 0);
+            if (d >= 0) {
+                *fd = d;
+                ctx->store_inherited = true;
+                return 0;
+            }
+            atomic_store(&inherited_busy, false);
+        }
         bs_log(COH_LOG_DEBUG,
                "COHORT_STORE_FD=%d was the store of an earlier context: binding %s instead", want,
                ctx->store_s);
         return 0;
     }
     if (listening_tcp(want)) {
+        if (inherited) {
+            atomic_store(&inherited_keep, fcntl(want, F_DUPFD_CLOEXEC, 0));
+            atomic_store(&inherited_busy, true);
+            ctx->store_inherited = true;
+        }
         *fd = want;
         return 0;
     }
@@ -334,6 +358,10 @@ static int store_close_fn(rx_reactor_t *rx, void *arg)
     struct coh_ctx *ctx = arg;
     if (ctx->store) rx_store_server_close(ctx->store);
     ctx->store = NULL;
+    if (ctx->store_inherited) {
+        ctx->store_inherited = false;
+        atomic_store(&inherited_busy, false);
+    }
     return 0;
 }
 

@@ -39,6 +39,7 @@ struct coh_ctx {
     rx_reactor_t ctrl;                                /* control reactor: the store (rank 0) */
     bool ctrl_started;
     rx_store_server_t *store;
+    bool store_inherited;               /* it listens on the launcher's socket (or the kept copy) */
     uint32_t incarnation;               /* which init of its job this context is (rx_ctx.c) */
     struct rx_member *member;           /* every rank of a world > 1 */
     struct rx_coord *coord;             /* every rank's; active on the coordinator only */

@@ -16,6 +16,9 @@
  *                  succeeds and the application's descriptors are left alone
  *                  (the second init used to adopt the file and close it). A
  *                  successful init leaves coh_last_error alone.
+ *   reinit-taken   under cohortrun: between two contexts rank 0 tries to
+ *                  take the store's port; it must still be the job's, and the
+ *                  second init must work.
  *   reject N       rank 0 makes N bad connections (wrong token, garbage, a
  *                  hello of the wrong kind) to every listener of the job: the
  *                  store, the coordinator and every rank's rails, one after
@@ -189,6 +192,37 @@ static void mode_reinit_fd(void)
     printf("rank %d: OK\n", R);
 }
 
+/* Under cohortrun: between two contexts rank 0 tries to take the store's
+ * port, as any process on the host may. It must stay the job's (the
+ * launcher's socket is kept for the process), and the second init must
+ * work. Rank 0 used to bind the port again at the second init, and failed
+ * with EADDRINUSE when something else had it (mp.lb.n4.rails2 in CI). */
+static void mode_reinit_taken(void)
+{
+    coh_ctx_t *ctx = init_or_fail(NULL, "first init", 0);
+    check_allreduce(ctx, 0);
+    MP_OK(coh_finalize(ctx));
+    int s = -1;
+    if (R == 0) {
+        const char *st = getenv("COHORT_STORE"), *colon = st ? strrchr(st, ':') : NULL;
+        if (!colon) MP_FAIL("no COHORT_STORE host:port");
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)atoi(colon + 1)),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int one = 1;
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(s, 4) == 0)
+            MP_FAIL("port %d was free between two contexts: anything could take it",
+                    ntohs(a.sin_port));
+    }
+    ctx = init_or_fail(NULL, "second init", 1);
+    check_allreduce(ctx, 1);
+    MP_OK(coh_finalize(ctx));
+    if (s >= 0) close(s);
+    printf("rank %d: OK\n", R);
+}
+
 /* ---- hostile connections ---- */
 
 /* A bad connection of kind k, its bytes sent. */
@@ -343,6 +377,8 @@ int main(int argc, char **argv)
         mode_reinit(n);
     else if (!strcmp(m, "reinit-fd"))
         mode_reinit_fd();
+    else if (!strcmp(m, "reinit-taken"))
+        mode_reinit_taken();
     else if (!strcmp(m, "reject"))
         mode_reject(n);
     else if (!strcmp(m, "world"))
