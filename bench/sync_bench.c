@@ -266,13 +266,15 @@ int main(int argc, char **argv)
         }
         if (groups_out) {
             /* One line per group: id, end time, members (for the cluster test
-             * that checks selective groups ranks of similar bandwidth). */
+             * that checks selective groups ranks of similar bandwidth), and its
+             * duration (the longest member's comm time: what "average sync
+             * time" averages, to hold against Eq. 2 group by group). */
             FILE *f = fopen(groups_out, "w");
             if (!f) {
                 perror(groups_out);
                 return 1;
             }
-            fprintf(f, "group_id,end_s,members\n");
+            fprintf(f, "group_id,end_s,members,comm_s\n");
             for (int r = 0; r < n; r++) {
                 const double *b = all + per * (size_t)r;
                 for (size_t i = 0; i < (size_t)b[0]; i++) {
@@ -285,7 +287,9 @@ int main(int argc, char **argv)
                     fprintf(f, "%.0f,%.3f,", x[F_GID], x[F_END]);
                     for (int q = 0; q < n && q < 52; q++)
                         if (fmod(floor(mask / ldexp(1.0, q)), 2.0) == 1) fprintf(f, "%d ", q);
-                    fprintf(f, "\n");
+                    size_t j = 0;
+                    while (j < ngroups && gid[j] != x[F_GID]) j++;
+                    fprintf(f, ",%.6f\n", j < ngroups ? gdur[j] : 0.0);
                 }
             }
             fclose(f);

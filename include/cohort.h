@@ -194,6 +194,9 @@ typedef struct coh_config {
     int hier_net_mbps;       /* COHORT_HIER_NET_MBPS: a rank's rate to another host (10000) */
     int hier_local_us;       /* COHORT_HIER_LOCAL_US: latency inside a host (2 us) */
     int hier_local_mbps;     /* COHORT_HIER_LOCAL_MBPS: a rank's rate inside a host (40000) */
+    int sync_probe_rounds;   /* COHORT_SYNC_PROBE_ROUNDS: the first partial or selective sync of
+                                every rank first probes its links to this many peers (0 = off:
+                                the rates come from the syncs' frames) */
     char _storage[320];      /* private: holds strings coh_config_init composes */
 } coh_config_t;
 

@@ -109,6 +109,11 @@ typedef enum rx_knob_kind {
       "probe of every link first (coh_probe; AdapCC: 500); 0: only on demand")                     \
     X(probe_bytes, RX_K_SIZE, "1M", "COHORT_PROBE_BYTES", 4096, 1ull << 30,                        \
       "bytes of a probe's bandwidth transfer, each way")                                           \
+    X(sync_probe_rounds, RX_K_INT, "0", "COHORT_SYNC_PROBE_ROUNDS", 0, 1 << 16,                    \
+      "the first partial or selective coh_sync of every rank first probes its links to this "      \
+      "many peers (rounds of coh_probe's pairs), so the coordinator groups by measured rates "     \
+      "from the start (docs/sync.md, Link estimates); 0: the rates come from the syncs' own "      \
+      "frames only")                                                                               \
     X(rejoin, RX_K_INT, "0", "COHORT_REJOIN", 0, 1,                                                \
       "1: this process restarts a rank that failed (same rank, world, token and store); "          \
       "coh_init rejoins the running job and coh_comm_grow adds it back (docs/relay.md)")           \

@@ -41,8 +41,7 @@ typedef struct co_rank {
     uint64_t t_ready_ns; /* when has_ready was set */
     uint64_t group;      /* the running group it is in, 0 if none */
     double bw_gbps;      /* estimate of its link's rate, 0 if none */
-    double bw_hist[8];   /* the last measurements of its sending rate */
-    int bw_n;
+    sc_rate_t bw;        /* what its frames and its probes measured (sc_est.h) */
 } co_rank_t;
 
 typedef struct co_group {
@@ -1156,7 +1155,10 @@ static void on_probe(rx_coord_t *c, int r, const rx_ctl_probe_t *p)
         coh_free(lat);
     }
     co_rank_t *cr = &c->ranks[r];
-    if (bw > 0) cr->bw_gbps = bw;
+    if (bw > 0) {
+        sc_rate_probe(&cr->bw, bw);
+        cr->bw_gbps = sc_rate_get(&cr->bw);
+    }
     for (int md = 0; md < COH_SYNC_MODE_COUNT; md++) {
         if (!c->sched[md]) continue;
         if (bw > 0) sc_sched_on_bandwidth(c->sched[md], r, bw);
@@ -1375,17 +1377,12 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
             if (b->peer >= (uint32_t)c->world || b->seconds <= 0 || b->bytes == 0) continue;
             double gbps = (double)b->bytes * 8 / b->seconds / 1e9;
             co_rank_t *pr = &c->ranks[b->peer];
-            /* A frame from `peer` crosses both ends' links, so it measures the
-             * slower of the two, not peer's own. The peer's rate is the best it
-             * showed lately: the largest of its last 8 measurements (a slow
-             * partner pulls one measurement down, not the estimate). */
-            pr->bw_hist[pr->bw_n++ % 8] = gbps;
-            double best = 0;
-            for (int k = 0; k < 8 && k < pr->bw_n; k++)
-                if (pr->bw_hist[k] > best) best = pr->bw_hist[k];
-            pr->bw_gbps = best;
+            /* A frame from `peer` crosses both ends' links: it measures the
+             * slower of the two, not peer's own (sc_rate_t weighs them). */
+            sc_rate_frame(&pr->bw, gbps);
+            pr->bw_gbps = sc_rate_get(&pr->bw);
             bs_log(COH_LOG_DEBUG, "coordinator: rank %u sent at %.3f Gbps, estimate %.3f", b->peer,
-                   gbps, best);
+                   gbps, pr->bw_gbps);
             for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
                 if (c->sched[md]) sc_sched_on_bandwidth(c->sched[md], (int)b->peer, pr->bw_gbps);
         }
@@ -1770,6 +1767,13 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, bool active, rx_coord_
     if (!c->ranks) {
         coh_free(c);
         return bs_fail(COH_ENOMEM, "coordinator: out of memory");
+    }
+    /* A warm-start trace's rates are measurements like a probe's: they
+     * stand until the frames contradict them (sc_rate_t). */
+    const rx_sched_cfg_t *sc = &ctx->sched_cfg;
+    for (int r = 0; r < c->world && sc->trace_bw; r++) {
+        sc_rate_probe(&c->ranks[r].bw, sc->trace_bw[r]);
+        c->ranks[r].bw_gbps = sc_rate_get(&c->ranks[r].bw);
     }
     uv_mutex_init(&c->mu);
     uv_cond_init(&c->idle);

@@ -185,8 +185,10 @@ bool rx_ctx_electable(struct coh_ctx *ctx, int r);
 /* Any thread: the world rank of c's first failed member, or -1; *stale:
  * it failed and rejoined since c was made (c holds its old incarnation). */
 int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c, bool *stale);
-/* The probe of every link (rx_probe.c); caller's thread. */
-int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_info_t *info);
+/* The probe of every link (rx_probe.c); caller's thread. rounds > 0: only the
+ * first that many rounds of pairs (each rank meets that many peers). */
+int rx_probe(struct coh_ctx *ctx, int rounds, coh_link_probe_t *links, int cap,
+             coh_probe_info_t *info);
 /* Send this rank's probe results to the coordinator (any thread). */
 void rx_member_report_probe(struct coh_ctx *ctx, const rx_ctl_link_t *links, int n);
 /* Free every communicator but the world (ctx_fini). */

@@ -59,6 +59,7 @@ struct rx_member {
     uint64_t committed;      /* the newest relay group whose result it kept */
     bool rejoining;          /* COHORT_REJOIN: looking for the coordinator among the ranks */
     uint64_t lockstep_syncs; /* relay and allreduce mode syncs (COHORT_PROBE_EVERY) */
+    bool first_probed;       /* the first partial/selective sync's probe ran (or was skipped) */
     uv_timer_t redial;
     uv_timer_t held; /* COHORT_TEST_FAULT=hold-relay-done: the DONE held back */
     rx_ctl_msg_t held_msg;
@@ -1471,11 +1472,27 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
      * every live rank is in every group), so they all reach it together. */
     if (m && ctx->cfg.probe_every > 0 && (mode == COH_SYNC_RELAY || mode == COH_SYNC_ALLREDUCE) &&
         !atomic_load(&m->busy) && ++m->lockstep_syncs % (uint64_t)ctx->cfg.probe_every == 0) {
-        coh_probe_info_t pi;
-        int pst = rx_probe(ctx, NULL, 0, &pi);
+        coh_probe_info_t pi = {0};
+        int pst = rx_probe(ctx, 0, NULL, 0, &pi);
         bs_log(COH_LOG_INFO, "rank %d: probe before sync %llu: %s, %.1f ms, %d links", ctx->rank,
                (unsigned long long)m->lockstep_syncs, coh_status_name(pst), pi.duration_us / 1e3,
                pi.nlinks);
+    }
+    /* COHORT_SYNC_PROBE_ROUNDS: the first partial or selective sync probes
+     * first, so that the coordinator groups by measured rates from the start
+     * (the syncs' own frames showed 0.35-2.2x a rank's rate at 32 ranks, a
+     * probe 1.13x for 30 of them; docs/sync.md, "Link estimates"). Every
+     * rank's first sync meets its peers here; a rank that rejoined comes
+     * later than everyone's first sync and skips it. */
+    if (m && !m->first_probed && (mode == COH_SYNC_PARTIAL || mode == COH_SYNC_SELECTIVE) &&
+        !atomic_load(&m->busy)) {
+        m->first_probed = true;
+        if (ctx->cfg.sync_probe_rounds > 0 && !ctx->cfg.rejoin && ctx->world > 1) {
+            coh_probe_info_t pi = {0};
+            int pst = rx_probe(ctx, ctx->cfg.sync_probe_rounds, NULL, 0, &pi);
+            bs_log(COH_LOG_INFO, "rank %d: probe before the first sync: %s, %.1f ms, %d links",
+                   ctx->rank, coh_status_name(pst), pi.duration_us / 1e3, pi.nlinks);
+        }
     }
     if (m && atomic_load(&m->lost))
         return m->excluded

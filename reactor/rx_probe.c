@@ -5,7 +5,9 @@
  * rank meets whoever would meet itself), so no rank takes part in two probes
  * at once and the probes do not share a NIC. Per pair and rail: REPS one-f64
  * exchanges (a 2-rank allreduce: the median is the one-way latency) and a
- * COHORT_PROBE_BYTES broadcast each way (the rate; sc_fit_alpha_beta). The pairs' ops run on
+ * COHORT_PROBE_BYTES broadcast each way (the rate; sc_fit_alpha_beta). A short
+ * probe (the first partial or selective sync's, COHORT_SYNC_PROBE_ROUNDS)
+ * runs only the first rounds: each rank meets that many peers. The pairs' ops run on
  * their own communicator ids (0x40000000 | probe number << 16 | round), one
  * rail each. The results go to the coordinator (PROBE), which feeds its
  * scheduler's cost model and the rail balancer (rx_coord.c).
@@ -89,12 +91,14 @@ COH_API int coh_probe(coh_comm_t *world, coh_link_probe_t *links, int cap, coh_p
         return bs_fail(COH_ESTATE, "coh_probe: the context is not running");
     if (world != &ctx->world_comm) return bs_fail(COH_EUNSUPPORTED, "coh_probe: the world only");
     if (cap < 0 || (cap > 0 && !links)) return bs_fail(COH_EINVAL, "coh_probe: no room for links");
-    return rx_probe(ctx, links, cap, info);
+    return rx_probe(ctx, 0, links, cap, info);
 }
 
-int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_info_t *info)
+int rx_probe(struct coh_ctx *ctx, int rounds, coh_link_probe_t *links, int cap,
+             coh_probe_info_t *info)
 {
     int n = ctx->world, me = ctx->rank, np = n + (n & 1);
+    int nrounds = rounds > 0 && rounds < np - 1 ? rounds : np - 1;
     uint32_t no = ++ctx->probe_no;
     uint64_t bytes = ctx->cfg.probe_bytes;
     uint64_t t0 = bs_now_ns(), sent = 0;
@@ -106,7 +110,7 @@ int rx_probe(struct coh_ctx *ctx, coh_link_probe_t *links, int cap, coh_probe_in
         coh_free(big);
         return bs_fail(COH_ENOMEM, "coh_probe: out of memory");
     }
-    for (int k = 0; k < np - 1 && n > 1; k++) {
+    for (int k = 0; k < nrounds && n > 1; k++) {
         int p = partner(k, me, np);
         if (p >= n || p == me || rx_ctx_is_failed(ctx, p)) {
             nfail += p < n && p != me;

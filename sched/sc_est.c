@@ -54,6 +54,43 @@ static int cmp_dbl(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+void sc_rate_probe(sc_rate_t *r, double gbps)
+{
+    if (!(gbps > 0) || !isfinite(gbps)) return;
+    r->probe = gbps;
+    r->n = 0; /* the frames from here on are held against it */
+}
+
+static double rate_best(const sc_rate_t *r, double *worst)
+{
+    double best = 0, w = INFINITY;
+    for (int k = 0; k < r->n; k++) {
+        if (r->hist[k] > best) best = r->hist[k];
+        if (r->hist[k] < w) w = r->hist[k];
+    }
+    if (worst) *worst = w;
+    return best;
+}
+
+void sc_rate_frame(sc_rate_t *r, double gbps)
+{
+    if (!(gbps > 0) || !isfinite(gbps)) return;
+    /* hist[0..n) are the frames since the probe: a probe restarts the count,
+     * and the ring fills from the start again. */
+    if (r->n < SC_RATE_HIST) r->next = r->n;
+    r->hist[r->next] = gbps;
+    r->next = (r->next + 1) % SC_RATE_HIST;
+    if (r->n < SC_RATE_HIST) r->n++;
+    double worst, best = rate_best(r, &worst);
+    if (r->probe > 0 && r->n == SC_RATE_HIST && (worst > 1.5 * r->probe || best < 0.5 * r->probe))
+        r->probe = 0;
+}
+
+double sc_rate_get(const sc_rate_t *r)
+{
+    return r->probe > 0 ? r->probe : rate_best(r, NULL);
+}
+
 int sc_fit_alpha_beta(double *lat, int n, double bulk_s, uint64_t bytes, double *alpha_s,
                       double *gbps)
 {

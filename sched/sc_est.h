@@ -65,6 +65,34 @@ static inline bool sc_ski_proceed(double waited_s, double buy_s)
 int sc_fit_alpha_beta(double *lat, int n, double bulk_s, uint64_t bytes, double *alpha_s,
                       double *gbps);
 
+/* ---- a rank's link rate, from its frames and its probes ---- */
+
+/*
+ * A frame measures the slower of its two ends, and a shaper's burst lets a
+ * short one through at line rate: at 32 ranks on tbf links, frames showed
+ * 0.35-2.2x a rank's true rate. Without a probe the estimate is the best of
+ * the last SC_RATE_HIST frames (a slow partner pulls one measurement down,
+ * not the estimate). A probe moves a long transfer each way with several
+ * partners and keeps the best (1.13x the true rate for 30 ranks of 32, the
+ * same for all): its rate stands until SC_RATE_HIST frames since contradict
+ * it, every one above 1.5x or every one below half of it (the link
+ * changed); then the frames' best again, until the next probe.
+ */
+#define SC_RATE_HIST 8
+typedef struct sc_rate {
+    double hist[SC_RATE_HIST]; /* the latest frames' measurements, Gbit/s */
+    int n;                     /* frames since the probe (or ever), up to SC_RATE_HIST */
+    int next;                  /* where the next one goes in hist */
+    double probe;              /* the probe's rate while the frames agree; 0: none */
+} sc_rate_t;
+
+/* A probe's measurement (ignored unless positive and finite). */
+void sc_rate_probe(sc_rate_t *r, double gbps);
+/* A frame's measurement (ignored unless positive and finite). */
+void sc_rate_frame(sc_rate_t *r, double gbps);
+/* The estimate, Gbit/s; 0 before any measurement. */
+double sc_rate_get(const sc_rate_t *r);
+
 /* ---- runtime CDF of compute time (Eq. 4) ---- */
 
 /*

@@ -9,6 +9,9 @@
  *         order, and the same total weight;
  *       - groups have at least p members unless they are full syncs;
  *       - in allreduce mode every group is full.
+ *       - with COHORT_SYNC_PROBE_ROUNDS=K, the first partial or selective
+ *         sync probed this rank's links to K peers (at most N - 1) before
+ *         it, and no sync after; allreduce mode never does, nor K = 0.
  *   test_sync die ITERS                  the last rank exits in the middle of
  *       the run; the others keep syncing (their groups exclude it) and finish.
  */
@@ -127,6 +130,25 @@ int main(int argc, char **argv)
                     MP_FAIL("group %.0f is seen differently by two of its members", ar[a].gid);
             }
         free(all);
+    }
+    if (!die) {
+        const char *e = getenv("COHORT_SYNC_PROBE_ROUNDS");
+        int rounds = e && *e ? atoi(e) : 0, np = N + (N & 1);
+        bool probes = mode != COH_SYNC_ALLREDUCE && rounds > 0 && N > 1;
+        /* Each round meets one peer (an odd world has a bye a round). */
+        int want = !probes ? 0 : rounds < np - 1 ? rounds : np - 1;
+        if (N & 1) want = -1; /* not checked */
+        coh_stats_t st;
+        MP_OK(coh_ctx_stats(ctx, &st));
+        if (st.probes != (probes ? 1u : 0u))
+            MP_FAIL("%llu probes, expected %d", (unsigned long long)st.probes, probes);
+        coh_link_probe_t links[MAXR];
+        int nl = coh_ctx_links(ctx, links, MAXR);
+        if (want >= 0 && nl != want) MP_FAIL("%d links probed, expected %d", nl, want);
+        for (int i = 0; i < nl && i < MAXR; i++)
+            if (links[i].peer == R || links[i].peer < 0 || links[i].peer >= N ||
+                !(links[i].gbps > 0))
+                MP_FAIL("probed link %d: rank %d, %.3f Gbps", i, links[i].peer, links[i].gbps);
     }
     double avg = 0;
     for (int i = 0; i < done; i++) avg += recs[i].size;

@@ -125,6 +125,47 @@ static void test_fit_alpha_beta(void **state)
     assert_int_equal(sc_fit_alpha_beta(one, 1, 1e-3, 0, &a, &g), COH_EINVAL);
 }
 
+/* A rank's rate estimate. Without a probe: the best of the last 8 frames
+ * (a slow partner does not pull it down; old frames age out). With one: the
+ * probe's rate, whatever the frames' bursts show (what scrambled the ranks'
+ * order at 32 ranks), until 8 frames since agree that the link changed. */
+static void test_rate(void **state)
+{
+    (void)state;
+    sc_rate_t r = {0};
+    assert_float_equal(sc_rate_get(&r), 0, 0);
+    sc_rate_frame(&r, 0.2);
+    sc_rate_frame(&r, 0.05); /* a slow partner */
+    sc_rate_frame(&r, NAN);
+    sc_rate_frame(&r, -1);
+    assert_float_equal(sc_rate_get(&r), 0.2, 1e-12);
+    for (int i = 0; i < 8; i++) sc_rate_frame(&r, 0.1);
+    assert_float_equal(sc_rate_get(&r), 0.1, 1e-12); /* 0.2 aged out */
+    /* A probe stands against bursty frames, 0.35-2.2x its rate. */
+    sc_rate_probe(&r, 0.3);
+    assert_float_equal(sc_rate_get(&r), 0.3, 1e-12);
+    const double bursty[] = {0.105, 0.5, 0.3, 0.2, 0.45, 0.6, 0.12, 0.11, 0.3, 0.66};
+    for (int i = 0; i < 10; i++) sc_rate_frame(&r, bursty[i]);
+    assert_float_equal(sc_rate_get(&r), 0.3, 1e-12);
+    /* Seven slow frames are not enough; eight since the last fast one are:
+     * the link slowed down, and the frames' best takes over. */
+    for (int i = 0; i < 7; i++) sc_rate_frame(&r, 0.1);
+    assert_float_equal(sc_rate_get(&r), 0.3, 1e-12);
+    sc_rate_frame(&r, 0.12);
+    assert_float_equal(sc_rate_get(&r), 0.12, 1e-12);
+    /* A new probe: the count starts again; frames all above 1.5x it (the
+     * link got faster) replace it after 8. */
+    sc_rate_probe(&r, 0.1);
+    assert_float_equal(sc_rate_get(&r), 0.1, 1e-12);
+    for (int i = 0; i < 7; i++) sc_rate_frame(&r, 0.2);
+    assert_float_equal(sc_rate_get(&r), 0.1, 1e-12);
+    sc_rate_frame(&r, 0.25);
+    assert_float_equal(sc_rate_get(&r), 0.25, 1e-12);
+    sc_rate_probe(&r, INFINITY); /* ignored */
+    sc_rate_probe(&r, 0);
+    assert_float_equal(sc_rate_get(&r), 0.25, 1e-12);
+}
+
 static void test_cdf(void **state)
 {
     (void)state;
@@ -1117,6 +1158,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cost_ring),
         cmocka_unit_test(test_fit_alpha_beta),
+        cmocka_unit_test(test_rate),
         cmocka_unit_test(test_cdf),
         cmocka_unit_test(test_cdf_window_long),
         cmocka_unit_test(test_weights),
