@@ -42,6 +42,8 @@ typedef struct co_rank {
     uint64_t group;      /* the running group it is in, 0 if none */
     double bw_gbps;      /* estimate of its link's rate, 0 if none */
     sc_rate_t bw;        /* what its frames and its probes measured (sc_est.h) */
+    double t_done;       /* its latest DONE came (now_s): it computes again from there */
+    double t_ready_in;   /* its latest READY came (now_s), deferred or not */
 } co_rank_t;
 
 typedef struct co_group {
@@ -413,6 +415,9 @@ static void member_done(rx_coord_t *c, co_group_t *g, int r, int status, double 
         g->done[i] = status < 0 ? 2 : 1; /* 1: ended well (relay_commit) */
         g->ndone++;
         if (!g->t_first_done) g->t_first_done = now_s(c);
+        c->ranks[r].t_done = now_s(c);
+        /* It computes again from here, not from the group's last DONE. */
+        if (!g->relay && c->sched[g->mode]) sc_sched_on_member_done(c->sched[g->mode], r, now_s(c));
         if (duration > g->max_duration) g->max_duration = duration;
         if (status < 0 && g->status == 0) {
             g->status = status;
@@ -1258,9 +1263,16 @@ static void apply_ready(rx_coord_t *c, int r)
         for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
             if (c->sched[md]) sc_sched_on_worker_back(c->sched[md], r, now_s(c));
     sc_sched_t *s = sched_for(c, (int)rd->mode, rd);
-    int st = cr->left ? COH_ESTATE
-             : s      ? sc_sched_on_ready(s, r, now_s(c), rd->compute_s)
-                      : COH_ENOMEM;
+    /* The compute time BPAWR learns is the one it predicts with: from the
+     * rank's DONE to its READY as both came here, so the transit and
+     * handling of each (tens of ms with 32 ranks on 2 cores) count alike in
+     * what it learns and in how long a rank has been computing. The rank's
+     * own figure before it has a DONE here. */
+    double cs = rd->compute_s;
+    if (rd->mode != COH_SYNC_RELAY && cr->t_done > 0 && cr->t_ready_in >= cr->t_done)
+        cs = cr->t_ready_in - cr->t_done;
+    cr->t_done = 0; /* used: a READY with no DONE before it (a retry) counts its own */
+    int st = cr->left ? COH_ESTATE : s ? sc_sched_on_ready(s, r, now_s(c), cs) : COH_ENOMEM;
     if (st < 0) {
         /* The scheduler has this rank out of the schedule (or lost): tell it
          * rather than leave it waiting. */
@@ -1331,6 +1343,7 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
             return;
         }
         cr->ready = *rd;
+        cr->t_ready_in = now_s(c);
         if (cr->joining) {
             /* Restarted, not grown into a communicator yet: no syncs. */
             refuse_rank(c, r, COH_EPEER, RX_CTL_WHY_OUT, NULL, 0);

@@ -27,6 +27,7 @@ typedef struct sc_worker {
     int32_t next; /* next worker of the same group, -1 */
     uint8_t state;
     uint8_t suspected;
+    uint8_t ended; /* its own part of the running group is done (t_start set) */
     sc_cdf_t cdf;
 } sc_worker_t;
 
@@ -484,7 +485,7 @@ int sc_sched_on_group_done(sc_sched_t *s, uint64_t group_id, double t, double du
         int nx = x->next;
         if (x->state == SC_W_SYNCING || x->state == SC_W_RELAY_READY) {
             x->state = SC_W_COMPUTING;
-            x->t_start = t;
+            if (!x->ended) x->t_start = t;
         } else if (x->state == SC_W_RELAY) {
             /* Finished without this relay's data (the caller excluded it):
              * it keeps computing its current iteration. */
@@ -492,6 +493,7 @@ int sc_sched_on_group_done(sc_sched_t *s, uint64_t group_id, double t, double du
         }
         x->slot = -1;
         x->next = -1;
+        x->ended = 0;
         i = nx;
     }
     /* Measured against expected corrects the cost model (bandwidth estimate
@@ -505,6 +507,16 @@ int sc_sched_on_group_done(sc_sched_t *s, uint64_t group_id, double t, double du
     memset(g, 0, sizeof(*g));
     s->free_slots[s->nfree++] = slot;
     if (s->prm.policy == SC_POLICY_RELAY) s->dirty = true;
+    return 0;
+}
+
+int sc_sched_on_member_done(sc_sched_t *s, int w, double t)
+{
+    if (bad_worker(s, w) || !isfinite(t)) return COH_EINVAL;
+    sc_worker_t *x = &s->w[w];
+    if (x->state != SC_W_SYNCING || x->slot < 0) return COH_ESTATE;
+    x->t_start = t;
+    x->ended = 1;
     return 0;
 }
 

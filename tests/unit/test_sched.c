@@ -872,6 +872,51 @@ static void test_cold_start_cdf(void **state)
     sc_sched_destroy(s);
 }
 
+/* A member computes again from its own end (its DONE), not from the group's:
+ * the compute time learnt from its next READY, and how long it has been
+ * computing, count from there. Without a member's end, from the group's. */
+static void test_member_done(void **state)
+{
+    (void)state;
+    sc_params_t p;
+    sc_params_default(&p);
+    p.policy = SC_POLICY_PARTIAL;
+    p.p = 2;
+    p.cdf_min_samples = 1;
+    p.cdf_per_worker = true;
+    p.dt_s = 0.05;
+    sc_sched_t *s = mk(&p, 2);
+    ready(s, 0, 1);
+    ready(s, 1, 1);
+    sc_tick_t tk = tick(s, 1);
+    uint64_t id = nth(&tk, SC_DEC_LAUNCH, 0)->group_id;
+    assert_int_equal(sc_sched_on_member_done(s, 0, 1.5), 0); /* w0 ends first */
+    assert_int_equal(sc_sched_on_member_done(s, 1, 2.0), 0);
+    assert_int_equal(sc_sched_on_group_done(s, id, 2.0, 1.0), 0);
+    assert_int_equal(sc_sched_on_member_done(s, 0, 2.1), COH_ESTATE); /* computing */
+    assert_int_equal(sc_sched_on_member_done(s, 7, 2.1), COH_EINVAL);
+    /* Both ready at 2.6: w0 computed 1.1 s (from 1.5), w1 0.6 s. Each
+     * also has its first iteration, 1.0 s (from 0 to 1). */
+    assert_int_equal(sc_sched_on_ready(s, 0, 2.6, -1), 0);
+    assert_int_equal(sc_sched_on_ready(s, 1, 2.6, -1), 0);
+    /* w0 {1.0, 1.1}: F(1.05) = 1/2 (counted from the group's end, 0.6 s,
+     * it would be 1) */
+    assert_float_equal(sc_sched_prob_ready(s, 0, 1.0), 0.5, EPS);
+    assert_float_equal(sc_sched_prob_ready(s, 0, 1.06), 1.0, EPS);
+    /* w1 {0.6, 1.0}: F(0.55) = 0, F(0.61) = 1/2 */
+    assert_float_equal(sc_sched_prob_ready(s, 1, 0.5), 0.0, EPS);
+    assert_float_equal(sc_sched_prob_ready(s, 1, 0.56), 0.5, EPS);
+    /* The next group reports no member's end: both from its end (3.0). */
+    tk = tick(s, 2.6);
+    id = nth(&tk, SC_DEC_LAUNCH, 0)->group_id;
+    assert_int_equal(sc_sched_on_group_done(s, id, 3.0, 0.4), 0);
+    assert_int_equal(sc_sched_on_ready(s, 0, 3.2, -1), 0);
+    /* w0 {0.2, 1.0, 1.1}: F(0.19) = 0, F(0.21) = 1/3 */
+    assert_float_equal(sc_sched_prob_ready(s, 0, 0.14), 0.0, EPS);
+    assert_float_equal(sc_sched_prob_ready(s, 0, 0.16), 1.0 / 3, EPS);
+    sc_sched_destroy(s);
+}
+
 /* ---- relay (AdapCC) ---- */
 
 static void relay_params(sc_params_t *p, int n)
@@ -1177,6 +1222,7 @@ int main(void)
         cmocka_unit_test(test_selective_overdue_and_lost),
         cmocka_unit_test(test_selective_starvation_guard),
         cmocka_unit_test(test_cold_start_cdf),
+        cmocka_unit_test(test_member_done),
         cmocka_unit_test(test_relay_decision),
         cmocka_unit_test(test_relay_fault_needs_overdue),
         cmocka_unit_test(test_relay_late_contributor),
