@@ -57,6 +57,14 @@ static void log_stderr(int level, const char *msg, void *arg)
     fprintf(stderr, "cohort[%d]: %s\n", level, msg);
 }
 
+/* Where group id sits in gid[0..n), or n. */
+static size_t group_at(const double *gid, size_t n, double id)
+{
+    size_t j = 0;
+    while (j < n && gid[j] != id) j++;
+    return j;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
@@ -197,8 +205,7 @@ int main(int argc, char **argv)
                 const double *x = b + 1 + NF * i;
                 sum_wait += x[F_WAIT];
                 sum_block += x[F_BLOCK];
-                size_t j = 0;
-                while (j < ngroups && gid[j] != x[F_GID]) j++;
+                size_t j = group_at(gid, ngroups, x[F_GID]);
                 if (j == ngroups) {
                     if (ngroups == cap_g) {
                         cap_g *= 2;
@@ -287,8 +294,7 @@ int main(int argc, char **argv)
                     fprintf(f, "%.0f,%.3f,", x[F_GID], x[F_END]);
                     for (int q = 0; q < n && q < 52; q++)
                         if (fmod(floor(mask / ldexp(1.0, q)), 2.0) == 1) fprintf(f, "%d ", q);
-                    size_t j = 0;
-                    while (j < ngroups && gid[j] != x[F_GID]) j++;
+                    size_t j = group_at(gid, ngroups, x[F_GID]);
                     fprintf(f, ",%.6f\n", j < ngroups ? gdur[j] : 0.0);
                 }
             }

@@ -40,8 +40,7 @@ typedef struct co_rank {
     uint64_t t_heard_ns; /* last message from it (liveness) */
     uint64_t t_ready_ns; /* when has_ready was set */
     uint64_t group;      /* the running group it is in, 0 if none */
-    double bw_gbps;      /* estimate of its link's rate, 0 if none */
-    sc_rate_t bw;        /* what its frames and its probes measured (sc_est.h) */
+    sc_rate_t bw;        /* its link's rate, from its frames and probes (sc_est.h) */
     double t_done;       /* its latest DONE came (now_s): it computes again from there */
     double t_ready_in;   /* its latest READY came (now_s), deferred or not */
 } co_rank_t;
@@ -139,15 +138,14 @@ static double now_s(rx_coord_t *c)
     return (double)(bs_now_ns() - c->t0_ns) / 1e9;
 }
 
-/* Warm start from the trace coh_init read (COHORT_SCHED_TRACE). */
+/* Warm start from the trace coh_init read (COHORT_SCHED_TRACE): its compute
+ * times (its rates are the ranks' first estimates, rx_coord_start). */
 static void apply_trace(rx_coord_t *c, sc_sched_t *s)
 {
     const rx_sched_cfg_t *sc = &c->ctx->sched_cfg;
     if (!sc->trace_n) return;
-    for (int w = 0; w < c->world; w++) {
-        if (sc->trace_bw[w] > 0) sc_sched_on_bandwidth(s, w, sc->trace_bw[w]);
+    for (int w = 0; w < c->world; w++)
         if (sc->trace_n[w]) sc_sched_load_cdf(s, w, sc->trace_samples[w], sc->trace_n[w]);
-    }
 }
 
 static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *first)
@@ -165,7 +163,8 @@ static sc_sched_t *sched_for(rx_coord_t *c, int mode, const rx_ctl_ready_t *firs
     apply_trace(c, s);
     for (int r = 0; r < c->world; r++) {
         if (c->ranks[r].lost || c->ranks[r].left) sc_sched_on_worker_lost(s, r);
-        if (c->ranks[r].bw_gbps > 0) sc_sched_on_bandwidth(s, r, c->ranks[r].bw_gbps);
+        double bw = sc_rate_get(&c->ranks[r].bw);
+        if (bw > 0) sc_sched_on_bandwidth(s, r, bw);
     }
     return s;
 }
@@ -1160,10 +1159,7 @@ static void on_probe(rx_coord_t *c, int r, const rx_ctl_probe_t *p)
         coh_free(lat);
     }
     co_rank_t *cr = &c->ranks[r];
-    if (bw > 0) {
-        sc_rate_probe(&cr->bw, bw);
-        cr->bw_gbps = sc_rate_get(&cr->bw);
-    }
+    sc_rate_probe(&cr->bw, bw);
     for (int md = 0; md < COH_SYNC_MODE_COUNT; md++) {
         if (!c->sched[md]) continue;
         if (bw > 0) sc_sched_on_bandwidth(c->sched[md], r, bw);
@@ -1393,11 +1389,11 @@ static void on_msg(rx_conn_t *conn, const rx_ctl_msg_t *m)
             /* A frame from `peer` crosses both ends' links: it measures the
              * slower of the two, not peer's own (sc_rate_t weighs them). */
             sc_rate_frame(&pr->bw, gbps);
-            pr->bw_gbps = sc_rate_get(&pr->bw);
+            double est = sc_rate_get(&pr->bw);
             bs_log(COH_LOG_DEBUG, "coordinator: rank %u sent at %.3f Gbps, estimate %.3f", b->peer,
-                   gbps, pr->bw_gbps);
+                   gbps, est);
             for (int md = 0; md < COH_SYNC_MODE_COUNT; md++)
-                if (c->sched[md]) sc_sched_on_bandwidth(c->sched[md], (int)b->peer, pr->bw_gbps);
+                if (c->sched[md]) sc_sched_on_bandwidth(c->sched[md], (int)b->peer, est);
         }
         co_group_t *g = group_find(c, d->group_id);
         if (g) member_done(c, g, r, d->status, d->duration_s);
@@ -1784,10 +1780,8 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, bool active, rx_coord_
     /* A warm-start trace's rates are measurements like a probe's: they
      * stand until the frames contradict them (sc_rate_t). */
     const rx_sched_cfg_t *sc = &ctx->sched_cfg;
-    for (int r = 0; r < c->world && sc->trace_bw; r++) {
+    for (int r = 0; r < c->world && sc->trace_bw; r++)
         sc_rate_probe(&c->ranks[r].bw, sc->trace_bw[r]);
-        c->ranks[r].bw_gbps = sc_rate_get(&c->ranks[r].bw);
-    }
     uv_mutex_init(&c->mu);
     uv_cond_init(&c->idle);
     uv_timer_init(&rx->loop, &c->tick);

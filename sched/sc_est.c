@@ -58,13 +58,14 @@ void sc_rate_probe(sc_rate_t *r, double gbps)
 {
     if (!(gbps > 0) || !isfinite(gbps)) return;
     r->probe = gbps;
-    r->n = 0; /* the frames from here on are held against it */
+    r->count = 0; /* the frames from here on are held against it */
 }
 
 static double rate_best(const sc_rate_t *r, double *worst)
 {
     double best = 0, w = INFINITY;
-    for (int k = 0; k < r->n; k++) {
+    int n = r->count < SC_RATE_HIST ? (int)r->count : SC_RATE_HIST;
+    for (int k = 0; k < n; k++) {
         if (r->hist[k] > best) best = r->hist[k];
         if (r->hist[k] < w) w = r->hist[k];
     }
@@ -75,14 +76,12 @@ static double rate_best(const sc_rate_t *r, double *worst)
 void sc_rate_frame(sc_rate_t *r, double gbps)
 {
     if (!(gbps > 0) || !isfinite(gbps)) return;
-    /* hist[0..n) are the frames since the probe: a probe restarts the count,
-     * and the ring fills from the start again. */
-    if (r->n < SC_RATE_HIST) r->next = r->n;
-    r->hist[r->next] = gbps;
-    r->next = (r->next + 1) % SC_RATE_HIST;
-    if (r->n < SC_RATE_HIST) r->n++;
+    /* A probe restarts the count: the ring fills from its start again, so
+     * its first count entries are the frames since the probe. */
+    r->hist[r->count++ % SC_RATE_HIST] = gbps;
     double worst, best = rate_best(r, &worst);
-    if (r->probe > 0 && r->n == SC_RATE_HIST && (worst > 1.5 * r->probe || best < 0.5 * r->probe))
+    if (r->probe > 0 && r->count >= SC_RATE_HIST &&
+        (worst > 1.5 * r->probe || best < 0.5 * r->probe))
         r->probe = 0;
 }
 

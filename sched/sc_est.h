@@ -80,9 +80,8 @@ int sc_fit_alpha_beta(double *lat, int n, double bulk_s, uint64_t bytes, double 
  */
 #define SC_RATE_HIST 8
 typedef struct sc_rate {
-    double hist[SC_RATE_HIST]; /* the latest frames' measurements, Gbit/s */
-    int n;                     /* frames since the probe (or ever), up to SC_RATE_HIST */
-    int next;                  /* where the next one goes in hist */
+    double hist[SC_RATE_HIST]; /* the latest frames' measurements, Gbit/s (a ring) */
+    uint64_t count;            /* frames since the probe (or ever) */
     double probe;              /* the probe's rate while the frames agree; 0: none */
 } sc_rate_t;
 
