@@ -71,7 +71,9 @@
 #define VB_PIECE        (256u * 1024) /* written per work request at most */
 
 typedef enum vb_kind { VB_WR_RECV = 0, VB_WR_SEND = 1 } vb_kind;
-typedef enum vb_phase { VB_HELLO = 0, VB_WAIT_READY, VB_LIVE, VB_CLOSED } vb_phase;
+/* VB_CONNECTING: the dialler's TCP connect is in flight (non-blocking, under
+ * the handshake's deadline). */
+typedef enum vb_phase { VB_HELLO = 0, VB_WAIT_READY, VB_LIVE, VB_CLOSED, VB_CONNECTING } vb_phase;
 
 /* What one side tells the other: its QP and the ring the other writes to. */
 typedef struct vb_ep {
@@ -855,6 +857,30 @@ static void poll_cb(uv_poll_t *h, int status, int events)
         conn_close(t, COH_EPEER, uv_strerror(status));
         return;
     }
+    if (t->phase == VB_CONNECTING) {
+        if (!(events & (UV_WRITABLE | UV_DISCONNECT))) return;
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        char why[BS_ERR_LEN];
+        if (err) {
+            snprintf(why, sizeof(why), "connecting to rank %d: %s", t->expect_peer, strerror(err));
+            conn_close(t, COH_EPEER, why);
+            return;
+        }
+        if (send_hello(t) != 0) {
+            snprintf(why, sizeof(why), "%s", coh_last_error());
+            conn_close(t, COH_EPEER, why);
+            return;
+        }
+        int e = uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, poll_cb);
+        if (e) {
+            conn_close(t, COH_ESYS, uv_strerror(e));
+            return;
+        }
+        t->phase = VB_HELLO;
+        return;
+    }
     if (t->phase == VB_HELLO || t->phase == VB_WAIT_READY) {
         size_t want = t->phase == VB_HELLO ? sizeof(t->in) : 1;
         for (;;) {
@@ -896,7 +922,8 @@ static void poll_cb(uv_poll_t *h, int status, int events)
 
 static int conn_start(vb_conn_t *t)
 {
-    int e = uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, poll_cb);
+    int ev = t->phase == VB_CONNECTING ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
+    int e = uv_poll_start(&t->poll, ev, poll_cb);
     if (e) return bs_fail(COH_ESYS, "verbs: poll: %s", uv_strerror(e));
     uv_timer_start(&t->timer, hs_timeout, VB_HANDSHAKE_MS, 0);
     return 0;
@@ -1039,15 +1066,19 @@ static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockad
 static int vb_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
 {
     en_verbs_t *tr = rail->verbs;
-    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return bs_fail(COH_ESYS, "verbs: socket: %s", strerror(errno));
-    /* Bind to the rail's interface, then a blocking connect: set-up only. */
+    /* Leave through the rail's interface. The connect does not block the
+     * rail's loop: it completes in poll_cb, under the handshake's deadline
+     * (an unreachable peer costs VB_HANDSHAKE_MS, not the kernel's SYN
+     * retries, minutes). */
     socklen_t al =
         addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
     int r = bind(fd, (struct sockaddr *)&rail->local, al);
     if (r == 0) {
         do r = connect(fd, addr, al);
         while (r != 0 && errno == EINTR);
+        if (r != 0 && errno == EINPROGRESS) r = 0;
     }
     if (r != 0) {
         int err = errno;
@@ -1056,11 +1087,6 @@ static int vb_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) {
-        close(fd);
-        return bs_fail(COH_ESYS, "verbs: fcntl: %s", strerror(errno));
-    }
     vb_conn_t *t = conn_new(tr, fd);
     if (!t) {
         close(fd);
@@ -1068,7 +1094,8 @@ static int vb_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
     }
     t->base.outgoing = true;
     t->expect_peer = peer;
-    if (qp_create(t) != 0 || send_hello(t) != 0 || conn_start(t) != 0) {
+    t->phase = VB_CONNECTING;
+    if (qp_create(t) != 0 || conn_start(t) != 0) {
         char why[BS_ERR_LEN];
         snprintf(why, sizeof(why), "%s", coh_last_error());
         conn_close(t, COH_ESYS, why);
