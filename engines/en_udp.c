@@ -213,22 +213,6 @@ struct en_udp {
     } st;
 };
 
-static socklen_t sa_size(const struct sockaddr_storage *a)
-{
-    return a->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-}
-
-static bool sa_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family) return false;
-    if (a->ss_family == AF_INET) {
-        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
-        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-    }
-    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
-    return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
-}
-
 /* ---- control messages on the TCP link ---- */
 
 static void ctl_sent(en_wreq_t *w, int status)
@@ -273,7 +257,7 @@ static void ctl_datagram(struct en_udp *u, uint32_t comm, uint64_t seq, uint32_t
         if (!(mask & (1u << k)) || !u->path[k].open) continue;
         const struct sockaddr_storage *to = &u->path[k].peer[peer];
         (void)sendto(u->path[k].fd, dg, EN_DG_HDR + len, MSG_DONTWAIT, (const struct sockaddr *)to,
-                     sa_size(to));
+                     en_sa_size(to));
     }
 }
 
@@ -362,7 +346,7 @@ static void send_rate(struct en_udp *u, const en_op_t *op, en_dgflow_t *f, uint6
     if (!pt->open) return;
     const struct sockaddr_storage *to = &pt->peer[f->peer];
     (void)sendto(pt->fd, b, EN_DG_HDR + h.len, MSG_DONTWAIT, (const struct sockaddr *)to,
-                 sa_size(to));
+                 en_sa_size(to));
 }
 
 static uint64_t period_bytes(const struct en_udp *u, const en_dgflow_t *f)
@@ -505,7 +489,7 @@ static void batch_add(struct en_udp *u, en_dgflow_t *f, dg_batch_t *b, const dg_
     int nm = b->nm;
     if (nm == 0 || tos != b->tos_prev || b->msg_nd[nm - 1] >= pt->gso_max || b->short_prev) {
         b->mm[nm] = (struct mmsghdr){.msg_hdr = {.msg_name = to,
-                                                 .msg_namelen = sa_size(to),
+                                                 .msg_namelen = en_sa_size(to),
                                                  .msg_iov = &b->iov[n][0],
                                                  .msg_iovlen = 0}};
         b->msg_nd[nm] = 0;
@@ -1021,7 +1005,7 @@ static int peer_of(struct en_udp *u, const dg_path_t *pt, const struct sockaddr_
 {
     for (int pass = 0; pass < 2; pass++) {
         for (int p = 0; p < u->rail->world; p++)
-            if (p != u->rail->rank && sa_same(&pt->peer[p], from)) return p;
+            if (p != u->rail->rank && en_sa_same(&pt->peer[p], from)) return p;
         /* Before this rail's first op the addresses may not be read yet. */
         if (pass || bs_now_ns() - u->refreshed_ns < 1000000) break;
         refresh_peers(u);
@@ -1561,7 +1545,7 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
         setsockopt(u->fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
     if (setsockopt(u->fd, SOL_SOCKET, SO_SNDBUFFORCE, &snd, sizeof(snd)) != 0)
         setsockopt(u->fd, SOL_SOCKET, SO_SNDBUF, &snd, sizeof(snd));
-    if (bind(u->fd, (const struct sockaddr *)a, sa_size(a)) != 0)
+    if (bind(u->fd, (const struct sockaddr *)a, en_sa_size(a)) != 0)
         return bs_fail(COH_ESYS, "rail %d: udp bind to its listener's address: %s", rail->index,
                        strerror(errno));
     /* Probe GSO with the socket option, then clear it: each send says its

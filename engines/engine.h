@@ -25,6 +25,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <uv.h>
 
@@ -35,6 +37,24 @@
 
 #define EN_MAX_RAILS SC_MAX_RAILS
 #define EN_SHM_NAME  48 /* a context's shared-memory name, NUL included */
+
+/* A socket address's length, and whether two are the same (family, address
+ * and port): the datagram sockets' peer checks. */
+static inline socklen_t en_sa_size(const struct sockaddr_storage *a)
+{
+    return a->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+static inline bool en_sa_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+    return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
+}
 
 /* Wait on cv (mu held) until signalled or the deadline; false when the
  * deadline has passed. The callers loop on their own condition. */

@@ -6,7 +6,8 @@
  * Invariants: the parser never claims more bytes than it was given; a
  * refused prefix stays refused; a parsed message re-encodes to the same
  * bytes; a plan's member list (a relay plan's ring and late ranks) lies
- * inside the buffer.
+ * inside the buffer. The input is also a heartbeat datagram (BEAT): one
+ * that decodes re-encodes to the same bytes.
  */
 
 #include "cohort.h"
@@ -80,5 +81,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     rx_ctl_msg_t m;
     fuzz_message_stream(data, size, &m, parse, check, COH_EPROTO);
+    /* The world and job value are the input's own, so decodable beats are
+     * reached. */
+    if (size >= RX_BEAT_LEN) {
+        uint32_t world = (uint32_t)data[12] | (uint32_t)data[13] << 8 | (uint32_t)data[14] << 16 |
+                         (uint32_t)data[15] << 24;
+        uint64_t v = 0;
+        for (int i = 7; i >= 0; i--) v = v << 8 | data[16 + i];
+        rx_beat_kind kind;
+        uint32_t rank;
+        if (rx_beat_decode(data, size, world, v, &kind, &rank) == 0) {
+            uint8_t re[RX_BEAT_LEN];
+            rx_beat_encode(re, kind, rank, world, v);
+            FUZZ_CHECK(size == RX_BEAT_LEN && memcmp(re, data, RX_BEAT_LEN) == 0);
+            FUZZ_CHECK(rank < world);
+        }
+    }
     return 0;
 }

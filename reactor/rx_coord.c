@@ -114,6 +114,12 @@ struct rx_coord {
     int mode_rank[2];
     uint32_t mode_mode[2];
     struct sockaddr_storage addr;
+    /* BEAT datagrams (rx_ctl.h) on a UDP socket bound to addr; NULL when it
+     * could not be bound (liveness then rides the TCP PINGs alone).
+     * beats_ok: this rank's member started, so ctx->ctrl_addrs is complete. */
+    struct co_beat *beat;
+    bool beats_ok;
+    uint64_t beat_value;
     /* Ranks connected and not gone or left; finalize waits (under mu) for 0. */
     int active;
     uv_mutex_t mu;
@@ -1589,7 +1595,10 @@ static void check_liveness(rx_coord_t *c, uint64_t now)
         rx_ctl_msg_t ping = {.type = RX_CTL_PING};
         ping.u.ping_rank = (uint32_t)c->ctx->rank;
         for (int r = 0; r < c->world; r++)
-            if (c->ranks[r].conn && !c->ranks[r].lost) rx_ctl_send(c->ranks[r].conn, &ping);
+            if (c->ranks[r].conn && !c->ranks[r].lost) {
+                rx_ctl_send(c->ranks[r].conn, &ping);
+                if (c->beats_ok) rx_coord_beat(c, &c->ctx->ctrl_addrs[r], RX_BEAT_TO_MEMBER);
+            }
     }
     for (int r = 0; r < c->world && c->elected; r++) {
         /* After an election: a rank that never connects is gone too. */
@@ -1709,6 +1718,86 @@ static void on_tick(uv_timer_t *t)
     tick_pace(c, coord_idle(c));
 }
 
+/* ---- BEAT datagrams ---- */
+
+typedef struct co_beat {
+    uv_udp_t udp;
+    rx_coord_t *c; /* NULL once the coordinator closed */
+    uint8_t buf[64];
+} co_beat_t;
+
+static void beat_closed(uv_handle_t *h)
+{
+    coh_free(h->data);
+}
+
+static void beat_alloc(uv_handle_t *h, size_t want, uv_buf_t *b)
+{
+    (void)want;
+    co_beat_t *bt = h->data;
+    *b = uv_buf_init((char *)bt->buf, sizeof(bt->buf));
+}
+
+/* A beat counts only from the sender's own control address: strangers
+ * without the token cannot make one, and the address pins the rank. */
+static void beat_recv(uv_udp_t *h, ssize_t n, const uv_buf_t *b, const struct sockaddr *from,
+                      unsigned flags)
+{
+    co_beat_t *bt = h->data;
+    rx_coord_t *c = bt->c;
+    if (n <= 0 || !from || !c || !c->beats_ok || (flags & UV_UDP_PARTIAL)) return;
+    struct coh_ctx *ctx = c->ctx;
+    rx_beat_kind kind;
+    uint32_t r;
+    if (rx_beat_decode((const uint8_t *)b->base, (size_t)n, (uint32_t)c->world, c->beat_value,
+                       &kind, &r) != 0)
+        return;
+    struct sockaddr_storage fa = {0};
+    memcpy(&fa, from,
+           from->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+    if (!en_sa_same(&fa, &ctx->ctrl_addrs[r])) return;
+    uint64_t now = bs_now_ns();
+    if (kind == RX_BEAT_TO_MEMBER) {
+        rx_member_heard(ctx, (int)r, now);
+    } else if (!c->dormant && c->ranks[r].conn && !c->ranks[r].lost) {
+        c->ranks[r].t_heard_ns = now;
+    }
+}
+
+static void beat_open(rx_coord_t *c)
+{
+    co_beat_t *bt = coh_zalloc(sizeof(*bt));
+    if (!bt) return;
+    bt->c = c;
+    bt->udp.data = bt;
+    uv_udp_init(&c->rx->loop, &bt->udp);
+    int e = uv_udp_bind(&bt->udp, (const struct sockaddr *)&c->addr, 0);
+    if (!e) e = uv_udp_recv_start(&bt->udp, beat_alloc, beat_recv);
+    if (e) {
+        bs_log(COH_LOG_INFO, "rank %d: no heartbeat datagrams (%s): liveness rides TCP alone",
+               c->ctx->rank, uv_strerror(e));
+        uv_close((uv_handle_t *)&bt->udp, beat_closed);
+        return;
+    }
+    c->beat_value = rx_beat_value(c->ctx->token_s);
+    c->beat = bt;
+}
+
+void rx_coord_beats_ready(rx_coord_t *c)
+{
+    if (c) c->beats_ok = true;
+}
+
+void rx_coord_beat(rx_coord_t *c, const struct sockaddr_storage *to, rx_beat_kind kind)
+{
+    if (!c || !c->beat || !c->beats_ok || c->closing || to->ss_family == 0) return;
+    uint8_t b[RX_BEAT_LEN];
+    rx_beat_encode(b, kind, (uint32_t)c->ctx->rank, (uint32_t)c->world, c->beat_value);
+    uv_buf_t ub = uv_buf_init((char *)b, sizeof(b));
+    /* Best effort: a full socket buffer skips one beat. */
+    (void)uv_udp_try_send(&c->beat->udp, &ub, 1, (const struct sockaddr *)to);
+}
+
 static void tick_closed(uv_handle_t *h)
 {
     rx_coord_t *c = h->data;
@@ -1746,6 +1835,11 @@ void rx_coord_close(rx_coord_t *c)
     /* Closes every connection accepted on it; their on_close runs now. */
     rx_listener_close(c->listener);
     c->listener = NULL;
+    if (c->beat) {
+        c->beat->c = NULL;
+        uv_close((uv_handle_t *)&c->beat->udp, beat_closed);
+        c->beat = NULL;
+    }
     uv_close((uv_handle_t *)&c->tick, tick_closed);
 }
 
@@ -1795,6 +1889,7 @@ int rx_coord_start(struct coh_ctx *ctx, rx_reactor_t *rx, bool active, rx_coord_
         return st;
     }
     c->addr = c->listener->addr;
+    beat_open(c);
     c->dormant = !active;
     c->t_active_ns = bs_now_ns();
     uint64_t period = (uint64_t)(ctx->cfg.tick_ms > 0 ? ctx->cfg.tick_ms : 2);

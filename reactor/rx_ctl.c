@@ -488,3 +488,37 @@ int rx_ctl_send(rx_conn_t *c, const rx_ctl_msg_t *m)
     if (b != stack) coh_free(b);
     return st;
 }
+
+/* ---- BEAT datagrams ---- */
+
+uint64_t rx_beat_value(const char *token)
+{
+    uint64_t v = BS_FNV_SEED;
+    for (const char *t = token ? token : ""; *t; t++) v = bs_fnv64(v, (uint8_t)*t);
+    return bs_fnv64(v, RX_BEAT_MAGIC);
+}
+
+void rx_beat_encode(uint8_t out[RX_BEAT_LEN], rx_beat_kind kind, uint32_t rank, uint32_t world,
+                    uint64_t value)
+{
+    memset(out, 0, RX_BEAT_LEN);
+    en_put32(out, RX_BEAT_MAGIC);
+    out[4] = 1;
+    out[5] = (uint8_t)kind;
+    en_put32(out + 8, rank);
+    en_put32(out + 12, world);
+    en_put64(out + 16, value);
+}
+
+int rx_beat_decode(const uint8_t *buf, size_t len, uint32_t world, uint64_t value,
+                   rx_beat_kind *kind, uint32_t *rank)
+{
+    if (len != RX_BEAT_LEN || en_get32(buf) != RX_BEAT_MAGIC || buf[4] != 1 || buf[6] || buf[7])
+        return COH_EPROTO;
+    if (buf[5] != RX_BEAT_TO_COORD && buf[5] != RX_BEAT_TO_MEMBER) return COH_EPROTO;
+    uint32_t r = en_get32(buf + 8);
+    if (en_get32(buf + 12) != world || r >= world || en_get64(buf + 16) != value) return COH_EPROTO;
+    *kind = (rx_beat_kind)buf[5];
+    *rank = r;
+    return 0;
+}

@@ -16,7 +16,14 @@
  *                                 a side that hears nothing, PING or other,
  *                                 for COHORT_LIVENESS_MS takes the other for
  *                                 hung (a SIGSTOPped process keeps its TCP
- *                                 connections open, so only silence tells)
+ *                                 connections open, so only silence tells).
+ *                                 Each PING also goes as a datagram (BEAT,
+ *                                 below): on a lossy link a TCP segment lost
+ *                                 four times in a row is held back 3 s by
+ *                                 the retransmission backoff (0.2 + 0.4 +
+ *                                 0.8 + 1.6 s), and every message behind it
+ *                                 with it; a rank that is alive must not be
+ *                                 taken for hung then
  *   LOST    coordinator -> rank  "rank r failed (died, hung, missed its fault
  *                                 deadline): drop it" (its data connections
  *                                 too, so no op waits on it)
@@ -92,6 +99,30 @@ typedef enum rx_ctl_type {
     RX_CTL_STATE = 16,  /* rank -> coordinator: u32 rank, u32 0, u64 committed, u64 awaiting */
     RX_CTL_GROW = 17,   /* as SHRINK; n 0: from a rank that rejoined (it knows no members) */
 } rx_ctl_type;
+
+/*
+ * BEAT: the datagram twin of PING, on a UDP socket bound to each rank's
+ * control address (its coordinator's listener, rx_beat.c). 24 bytes,
+ * little-endian:
+ *   0 u32 magic "COHB"  4 u8 version (1)  5 u8 kind (rx_beat_kind)  6 u16 0
+ *   8 u32 sender rank  12 u32 world  16 u64 the job's beat value (from the
+ *   token: a stranger cannot make one)
+ * It only counts as "heard": a lost one costs nothing.
+ */
+#define RX_BEAT_MAGIC 0x42484f43u /* "COHB" */
+#define RX_BEAT_LEN   24
+typedef enum rx_beat_kind {
+    RX_BEAT_TO_COORD = 1,  /* a member to its coordinator */
+    RX_BEAT_TO_MEMBER = 2, /* the coordinator to a member */
+} rx_beat_kind;
+/* The beat value of a job token. */
+uint64_t rx_beat_value(const char *token);
+void rx_beat_encode(uint8_t out[RX_BEAT_LEN], rx_beat_kind kind, uint32_t rank, uint32_t world,
+                    uint64_t value);
+/* 0 and the sender's rank and kind when buf is a beat of this job and
+ * world; COH_EPROTO otherwise. */
+int rx_beat_decode(const uint8_t *buf, size_t len, uint32_t world, uint64_t value,
+                   rx_beat_kind *kind, uint32_t *rank);
 
 /* Why the coordinator took a rank for failed (LOST). */
 typedef enum rx_lost_why {

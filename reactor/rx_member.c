@@ -1091,6 +1091,7 @@ static void on_beat(uv_timer_t *t)
         rx_ctl_msg_t ping = {.type = RX_CTL_PING};
         ping.u.ping_rank = (uint32_t)m->ctx->rank;
         rx_ctl_send(m->conn, &ping);
+        rx_coord_beat(m->ctx->coord, &m->coord, RX_BEAT_TO_COORD);
     }
     if (now - m->t_heard_ns <= live) return;
     char why[BS_ERR_LEN];
@@ -1099,6 +1100,12 @@ static void on_beat(uv_timer_t *t)
              (unsigned long long)((now - m->t_heard_ns) / 1000000ull));
     drop_peer(m->ctx, m->coord_rank, why);
     rx_conn_close(m->conn, COH_EPEER, why);
+}
+
+void rx_member_heard(struct coh_ctx *ctx, int from, uint64_t now_ns)
+{
+    rx_member_t *m = ctx->member;
+    if (m && m->conn && from == m->coord_rank) m->t_heard_ns = now_ns;
 }
 
 static const rx_conn_proto_t member_proto;
@@ -1300,6 +1307,7 @@ static int dial_fn(rx_reactor_t *rx, void *arg)
     uv_timer_init(&rx->loop, &m->held);
     m->held.data = m;
     m->beat_open = true;
+    rx_coord_beats_ready(m->ctx->coord);
     return dial(m);
 }
 

@@ -118,6 +118,13 @@ void rx_coord_close(rx_coord_t *c); /* loop thread: close everything */
 int rx_coord_addr(rx_coord_t *c, struct sockaddr_storage *addr);
 /* Control connections refused at the handshake (any thread, before stop). */
 uint64_t rx_coord_rejected(rx_coord_t *c);
+/* Loop thread. This rank's member started: ctx->ctrl_addrs is complete and
+ * BEAT datagrams (rx_ctl.h) may go and count. */
+void rx_coord_beats_ready(rx_coord_t *c);
+/* Loop thread: one BEAT to a control address, from this rank's own. */
+void rx_coord_beat(rx_coord_t *c, const struct sockaddr_storage *to, rx_beat_kind kind);
+/* Loop thread: a BEAT of rank `from` reached this rank's member. */
+void rx_member_heard(struct coh_ctx *ctx, int from, uint64_t now_ns);
 /* Loop thread: send m to every connected live rank but this one. */
 void rx_coord_send_all(rx_coord_t *c, const rx_ctl_msg_t *m);
 /* Any thread: wait until no rank is connected and in the schedule (they

@@ -28,6 +28,12 @@
  *                    the others 2 s later), though recursive doubling over 4
  *                    ranks never pairs rank 0 with the dead one: it used to
  *                    wait for the others' ABORTs (in CI, for its timeout).
+ *   ctl-quiet S FILE every rank idles S seconds after a barrier (rank 1
+ *                    creates FILE as it starts), then allreduces: the world
+ *                    must still be whole. cluster.liveness blocks TCP between
+ *                    rank 1 and the coordinator meanwhile, longer than
+ *                    COHORT_LIVENESS_MS: the heartbeat datagrams must keep
+ *                    both sides from taking the other for hung.
  *   weights          extreme weights give finite, exact-enough weighted means
  *                    (they gave NaN or killed syncing for the whole job);
  *                    weights out of range are refused by the API.
@@ -206,6 +212,29 @@ static void mode_sync_hang(void)
     printf("rank %d: OK\n", R);
 }
 
+static void mode_ctl_quiet(double secs, const char *file)
+{
+    coh_request_t *req;
+    float x[4] = {0};
+    MP_OK(coh_allreduce(W, x, x, 4, COH_F32, COH_SUM, &req)); /* everybody is up */
+    mp_wait(req);
+    if (R == 1) {
+        FILE *f = fopen(file, "w");
+        if (!f) MP_FAIL("cannot create %s", file);
+        fclose(f);
+    }
+    double t0 = mp_now_s();
+    while (mp_now_s() - t0 < secs) usleep(100000);
+    for (int i = 0; i < 4; i++) x[i] = (float)(R + i);
+    MP_OK(coh_allreduce(W, x, x, 4, COH_F32, COH_SUM, &req));
+    mp_wait(req);
+    for (int i = 0; i < 4; i++) {
+        float want = (float)(N * (N - 1) / 2 + N * i);
+        if (x[i] != want) MP_FAIL("element %d is %g, expected %g", i, x[i], want);
+    }
+    printf("rank %d: OK ctl-quiet (%.1f s idle)\n", R, secs);
+}
+
 static void mode_known_failed(void)
 {
     if (R == N - 1) {
@@ -343,6 +372,8 @@ int main(int argc, char **argv)
         mode_mode_mismatch();
     else if (!strcmp(m, "weights"))
         mode_weights();
+    else if (!strcmp(m, "ctl-quiet") && argc > 3)
+        mode_ctl_quiet(atof(argv[2]), argv[3]);
     else if (!strcmp(m, "known-failed"))
         mode_known_failed();
     else

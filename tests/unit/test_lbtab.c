@@ -3,7 +3,7 @@
  * sc_lb_unpack are exact (an unpacked table splits exactly as the original)
  * and refuse malformed bytes; the control messages that carry tables
  * (RX_CTL_LBTAB) and rail events (RX_CTL_RAIL) round-trip and refuse
- * malformed input.
+ * malformed input, as does the heartbeat datagram (BEAT, rx_ctl.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -183,12 +183,46 @@ static void test_ctl_lbtab_and_rail(void **state)
     assert_int_equal(rx_ctl_parse(rbad, sizeof(rbad), &d), COH_EPROTO);
 }
 
+static void test_beat(void **state)
+{
+    (void)state;
+    uint64_t v = rx_beat_value("job-token");
+    assert_true(v != rx_beat_value("job-tokeN")); /* another job's beats do not count */
+    uint8_t b[RX_BEAT_LEN];
+    rx_beat_encode(b, RX_BEAT_TO_MEMBER, 2, 4, v);
+    rx_beat_kind kind = 0;
+    uint32_t rank = 99;
+    assert_int_equal(rx_beat_decode(b, sizeof(b), 4, v, &kind, &rank), 0);
+    assert_int_equal(kind, RX_BEAT_TO_MEMBER);
+    assert_int_equal(rank, 2);
+    rx_beat_encode(b, RX_BEAT_TO_COORD, 3, 4, v);
+    assert_int_equal(rx_beat_decode(b, sizeof(b), 4, v, &kind, &rank), 0);
+    assert_int_equal(kind, RX_BEAT_TO_COORD);
+    assert_int_equal(rank, 3);
+    /* Every byte matters: any one changed is refused. */
+    for (size_t i = 0; i < sizeof(b); i++) {
+        uint8_t bad[RX_BEAT_LEN];
+        memcpy(bad, b, sizeof(b));
+        bad[i] ^= (uint8_t)(i == 5 ? 2 : 0x40); /* kind 1 -> 3: no such kind */
+        assert_int_equal(rx_beat_decode(bad, sizeof(bad), 4, v, &kind, &rank), COH_EPROTO);
+    }
+    assert_int_equal(rx_beat_decode(b, sizeof(b) - 1, 4, v, &kind, &rank), COH_EPROTO);
+    uint8_t longer[RX_BEAT_LEN + 1] = {0};
+    memcpy(longer, b, sizeof(b));
+    assert_int_equal(rx_beat_decode(longer, sizeof(longer), 4, v, &kind, &rank), COH_EPROTO);
+    assert_int_equal(rx_beat_decode(b, sizeof(b), 5, v, &kind, &rank), COH_EPROTO); /* world */
+    assert_int_equal(rx_beat_decode(b, sizeof(b), 4, v + 1, &kind, &rank), COH_EPROTO);
+    rx_beat_encode(b, RX_BEAT_TO_COORD, 4, 4, v); /* rank outside the world */
+    assert_int_equal(rx_beat_decode(b, sizeof(b), 4, v, &kind, &rank), COH_EPROTO);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_is_exact),
         cmocka_unit_test(test_unpack_refuses_malformed),
         cmocka_unit_test(test_ctl_lbtab_and_rail),
+        cmocka_unit_test(test_beat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
