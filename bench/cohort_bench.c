@@ -27,7 +27,7 @@ typedef enum { C_ALLREDUCE, C_BROADCAST, C_ALLGATHER, C_REDUCE_SCATTER } coll_t;
 static struct {
     uint64_t minb, maxb, step;
     double factor;
-    int iters, warmup, check, csv, root, pct, device;
+    int iters, warmup, check, csv, root, pct, times, device;
     double loss_bound, pull_bound;
     coh_redop op;
     coh_dtype dtype;
@@ -130,6 +130,8 @@ static void usage(void)
         "  --pct     rank 0 also prints 'pct,bytes,p50_us,p90_us,p99_us,max_us,lost' per size\n"
         "            (iteration times: the slowest rank's; lost: the fraction of datagram\n"
         "            receive bytes lost, over every rank)\n"
+        "  --times   rank 0 also prints 'times,bytes,t1_us,t2_us,...': every timed iteration,\n"
+        "            the slowest rank's, in order (where a tail comes from)\n"
         "  --mem M   host (default) or device: the buffers are device memory (coh_mem_alloc;\n"
         "            COHORT_GPU, docs/gpu.md), staged through pinned host memory\n"
         "  --loss-bound X  allreduce through coh_allreduce_ex with this loss bound (udp\n"
@@ -283,6 +285,10 @@ int main(int argc, char **argv)
             o.pct = 1;
             continue;
         }
+        if (!strcmp(a, "--times")) {
+            o.times = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || !v) usage();
         i++;
         if (!strcmp(a, "-b")) {
@@ -425,6 +431,11 @@ int main(int argc, char **argv)
         /* With a loss bound, short elements are the point, not a failure. */
         if (!(o.loss_bound > 0)) total_wrong += (long)w;
         lossacc[0] = lossacc[1] = 0;
+        if (R == 0 && o.times) {
+            printf("times,%llu", (unsigned long long)(total * es));
+            for (int k = 0; k < o.iters; k++) printf(",%.1f", times[k]);
+            printf("\n");
+        }
         qsort(times, (size_t)o.iters, sizeof(double), cmp_double);
         double t =
             o.iters % 2 ? times[o.iters / 2] : (times[o.iters / 2 - 1] + times[o.iters / 2]) / 2;

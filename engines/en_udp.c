@@ -662,7 +662,7 @@ static void flow_turn(struct en_udp *u, en_dgflow_t *f, unsigned avail, uint64_t
 }
 
 /* A push to a peer waits while this many older pushes to it have not
- * ended. The plan starts two at once (sc_plan.c, DIRECT_WINDOW): that keeps
+ * ended. The plan starts SC_DIRECT_WINDOW at once (sc_plan.c): that keeps
  * a single path busy at drops. A sprayed op sends one at a time: two made
  * it slower (bench/udp_spray.sh at 1% drops, two 400 Mbit/s rails: 352 and
  * 368 ms against 323 and 319 with one; four: 417 and 400). */
@@ -674,9 +674,13 @@ static bool dg_held(const struct en_udp *u, const en_dgflow_t *f)
 
 /* The flow that takes peer's turn: a pass sent again first (a few
  * datagrams that a receive, and the chunk after it, wait for), else the
- * oldest, by op and by step: the plan sends a destination's chunks in order,
- * two at once (sc_plan.c, DIRECT_WINDOW), and the older goes out first, so
- * it ends first and the pull of its chunk can start. */
+ * oldest op's; in it a push before a pull, then by step. A push is what its
+ * chunk's owner waits for before it can pull that chunk to everyone; a pull
+ * only ends this op. By step alone (a chunk's pull before the next chunk's
+ * push), the last pushes went out late and the owners' last pulls waited
+ * for them: at 5% drops a rank's last push left 27 ms after it could. The
+ * plan sends a destination's push chunks in order, SC_DIRECT_WINDOW at once
+ * (sc_plan.c), and the older goes out first. */
 static en_dgflow_t *turn_flow(struct en_udp *u, int peer)
 {
     en_dgflow_t *g = NULL;
@@ -687,8 +691,10 @@ static en_dgflow_t *turn_flow(struct en_udp *u, int peer)
             continue;
         }
         bool xr = x->pass > 0, gr = g->pass > 0;
-        if (xr != gr ? xr
-                     : (x->op->seq != g->op->seq ? x->op->seq < g->op->seq : x->step < g->step))
+        if (xr != gr                   ? xr
+            : x->op->seq != g->op->seq ? x->op->seq < g->op->seq
+            : x->stage != g->stage     ? x->stage == SC_STAGE_PUSH
+                                       : x->step < g->step)
             g = x;
     }
     return g;

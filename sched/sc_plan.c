@@ -305,14 +305,17 @@ static uint32_t add_after(bld_t *b, sc_step_t s, const uint32_t *deps, uint32_t 
     return i < 0 ? NONE : (uint32_t)i;
 }
 
-/* Chunks of one destination's pushes in flight at once. With one, each
- * waited for the end of the last (over udp: its FIN, after a NACK round at
- * drops), a round trip through the links' queues in which nothing went to
- * that destination: at 5% drops a rank's sender had nothing to send a third
- * of the time. Two keep the link busy; more only lengthen the queues (and
- * every round trip with them). The engine sends the older chunk first, and
- * a sprayed op's one at a time (en_udp.c, dg_held). */
-#define DIRECT_WINDOW 2u
+/* Chunks of one destination's pushes in flight at once (SC_DIRECT_WINDOW).
+ * With one, each waited for the end of the last (over udp: its FIN, after a
+ * NACK round at drops), a round trip through the links' queues in which
+ * nothing went to that destination: at 5% drops a rank's sender had nothing
+ * to send a third of the time. Two kept the link busy; more only lengthened
+ * the queues while the engine sent pulls and pushes by chunk. Since it sends
+ * pushes first (en_udp.c, turn_flow), four let the last chunks' pushes, which
+ * their owners' pulls wait for, end sooner: at 5% drops p50 567 / 568 ms
+ * against 572 / 570 with two, p99 573 / 573 against 580 / 584 (bench/udp.sh's
+ * cluster, 24 iterations, two rounds); six or eight gained nothing more. A
+ * sprayed op still sends one at a time (en_udp.c, dg_held). */
 
 static void build_allreduce_direct(bld_t *b)
 {
@@ -329,7 +332,7 @@ static void build_allreduce_direct(bld_t *b)
     const bool oop = b->in == SC_BUF_SEND;
     /* Every block in K chunks: the pull of a chunk starts once its pushes
      * are in, while later chunks are still pushed (a pipeline, as the ring's
-     * chunks are); each destination gets its chunks in order, DIRECT_WINDOW
+     * chunks are); each destination gets its chunks in order, SC_DIRECT_WINDOW
      * of them at once. */
     uint32_t K = chunks_for((b->len + (uint64_t)n - 1) / (uint64_t)n, b->c->chunk_elems);
     if (K > 64) K = 64;
@@ -354,7 +357,7 @@ static void build_allreduce_direct(bld_t *b)
             uint64_t o = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p);
             uint64_t c = b->lo + sc_split(b->len, (uint64_t)n, (uint64_t)p + 1) - o;
             uint64_t co = o + sc_split(c, K, k), cc = o + sc_split(c, K, k + 1) - co;
-            uint32_t prev = k >= DIRECT_WINDOW ? sv[(size_t)p * K + k - DIRECT_WINDOW] : NONE;
+            uint32_t prev = k >= SC_DIRECT_WINDOW ? sv[(size_t)p * K + k - SC_DIRECT_WINDOW] : NONE;
             uint32_t i =
                 cc ? add(b, SC_SEND, b->in, SC_BUF_RECV, r + d, tpush, co, co, cc, 0, DEPS(prev))
                    : prev;

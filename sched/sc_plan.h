@@ -88,6 +88,10 @@ typedef enum sc_algo {
                            all have the same number (>= 2) of members */
 } sc_algo;
 
+/* SC_ALGO_DIRECT: chunks of one destination's pushes in flight at once
+ * (sc_plan.c explains the number). */
+#define SC_DIRECT_WINDOW 4u
+
 typedef struct sc_coll {
     sc_coll_kind kind;
     sc_algo algo;

@@ -1216,8 +1216,9 @@ static void test_barrier(void **state)
 }
 
 /* The direct allreduce sends each destination its push chunks in order,
- * two at once: chunk k waits for chunk k-2 to that peer, not for k-1 (one
- * at a time left a udp sender idle for a round trip per chunk). */
+ * SC_DIRECT_WINDOW at once: chunk k waits for chunk k-W to that peer, not
+ * for k-1 (one at a time left a udp sender idle for a round trip per
+ * chunk). */
 static void test_direct_window(void **state)
 {
     (void)state;
@@ -1243,11 +1244,11 @@ static void test_direct_window(void **state)
         assert_int_equal(k, 8); /* 800 elements a block, chunks of 100 */
         for (int j = 0; j < k; j++) {
             const sc_step_t *st = &p.steps[push[j]];
-            if (j < 2) {
+            if (j < (int)SC_DIRECT_WINDOW) {
                 assert_int_equal(st->ndeps, 0);
             } else {
                 assert_int_equal(st->ndeps, 1);
-                assert_int_equal(p.deps[st->dep_off], push[j - 2]);
+                assert_int_equal(p.deps[st->dep_off], push[j - (int)SC_DIRECT_WINDOW]);
             }
         }
     }
