@@ -133,10 +133,10 @@ typedef enum rx_knob_kind {
       "a udp flow sending above this percentage of its receiving rate halves its rate")            \
     X(udp_rcvbuf_bytes, RX_K_SIZE, "8M", "COHORT_UDP_RCVBUF_BYTES", 65536, 1ull << 30,             \
       "receive buffer of a udp rail's socket")                                                     \
-    X(udp_chunk_bytes, RX_K_SIZE, "128K", "COHORT_UDP_CHUNK_BYTES", 1, SIZE_MAX,                   \
+    X(udp_chunk_bytes, RX_K_SIZE, "512K", "COHORT_UDP_CHUNK_BYTES", 1, SIZE_MAX,                   \
       "a bounded-loss allreduce pipelines each rank's block in chunks of this size (at most 64; "  \
-      "its own COHORT_CHUNK_BYTES: the last chunk's pull runs alone; every rank must get the "     \
-      "same)")                                                                                     \
+      "its own COHORT_CHUNK_BYTES: each chunk is a flow with its own control round trips; every "  \
+      "rank must get the same)")                                                                   \
     X(udp_spray, RX_K_INT, "1", "COHORT_UDP_SPRAY", 0, 1,                                          \
       "with several udp rails of the same datagram size, a bounded-loss allreduce sprays its "     \
       "datagrams over all of them (up to 4), rate-controlled per rail; 0: each carries its own "   \

@@ -107,7 +107,9 @@ typedef enum rx_ctl_type {
  *   0 u32 magic "COHB"  4 u8 version (1)  5 u8 kind (rx_beat_kind)  6 u16 0
  *   8 u32 sender rank  12 u32 world  16 u64 the job's beat value (from the
  *   token: a stranger cannot make one)
- * It only counts as "heard": a lost one costs nothing.
+ * It only counts as "heard": a lost one costs nothing. A beat counts only
+ * from the sender's control address as the job began, so a rank that
+ * rejoined (a new process, a new port) is heard through TCP alone.
  */
 #define RX_BEAT_MAGIC 0x42484f43u /* "COHB" */
 #define RX_BEAT_LEN   24
