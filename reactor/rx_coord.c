@@ -1597,7 +1597,7 @@ static void check_liveness(rx_coord_t *c, uint64_t now)
         for (int r = 0; r < c->world; r++)
             if (c->ranks[r].conn && !c->ranks[r].lost) {
                 rx_ctl_send(c->ranks[r].conn, &ping);
-                if (c->beats_ok) rx_coord_beat(c, &c->ctx->ctrl_addrs[r], RX_BEAT_TO_MEMBER);
+                rx_coord_beat(c, &c->ctx->ctrl_addrs[r], RX_BEAT_TO_MEMBER);
             }
     }
     for (int r = 0; r < c->world && c->elected; r++) {
