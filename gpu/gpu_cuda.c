@@ -78,7 +78,8 @@ static void c_dev_free(void *p)
 
 static int c_host_alloc(void **p, size_t n)
 {
-    return check(cudaHostAlloc(p, n ? n : 1, cudaHostAllocPortable), "cudaHostAlloc");
+    return check(cudaHostAlloc(p, n ? n : 1, cudaHostAllocPortable | cudaHostAllocMapped),
+                 "cudaHostAlloc");
 }
 
 static void c_host_free(void *p)
@@ -151,6 +152,17 @@ static int c_div(coh_dtype dt, void *buf, size_t n, double d, void *s)
     return check(cudaGetLastError(), "division kernel launch");
 }
 
+/* The driver's calls need a context current on the thread, which the
+ * runtime's calls make only as they need it (a thread whose first CUDA call
+ * is to the driver has none: the H200 showed it): the current device's
+ * primary context. */
+static int make_current(void)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return -1;
+    return cudaSetDevice(dev) == cudaSuccess ? 0 : -1;
+}
+
 /* cuMemGetAddressRange through the runtime: linking libcuda would keep
  * programs from starting on machines without a driver. */
 typedef CUresult (*range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
@@ -169,8 +181,10 @@ static int c_ipc_get(const void *p, gpu_ipc_t *h)
     }
     CUdeviceptr base = 0;
     size_t size = 0;
-    if (range(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
-        return check(cudaErrorInvalidValue, "cuMemGetAddressRange");
+    CUresult e = range(&base, &size, (CUdeviceptr)(uintptr_t)p);
+    if (e == CUDA_ERROR_INVALID_CONTEXT && make_current() == 0)
+        e = range(&base, &size, (CUdeviceptr)(uintptr_t)p);
+    if (e != CUDA_SUCCESS) return check(cudaErrorInvalidValue, "cuMemGetAddressRange");
     cudaIpcMemHandle_t ih;
     int r = check(cudaIpcGetMemHandle(&ih, (void *)(uintptr_t)base), "cudaIpcGetMemHandle");
     if (r < 0) return r;
@@ -201,6 +215,35 @@ static void c_ipc_close(void *base)
 static int c_host_fn(void *s, void (*fn)(void *), void *arg)
 {
     return check(cudaLaunchHostFunc((cudaStream_t)s, fn, arg), "cudaLaunchHostFunc");
+}
+
+/* cuStreamWaitValue32 through the runtime, as cuMemGetAddressRange. */
+typedef CUresult (*wait32_fn)(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+
+static int c_wait_value(void *s, volatile uint32_t *flag, uint32_t value)
+{
+    static wait32_fn wait32;
+    if (!wait32) {
+        void *fp = NULL;
+        enum cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fp, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            !fp)
+            return check(cudaErrorNotSupported, "cuStreamWaitValue32");
+        wait32 = (wait32_fn)fp;
+    }
+    void *dp = NULL;
+    int r = check(cudaHostGetDevicePointer(&dp, (void *)(uintptr_t)flag, 0),
+                  "cudaHostGetDevicePointer");
+    if (r < 0) return r;
+    CUresult e = wait32((CUstream)s, (CUdeviceptr)(uintptr_t)dp, value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (e == CUDA_ERROR_INVALID_CONTEXT && make_current() == 0)
+        e = wait32((CUstream)s, (CUdeviceptr)(uintptr_t)dp, value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (e != CUDA_SUCCESS) {
+        snprintf(err_text, sizeof(err_text), "cuStreamWaitValue32: CUresult %d", (int)e);
+        return COH_EINVAL;
+    }
+    return 0;
 }
 
 static int c_stream_sync(void *s)
@@ -235,6 +278,7 @@ static const gpu_dev_t cuda_dev = {
     .ipc_open = c_ipc_open,
     .ipc_close = c_ipc_close,
     .host_fn = c_host_fn,
+    .wait_value = c_wait_value,
     .stream_sync = c_stream_sync,
     .last_error = c_last_error,
 };

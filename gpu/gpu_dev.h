@@ -13,7 +13,7 @@
  * Handles are opaque pointers: a cudaStream_t / cudaEvent_t for cuda. A NULL
  * stream is the implementation's default stream (CUDA's legacy stream).
  * Every call may come from any thread; none blocks on device work except
- * the *_sync ones (tests, set-up).
+ * the *_sync ones (tests, set-up) and copies of pageable host memory.
  */
 #ifndef COH_GPU_DEV_H
 #define COH_GPU_DEV_H
@@ -42,7 +42,10 @@ typedef struct gpu_dev {
     int (*set_device)(int dev, int *prev);
     int (*dev_alloc)(void **p, size_t n);
     void (*dev_free)(void *p);
-    int (*host_alloc)(void **p, size_t n); /* pinned where that means something */
+    /* Pinned where that means something, and mapped: wait_value's flags. A
+     * copy between the device and other host memory (pageable) returns only
+     * once done, after the stream's earlier work (CUDA's rule). */
+    int (*host_alloc)(void **p, size_t n);
     void (*host_free)(void *p);
     int (*stream_new)(void **s); /* non-blocking with respect to the default stream */
     void (*stream_free)(void *s);
@@ -70,6 +73,11 @@ typedef struct gpu_dev {
     /* Run fn(arg) on a host thread once the stream's earlier work is done;
      * fn must not call this interface (CUDA's rule for host functions). */
     int (*host_fn)(void *stream, void (*fn)(void *), void *arg);
+    /* Work queued on stream after this waits until *flag >= value, flag
+     * being host_alloc memory that a host thread writes (CUDA:
+     * cuStreamWaitValue32 on mapped pinned memory). Unlike a host function
+     * that waits, it holds no host thread and none of the runtime's locks. */
+    int (*wait_value)(void *stream, volatile uint32_t *flag, uint32_t value);
     int (*stream_sync)(void *stream);
     /* Why the last failing call on this thread failed. */
     const char *(*last_error)(void);

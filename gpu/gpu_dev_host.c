@@ -13,7 +13,14 @@
  *   through /proc/PID/fd), at an address of its own;
  * - a stream is a thread that runs its queue in order, so copies, kernels
  *   and events complete later than they are issued, and an event is
- *   pending until its stream gets there.
+ *   pending until its stream gets there;
+ * - pageable host memory (not from host_alloc) as CUDA treats it: a copy
+ *   from it reads it when issued, not in stream order; a copy into it
+ *   returns only once done, after its stream's earlier work;
+ * - the driver's lock, as gpu-lockprobe measured it on an H200: a thread in
+ *   a copy into pageable memory holds it until the copy is done, and
+ *   making or destroying streams, events, memory and mappings, and
+ *   launching kernels, wait for it; freeing memory waits for every stream.
  */
 #include "gpu/gpu_dev.h"
 
@@ -35,6 +42,17 @@
 #include "gpu/gpu.h"
 
 static _Thread_local char err_text[160];
+
+/* The driver's lock (above): readers are the pageable copies waiting. */
+static pthread_rwlock_t drv_lock = PTHREAD_RWLOCK_INITIALIZER;
+
+static void drv_gate(void)
+{
+    pthread_rwlock_wrlock(&drv_lock);
+    pthread_rwlock_unlock(&drv_lock);
+}
+
+static void device_sync(void);
 
 static int fail(int st, const char *what)
 {
@@ -139,6 +157,7 @@ static int region_map(int fd, size_t n, region_t *r)
 
 static int h_dev_alloc(void **p, size_t n)
 {
+    drv_gate();
     if (!n) n = 1;
     /* An unnamed file in /dev/shm (open, which the sanitizers see: TSan
      * takes a memfd's descriptor for an older file's of the same number);
@@ -182,6 +201,8 @@ static void reg_remove(void *p, bool imported)
 
 static void h_dev_free(void *p)
 {
+    drv_gate();
+    device_sync();
     reg_remove(p, false);
 }
 
@@ -205,6 +226,7 @@ static int h_ipc_get(const void *p, gpu_ipc_t *h)
 
 static int h_ipc_open(const gpu_ipc_t *h, void **base)
 {
+    drv_gate();
     int32_t fd;
     uint64_t ino;
     memcpy(&fd, h->handle, sizeof(fd));
@@ -234,18 +256,68 @@ static int h_ipc_open(const gpu_ipc_t *h, void **base)
 
 static void h_ipc_close(void *base)
 {
+    drv_gate();
     reg_remove(base, true);
 }
 
+/* host_alloc's blocks ("pinned"): a copy of anything else is synchronous. */
+typedef struct pinned {
+    struct pinned *next;
+    char *p;
+    size_t n;
+} pinned_t;
+static pthread_mutex_t pin_mu = PTHREAD_MUTEX_INITIALIZER;
+static pinned_t *pins;
+
 static int h_host_alloc(void **p, size_t n)
 {
+    drv_gate();
+    pinned_t *b = malloc(sizeof(*b));
     *p = malloc(n ? n : 1);
-    return *p ? 0 : fail(COH_ENOMEM, "out of host memory");
+    if (!*p || !b) {
+        free(*p);
+        free(b);
+        return fail(COH_ENOMEM, "out of host memory");
+    }
+    *b = (pinned_t){.p = *p, .n = n ? n : 1};
+    pthread_mutex_lock(&pin_mu);
+    b->next = pins;
+    pins = b;
+    pthread_mutex_unlock(&pin_mu);
+    return 0;
 }
 
 static void h_host_free(void *p)
 {
+    if (!p) return;
+    drv_gate();
+    device_sync();
+    pthread_mutex_lock(&pin_mu);
+    pinned_t *gone = NULL;
+    for (pinned_t **pp = &pins; *pp; pp = &(*pp)->next)
+        if ((*pp)->p == p) {
+            gone = *pp;
+            *pp = gone->next;
+            break;
+        }
+    pthread_mutex_unlock(&pin_mu);
+    free(gone);
     free(p);
+}
+
+/* [p, p+n) is device memory or inside a host_alloc block. */
+static bool dev_or_pinned(const void *p, size_t n)
+{
+    pthread_mutex_lock(&reg_mu);
+    bool dev = reg_find(p) != NULL;
+    pthread_mutex_unlock(&reg_mu);
+    if (dev) return true;
+    const char *c = p;
+    bool in = false;
+    pthread_mutex_lock(&pin_mu);
+    for (pinned_t *b = pins; b && !in; b = b->next) in = c >= b->p && c + n <= b->p + b->n;
+    pthread_mutex_unlock(&pin_mu);
+    return in;
 }
 
 /* ---- streams and events ---- */
@@ -255,7 +327,7 @@ typedef struct hevent {
     _Atomic uint64_t completed; /* the newest record its stream reached */
 } hevent_t;
 
-typedef enum { W_COPY, W_REDUCE, W_DIV, W_RECORD, W_WAIT, W_FN } work_kind;
+typedef enum { W_COPY, W_REDUCE, W_DIV, W_RECORD, W_WAIT, W_WAITV, W_FN } work_kind;
 
 typedef struct work {
     struct work *next;
@@ -270,9 +342,11 @@ typedef struct work {
     uint64_t gen;
     void (*fn)(void *);
     void *arg;
+    volatile uint32_t *flag; /* W_WAITV: until *flag >= gen */
 } work_t;
 
 typedef struct hstream {
+    struct hstream *next_all; /* every stream, for device_sync */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -284,7 +358,10 @@ typedef struct hstream {
 static void run_work(hstream_t *s, work_t *w)
 {
     switch (w->kind) {
-    case W_COPY: memmove(w->dst, w->a, w->n); break;
+    case W_COPY:
+        memmove(w->dst, w->a, w->n);
+        free(w->arg); /* a pageable source's snapshot */
+        break;
     case W_REDUCE:
         if (gpu_cpu_reduce(w->dt, w->op, w->dst, w->a, w->b, w->n) < 0) atomic_store(&s->failed, 1);
         break;
@@ -294,6 +371,12 @@ static void run_work(hstream_t *s, work_t *w)
     case W_RECORD: atomic_store(&w->ev->completed, w->gen); break;
     case W_WAIT:
         while (atomic_load(&w->ev->completed) < w->gen) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+        break;
+    case W_WAITV:
+        while (__atomic_load_n(w->flag, __ATOMIC_ACQUIRE) < (uint32_t)w->gen) {
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
         }
@@ -321,8 +404,12 @@ static void *stream_main(void *arg)
     return NULL;
 }
 
+static pthread_mutex_t all_mu = PTHREAD_MUTEX_INITIALIZER;
+static hstream_t *all_streams;
+
 static int h_stream_new(void **out)
 {
+    drv_gate();
     hstream_t *s = calloc(1, sizeof(*s));
     if (!s) return fail(COH_ENOMEM, "out of memory");
     pthread_mutex_init(&s->mu, NULL);
@@ -331,14 +418,26 @@ static int h_stream_new(void **out)
         free(s);
         return fail(COH_ENOMEM, "cannot start an emulated stream's thread");
     }
+    pthread_mutex_lock(&all_mu);
+    s->next_all = all_streams;
+    all_streams = s;
+    pthread_mutex_unlock(&all_mu);
     *out = s;
     return 0;
 }
 
 static void h_stream_free(void *p)
 {
+    drv_gate();
     hstream_t *s = p;
     if (!s) return;
+    pthread_mutex_lock(&all_mu);
+    for (hstream_t **pp = &all_streams; *pp; pp = &(*pp)->next_all)
+        if (*pp == s) {
+            *pp = s->next_all;
+            break;
+        }
+    pthread_mutex_unlock(&all_mu);
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_signal(&s->cv);
@@ -393,6 +492,7 @@ static work_t *work_new(work_kind k)
 
 static int h_event_new(void **out)
 {
+    drv_gate();
     hevent_t *e = calloc(1, sizeof(*e));
     if (!e) return fail(COH_ENOMEM, "out of memory");
     *out = e;
@@ -401,6 +501,7 @@ static int h_event_new(void **out)
 
 static void h_event_free(void *e)
 {
+    drv_gate();
     free(e);
 }
 
@@ -430,6 +531,8 @@ static int h_stream_wait(void *stream, void *ev)
     return push(stream, w);
 }
 
+static int h_stream_sync(void *stream);
+
 static int h_copy(void *dst, const void *src, size_t n, void *stream)
 {
     void *d = xlate(dst, n);
@@ -440,12 +543,30 @@ static int h_copy(void *dst, const void *src, size_t n, void *stream)
     w->dst = d;
     w->a = s;
     w->n = n;
-    return push(stream, w);
+    /* Pageable memory, as CUDA: a source is read now, when the copy is
+     * issued (staged), and a destination is written before the call returns. */
+    if (!dev_or_pinned(src, n)) {
+        w->arg = malloc(n ? n : 1);
+        if (!w->arg) {
+            free(w);
+            return fail(COH_ENOMEM, "out of memory");
+        }
+        memcpy(w->arg, s, n);
+        w->a = w->arg;
+    }
+    bool sync = !dev_or_pinned(dst, n);
+    int st = push(stream, w);
+    if (st < 0 || !sync) return st;
+    pthread_rwlock_rdlock(&drv_lock);
+    st = h_stream_sync(stream);
+    pthread_rwlock_unlock(&drv_lock);
+    return st;
 }
 
 static int h_reduce(coh_dtype dt, coh_redop op, void *dst, const void *a, const void *b, size_t n,
                     void *stream)
 {
+    drv_gate();
     size_t bytes = n * coh_dtype_size(dt);
     void *d = xlate(dst, bytes);
     const void *x = xlate(a, bytes), *y = xlate(b, bytes);
@@ -460,6 +581,7 @@ static int h_reduce(coh_dtype dt, coh_redop op, void *dst, const void *a, const 
 
 static int h_div(coh_dtype dt, void *buf, size_t n, double divisor, void *stream)
 {
+    drv_gate();
     void *d = xlate(buf, n * coh_dtype_size(dt));
     if (!d) return fail(COH_EINVAL, "a division leaves its emulated allocation");
     if (gpu_div_check(dt, divisor) < 0) return fail(COH_EINVAL, "bad divisor");
@@ -490,6 +612,23 @@ static int h_stream_sync(void *stream)
     return atomic_load(&stream_of(stream)->failed) ? fail(COH_EINVAL, "a kernel failed") : 0;
 }
 
+/* cudaFree's: every stream's work queued so far is done. */
+static void device_sync(void)
+{
+    pthread_mutex_lock(&all_mu);
+    for (hstream_t *s = all_streams; s; s = s->next_all) h_stream_sync(s);
+    pthread_mutex_unlock(&all_mu);
+}
+
+static int h_wait_value(void *stream, volatile uint32_t *flag, uint32_t value)
+{
+    work_t *w = work_new(W_WAITV);
+    if (!w) return fail(COH_ENOMEM, "out of memory");
+    w->flag = flag;
+    w->gen = value;
+    return push(stream, w);
+}
+
 static const char *h_last_error(void)
 {
     return err_text;
@@ -517,6 +656,7 @@ static const gpu_dev_t host_dev = {
     .ipc_open = h_ipc_open,
     .ipc_close = h_ipc_close,
     .host_fn = h_host_fn,
+    .wait_value = h_wait_value,
     .stream_sync = h_stream_sync,
     .last_error = h_last_error,
 };

@@ -7,7 +7,8 @@
  *
  * What the staging pipeline relies on: events stay pending until their
  * stream gets there, a stream runs its work in order, stream_wait orders
- * one stream after another's event, is_device tells device from host
+ * one stream after another's event, wait_value holds a stream until the
+ * host sets a flag, is_device tells device from host
  * memory, and the device reduction equals the CPU kernel bit for bit for
  * every dtype and op (random bit patterns: NaN, infinities, subnormals,
  * integer overflow), a NaN result matching any NaN (IEEE leaves payloads
@@ -85,7 +86,11 @@ static void test_stream_order_and_wait(void **state)
     OK(D->stream_new(&s2));
     OK(D->event_new(&ev));
     OK(D->dev_alloc(&d, n));
-    unsigned char *a = malloc(n), *b = malloc(n);
+    /* Pinned: CUDA copies pageable memory synchronously, after the stream's
+     * earlier work, so this thread would wait for the gate it opens. */
+    unsigned char *a, *b;
+    OK(D->host_alloc((void **)&a, n));
+    OK(D->host_alloc((void **)&b, n));
     memset(a, 0x5a, n);
     memset(b, 0, n);
     gate_t g = {0};
@@ -104,8 +109,47 @@ static void test_stream_order_and_wait(void **state)
     D->event_free(ev);
     D->stream_free(s1);
     D->stream_free(s2);
-    free(a);
-    free(b);
+    D->host_free(a);
+    D->host_free(b);
+}
+
+/* wait_value holds the stream until the host sets the flag; nothing on the
+ * host waits meanwhile (coh_request_stream_wait's mechanism). */
+static void test_wait_value(void **state)
+{
+    (void)state;
+    const size_t n = 1 << 16;
+    void *s, *ev, *d, *f;
+    OK(D->stream_new(&s));
+    OK(D->event_new(&ev));
+    OK(D->dev_alloc(&d, n));
+    OK(D->host_alloc(&f, 64));
+    unsigned char *a, *b;
+    OK(D->host_alloc((void **)&a, n));
+    OK(D->host_alloc((void **)&b, n));
+    memset(a, 0x33, n);
+    memset(b, 0, n);
+    volatile uint32_t *flag = f;
+    *flag = 0;
+    OK(D->wait_value(s, flag, 2));
+    OK(D->copy(d, a, n, s));
+    OK(D->copy(b, d, n, s));
+    OK(D->event_record(ev, s));
+    usleep(20000);
+    assert_int_equal(D->event_query(ev), 0);
+    __atomic_store_n(flag, 1u, __ATOMIC_RELEASE); /* below the value: still held */
+    usleep(20000);
+    assert_int_equal(D->event_query(ev), 0);
+    assert_int_equal(b[0], 0);
+    __atomic_store_n(flag, 2u, __ATOMIC_RELEASE);
+    assert_int_equal(wait_event(ev, 5000), 1);
+    assert_memory_equal(a, b, n);
+    D->host_free(a);
+    D->host_free(b);
+    D->host_free(f);
+    D->dev_free(d);
+    D->event_free(ev);
+    D->stream_free(s);
 }
 
 static void test_is_device(void **state)
@@ -195,6 +239,14 @@ static void test_reduce_matches_cpu(void **state)
             OK(D->copy(got, da, bytes, NULL));
             OK(D->stream_sync(NULL));
             assert_int_equal(first_diff(dts[t], want, got, n), n);
+            /* one element in: not 16-byte aligned (CUDA: the element-wise kernel) */
+            size_t es = coh_dtype_size(dts[t]);
+            OK(D->copy(da, a, bytes, NULL));
+            OK(D->reduce(dts[t], ops[o], (char *)dd + es, (char *)da + es, (char *)db + es, n - 1,
+                         NULL));
+            OK(D->copy(got, dd, bytes, NULL));
+            OK(D->stream_sync(NULL));
+            assert_int_equal(first_diff(dts[t], want + es, got + es, n - 1), n - 1);
         }
         D->dev_free(da);
         D->dev_free(db);
@@ -295,6 +347,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_event_pending_until_stream_gets_there),
         cmocka_unit_test(test_stream_order_and_wait),
+        cmocka_unit_test(test_wait_value),
         cmocka_unit_test(test_is_device),
         cmocka_unit_test(test_reduce_matches_cpu),
         cmocka_unit_test(test_div_matches_cpu),
