@@ -378,6 +378,9 @@ typedef struct coh_stats {
      * from memory declared with coh_mem_register, and the registrations of
      * that memory made (a count that keeps growing: the cache evicts). */
     uint64_t zcopy_bytes_sent, mem_registrations;
+    /* Peers' device allocations this rank mapped for the IPC path (CUDA
+     * IPC; kept for later ops, so a training loop's count stops growing). */
+    uint64_t gpu_ipc_maps;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went

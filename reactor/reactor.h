@@ -225,6 +225,14 @@ typedef enum rx_req_state { RX_REQ_RUNNING = 0, RX_REQ_DONE = 1 } rx_req_state;
 
 struct coh_ctx;
 
+/* A device stream waiting for a request (coh_request_stream_wait, rx_gpu.c):
+ * completion stores 1 into its flag, which the stream polls. */
+typedef struct rx_flagwait {
+    struct rx_flagwait *next;
+    volatile uint32_t *flag;
+} rx_flagwait_t;
+#define RX_FLAGWAITS_CLOSED ((rx_flagwait_t *)1) /* completed: set the flag yourself */
+
 struct coh_request {
     _Atomic int refs;    /* the caller's and the runtime's */
     _Atomic int state;   /* rx_req_state */
@@ -244,10 +252,11 @@ struct coh_request {
     en_completion_t done;
     int nslices;
     rx_slice_t slice[RX_MAX_RAILS];
-    struct rx_syncreq *sync;    /* partial synchronisation (rx_sync.h), else NULL */
-    const char *what;           /* the timeline's name of the op (static), NULL: "request" */
-    uint64_t bytes;             /* the timeline's: the op's bytes */
-    void (*on_done)(void *arg); /* called once complete (any thread; keep it short) */
+    struct rx_syncreq *sync; /* partial synchronisation (rx_sync.h), else NULL */
+    const char *what;        /* the timeline's name of the op (static), NULL: "request" */
+    uint64_t bytes;          /* the timeline's: the op's bytes */
+    _Atomic(rx_flagwait_t *) flagwaits; /* streams waiting; RX_FLAGWAITS_CLOSED once complete */
+    void (*on_done)(void *arg);         /* called once complete (any thread; keep it short) */
     void *on_done_arg;
     bool deferred; /* launched later, by whichever thread brings its rail table (rx_lb.c):
                       its slices are not the waiter's to read */

@@ -32,9 +32,12 @@
 
 #define GPU_SLOTS     3
 #define GPU_MAX_DEV   16
-#define GPU_SPIN_NS   200000ull /* 200 us */
-#define GPU_COPY_BPNS 5.0       /* bytes per ns a copy is expected to move (5 GB/s) */
-#define GPU_CACHE     6         /* pinned buffers kept for reuse */
+#define GPU_SPIN_NS   200000ull  /* 200 us */
+#define GPU_SPIN_MAX  3000000ull /* the learnt part of the window at most (3 ms) */
+#define GPU_COPY_BPNS 5.0        /* bytes per ns a copy is expected to move (5 GB/s) */
+#define GPU_CACHE     6          /* pinned buffers kept for reuse */
+#define GPU_EVENTS    64         /* events kept for reuse */
+#define GPU_FLAGS     1024       /* streams waiting for requests at once */
 
 typedef enum { SLOT_FREE = 0, SLOT_OUT, SLOT_NET, SLOT_IN } slot_state;
 
@@ -43,6 +46,7 @@ typedef struct gslot {
     char *host; /* pinned staging */
     size_t bytes;
     void *ev;
+    uint64_t t_ev; /* when ev was recorded: its wait feeds rx_gpu.lat_ns */
     size_t chunk;
     coh_request_t *sub;
 } gslot_t;
@@ -93,16 +97,76 @@ struct rx_gpu {
     _Atomic int kicked;
     rx_task_t kick_task;
     uint64_t spin_until_ns; /* poll without pause until then (device events soon) */
+    uint64_t lat_ns;        /* recent waits from an event's record to its completion seen */
     size_t chunk_bytes;
     bool ipc;      /* COHORT_GPU_IPC and the runtime offers it */
     gipc_t **maps; /* loop thread only */
     int nmaps, capmaps;
     uint64_t uses;
-    _Atomic uint64_t n_ops, n_ipc, staged; /* coh_stats_t's gpu_* */
-    uv_mutex_t mu;                         /* the cache */
+    _Atomic uint64_t n_ops, n_ipc, staged, n_maps; /* coh_stats_t's gpu_* */
+    uv_mutex_t mu;                                 /* the cache, the events, the flags */
     void *cache[GPU_CACHE];
     size_t cache_n[GPU_CACHE];
+    void *events[GPU_EVENTS];
+    int nevents;
+    /* Releases that can block in the CUDA driver while a caller's stream
+     * waits for an op (pinned frees synchronize the device): made on the
+     * loop thread only once no op runs (graves_drain). */
+    struct grave *graves;
+    int ngraves, capgraves;
+    /* coh_request_stream_wait: flag i (pinned, mapped) is waited on by a
+     * stream; the slot is free again once set and the stream's event after
+     * the wait (fw_ev[i]) has completed. */
+    uint32_t *flags;
+    rx_flagwait_t fw[GPU_FLAGS];
+    void *fw_ev[GPU_FLAGS];
+    bool fw_used[GPU_FLAGS];
 };
+
+typedef enum { GRAVE_HOST, GRAVE_EVENT, GRAVE_IPC } grave_kind;
+typedef struct grave {
+    grave_kind kind;
+    void *p;
+} grave_t;
+
+static void grave_release(const gpu_dev_t *d, grave_kind k, void *p)
+{
+    if (k == GRAVE_HOST) d->host_free(p);
+    if (k == GRAVE_EVENT) d->event_free(p);
+    if (k == GRAVE_IPC) d->ipc_close(p);
+}
+
+/* Any thread: release p once no op runs (at once if memory is short). */
+static void grave_add(struct rx_gpu *g, grave_kind k, void *p)
+{
+    uv_mutex_lock(&g->mu);
+    if (g->ngraves == g->capgraves) {
+        int cap = g->capgraves ? g->capgraves * 2 : 16;
+        grave_t *n = coh_realloc(g->graves, sizeof(*n) * (size_t)cap);
+        if (n) {
+            g->graves = n;
+            g->capgraves = cap;
+        }
+    }
+    bool kept = g->ngraves < g->capgraves;
+    if (kept) g->graves[g->ngraves++] = (grave_t){k, p};
+    uv_mutex_unlock(&g->mu);
+    if (!kept) grave_release(g->dev, k, p);
+}
+
+/* Loop thread, no op running (or finalizing): the deferred releases. */
+static void graves_drain(struct rx_gpu *g)
+{
+    for (;;) {
+        uv_mutex_lock(&g->mu);
+        grave_t t = {0};
+        bool any = g->ngraves > 0;
+        if (any) t = g->graves[--g->ngraves];
+        uv_mutex_unlock(&g->mu);
+        if (!any) return;
+        grave_release(g->dev, t.kind, t.p);
+    }
+}
 
 /* ---- pinned staging, reused: pinning costs milliseconds ---- */
 
@@ -146,7 +210,28 @@ static void stage_put(struct rx_gpu *g, char *p, size_t n)
         g->cache_n[slot] = n;
     }
     uv_mutex_unlock(&g->mu);
-    if (drop) g->dev->host_free(drop);
+    if (drop) grave_add(g, GRAVE_HOST, drop);
+}
+
+/* Events, reused: creating or destroying one waits for a lock of the CUDA
+ * driver that a caller's thread may hold while it waits for an op
+ * (gpu-lockprobe); what the pool cannot keep goes to the graves. */
+static int ev_get(struct rx_gpu *g, void **e)
+{
+    uv_mutex_lock(&g->mu);
+    *e = g->nevents ? g->events[--g->nevents] : NULL;
+    uv_mutex_unlock(&g->mu);
+    return *e ? 0 : g->dev->event_new(e);
+}
+
+static void ev_put(struct rx_gpu *g, void *e)
+{
+    if (!e) return;
+    uv_mutex_lock(&g->mu);
+    bool kept = g->nevents < GPU_EVENTS;
+    if (kept) g->events[g->nevents++] = e;
+    uv_mutex_unlock(&g->mu);
+    if (!kept) grave_add(g, GRAVE_EVENT, e);
 }
 
 /* ---- chunks ---- */
@@ -174,7 +259,12 @@ static size_t slot_need(const gop_t *op)
 /* Device work of n bytes was just queued: poll closely until it may be done. */
 static void expect_soon(struct rx_gpu *g, size_t n)
 {
-    uint64_t t = bs_now_ns() + GPU_SPIN_NS + (uint64_t)((double)n / GPU_COPY_BPNS);
+    /* The window also covers what device events took lately: with several
+     * processes on one GPU, a process's work waits for the GPU to switch
+     * to its context (measured: about 1.2 ms), and polling that only on
+     * the 1 ms timer made small ops take one more tick. */
+    uint64_t learnt = 2 * g->lat_ns < GPU_SPIN_MAX ? 2 * g->lat_ns : GPU_SPIN_MAX;
+    uint64_t t = bs_now_ns() + GPU_SPIN_NS + learnt + (uint64_t)((double)n / GPU_COPY_BPNS);
     if (t > g->spin_until_ns) g->spin_until_ns = t;
 }
 
@@ -230,6 +320,7 @@ static int issue_out(struct rx_gpu *g, gop_t *op, gslot_t *s, size_t k)
     default: r = COH_EINVAL;
     }
     if (r == 0) r = g->dev->event_record(s->ev, g->stream[op->dev]);
+    s->t_ev = bs_now_ns();
     if (r < 0) return dev_fail(op, g, "copy to host"), r;
     expect_soon(g, 0); /* the event, also where nothing was copied */
     s->chunk = k;
@@ -300,6 +391,7 @@ static int issue_in(struct rx_gpu *g, gop_t *op, gslot_t *s)
     default: r = COH_EINVAL;
     }
     if (r == 0) r = g->dev->event_record(s->ev, g->stream[op->dev]);
+    s->t_ev = bs_now_ns();
     if (r < 0) return dev_fail(op, g, "copy to the device"), r;
     expect_soon(g, 0);
     s->state = SLOT_IN;
@@ -311,6 +403,11 @@ static int slot_event(struct rx_gpu *g, gop_t *op, gslot_t *s)
 {
     int q = g->dev->event_query(s->ev);
     if (q < 0) dev_fail(op, g, "event");
+    if (q > 0 && s->t_ev) { /* seen now: an average over the last few */
+        uint64_t w = bs_now_ns() - s->t_ev;
+        g->lat_ns = g->lat_ns ? (g->lat_ns * 7 + w) / 8 : w;
+        s->t_ev = 0;
+    }
     return q;
 }
 
@@ -412,7 +509,7 @@ static gipc_t *map_get(struct rx_gpu *g, int peer, const gpu_ipc_t *h)
         for (int i = 0; i < g->nmaps; i++)
             if (!g->maps[i]->busy && (lru < 0 || g->maps[i]->used < g->maps[lru]->used)) lru = i;
         if (lru >= 0) {
-            g->dev->ipc_close(g->maps[lru]->base);
+            grave_add(g, GRAVE_IPC, g->maps[lru]->base);
             coh_free(g->maps[lru]);
             g->maps[lru] = g->maps[--g->nmaps];
         }
@@ -430,6 +527,7 @@ static gipc_t *map_get(struct rx_gpu *g, int peer, const gpu_ipc_t *h)
         coh_free(m);
         return NULL;
     }
+    atomic_fetch_add_explicit(&g->n_maps, 1, memory_order_relaxed);
     m->peer = peer;
     m->h = *h;
     m->busy = 1;
@@ -509,6 +607,7 @@ static int issue_local(struct rx_gpu *g, gop_t *op)
     default: r = COH_EINVAL;
     }
     if (r == 0) r = g->dev->event_record(op->slot[0].ev, st);
+    op->slot[0].t_ev = bs_now_ns();
     if (r < 0) return dev_fail(op, g, "device work"), r;
     expect_soon(g, a->count * es);
     op->ldev = true;
@@ -542,20 +641,7 @@ static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait)
 {
     int N = op->comm->size, me = op->comm->rank;
     if (op->next_out == 0 && op->status == 0) {
-        /* My input's and output's handles, for the others. */
-        gpu_ipc_t *mine = op->tab + me * 2;
-        int r = g->dev->ipc_get(lbuf(op, me, 0), &mine[0]);
-        if (r == 0) r = g->dev->ipc_get(op->a.recvbuf, &mine[1]);
-        if (r < 0) {
-            char why[BS_ERR_LEN];
-            snprintf(why, sizeof(why),
-                     "%s: device memory that cannot be shared with the ranks on this host (%s); "
-                     "COHORT_GPU_IPC=0 stages it through host memory",
-                     op->req->what, g->dev->last_error());
-            op_fail(op, COH_EUNSUPPORTED, why);
-            return;
-        }
-        launch_local(g, op, 0);
+        launch_local(g, op, 0); /* my handles (taken at submission) for the others */
         return;
     }
     if (op->lsub) {
@@ -598,10 +684,10 @@ static void op_free(struct rx_gpu *g, gop_t *op)
 {
     for (int i = 0; i < GPU_SLOTS; i++) {
         stage_put(g, op->slot[i].host, op->slot[i].bytes);
-        if (op->slot[i].ev) g->dev->event_free(op->slot[i].ev);
+        ev_put(g, op->slot[i].ev);
         if (op->slot[i].sub) coh_request_free(op->slot[i].sub);
     }
-    if (op->user_ev) g->dev->event_free(op->user_ev);
+    ev_put(g, op->user_ev);
     if (op->lsub) coh_request_free(op->lsub);
     for (int i = 0; op->held && i < op->comm->size * 2; i++)
         if (op->held[i]) op->held[i]->busy--;
@@ -623,9 +709,12 @@ static void finish(struct rx_gpu *g, gop_t *op)
         atomic_fetch_add_explicit(&g->n_ops, 1, memory_order_relaxed);
         if (op->local) atomic_fetch_add_explicit(&g->n_ipc, 1, memory_order_relaxed);
     }
-    coh_request_t *req = op->req;
+    /* Complete first: a stream ordered after the op goes on, and a caller
+     * waiting behind it releases whatever driver lock it holds before the
+     * op's resources go back. */
+    rx_request_complete(op->req);
+    op->req = NULL;
     op_free(g, op);
-    rx_request_complete(req);
 }
 
 static void arm(struct rx_gpu *g, bool devwait);
@@ -645,6 +734,7 @@ static void run_all(struct rx_gpu *g)
             pp = &op->next;
         }
     }
+    if (!g->ops) graves_drain(g);
     arm(g, devwait);
 }
 
@@ -694,10 +784,6 @@ static void submit_run(rx_task_t *t, rx_reactor_t *rx)
 {
     struct rx_gpu *g = rx->owner;
     gop_t *op = (gop_t *)t;
-    /* The stream of the op's device, made on first use. */
-    if (!g->stream[op->dev] &&
-        (g->dev->set_device(op->dev, NULL) < 0 || g->dev->stream_new(&g->stream[op->dev]) < 0))
-        dev_fail(op, g, "cohort's stream");
     op->next = g->ops;
     g->ops = op;
     expect_soon(g, 0); /* its caller's stream may be there already */
@@ -792,6 +878,17 @@ void rx_gpu_fini(struct coh_ctx *ctx)
         if (g->stream[d]) g->dev->stream_free(g->stream[d]);
     for (int i = 0; i < GPU_CACHE; i++)
         if (g->cache[i]) g->dev->host_free(g->cache[i]);
+    graves_drain(g);
+    coh_free(g->graves);
+    for (int i = 0; i < g->nevents; i++) g->dev->event_free(g->events[i]);
+    /* The flags stay if a stream has not got past one yet (it reads them). */
+    bool passed = true;
+    for (int i = 0; i < GPU_FLAGS; i++) {
+        if (g->fw_used[i] && (!g->fw_ev[i] || g->dev->event_query(g->fw_ev[i]) != 1))
+            passed = false;
+        if (g->fw_ev[i]) g->dev->event_free(g->fw_ev[i]);
+    }
+    if (passed && g->flags) g->dev->host_free(g->flags);
     for (int i = 0; i < g->nmaps; i++) {
         g->dev->ipc_close(g->maps[i]->base);
         coh_free(g->maps[i]);
@@ -839,6 +936,7 @@ void rx_gpu_stats(struct coh_ctx *ctx, coh_stats_t *s)
     s->gpu_ops = atomic_load_explicit(&g->n_ops, memory_order_relaxed);
     s->gpu_ops_ipc = atomic_load_explicit(&g->n_ipc, memory_order_relaxed);
     s->gpu_staged_bytes = atomic_load_explicit(&g->staged, memory_order_relaxed);
+    s->gpu_ipc_maps = atomic_load_explicit(&g->n_maps, memory_order_relaxed);
 }
 
 const char *rx_gpu_name(const struct coh_ctx *ctx)
@@ -888,7 +986,14 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     /* On the caller's thread: its current device is put back afterwards. */
     int prev = -1;
     int st = g->dev->set_device(dev, &prev);
-    if (st == 0) st = g->dev->event_new(&op->user_ev);
+    /* cohort's stream on this device, made on first use here rather than on
+     * the loop thread, where making it could wait for the driver's lock. */
+    if (st == 0) {
+        uv_mutex_lock(&g->mu);
+        if (!g->stream[dev]) st = g->dev->stream_new(&g->stream[dev]);
+        uv_mutex_unlock(&g->mu);
+    }
+    if (st == 0) st = ev_get(g, &op->user_ev);
     if (st == 0) st = g->dev->event_record(op->user_ev, stream);
     size_t need = slot_need(op);
     int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
@@ -897,12 +1002,26 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
         op->tab = coh_calloc((size_t)comm->size * 2, sizeof(gpu_ipc_t));
         op->held = coh_calloc((size_t)comm->size * 2, sizeof(gipc_t *));
         if (!op->tab || !op->held) st = COH_ENOMEM;
-        if (st == 0) st = g->dev->event_new(&op->slot[0].ev);
+        if (st == 0) st = ev_get(g, &op->slot[0].ev);
+        /* My input's and output's handles, for the others: on the caller's
+         * thread, whose context holds the memory. */
+        gpu_ipc_t *mine = op->tab ? op->tab + comm->rank * 2 : NULL;
+        if (st == 0 && (g->dev->ipc_get(lbuf(op, comm->rank, 0), &mine[0]) < 0 ||
+                        g->dev->ipc_get(a->recvbuf, &mine[1]) < 0)) {
+            char why[BS_ERR_LEN];
+            snprintf(why, sizeof(why), "%s", g->dev->last_error());
+            if (prev >= 0 && prev != dev) g->dev->set_device(prev, NULL);
+            op_free(g, op);
+            return bs_fail(COH_EUNSUPPORTED,
+                           "%s: device memory that cannot be shared with the ranks on this host "
+                           "(%s); COHORT_GPU_IPC=0 stages it through host memory",
+                           fn, why);
+        }
     }
     for (int i = 0; i < nslots && st == 0; i++) {
         op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
         if (!op->slot[i].host) st = COH_ENOMEM;
-        if (st == 0) st = g->dev->event_new(&op->slot[i].ev);
+        if (st == 0) st = ev_get(g, &op->slot[i].ev);
     }
     if (prev >= 0 && prev != dev) g->dev->set_device(prev, NULL);
     op->req = st == 0 ? rx_request_new(ctx, 0) : NULL;
@@ -931,11 +1050,30 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     return 0;
 }
 
-static void wait_host_fn(void *arg)
+/* A free flag slot (its flag 0), or NULL with g->dev's error or none. */
+static rx_flagwait_t *flag_get(struct rx_gpu *g, int *idx)
 {
-    coh_request_t *req = arg;
-    coh_wait(req, -1);
-    rx_request_unref(req);
+    uv_mutex_lock(&g->mu);
+    if (!g->flags) {
+        void *p = NULL;
+        if (g->dev->host_alloc(&p, GPU_FLAGS * sizeof(uint32_t)) == 0) g->flags = p;
+        for (int i = 0; g->flags && i < GPU_FLAGS; i++) g->fw[i].flag = &g->flags[i];
+    }
+    int got = -1;
+    for (int i = 0; g->flags && i < GPU_FLAGS && got < 0; i++) {
+        if (g->fw_used[i] && g->fw_ev[i] && __atomic_load_n(&g->flags[i], __ATOMIC_ACQUIRE) &&
+            g->dev->event_query(g->fw_ev[i]) == 1)
+            g->fw_used[i] = false; /* set, and its stream got past it */
+        if (!g->fw_used[i] && (g->fw_ev[i] || g->dev->event_new(&g->fw_ev[i]) == 0)) got = i;
+    }
+    if (got >= 0) {
+        g->fw_used[got] = true;
+        g->fw[got].next = NULL;
+        __atomic_store_n(&g->flags[got], 0u, __ATOMIC_RELAXED);
+    }
+    uv_mutex_unlock(&g->mu);
+    *idx = got;
+    return got >= 0 ? &g->fw[got] : NULL;
 }
 
 COH_API int coh_request_stream_wait(coh_request_t *req, void *stream)
@@ -945,14 +1083,38 @@ COH_API int coh_request_stream_wait(coh_request_t *req, void *stream)
     if (atomic_load(&req->state) == RX_REQ_DONE) return 0; /* its data is in place */
     if (!g)
         return bs_fail(COH_EUNSUPPORTED, "coh_request_stream_wait: no device runtime (COHORT_GPU)");
-    /* The stream's next work waits in a host function until the request
-     * completes (the runtime's own thread waits there, not the caller). */
-    atomic_fetch_add(&req->refs, 1);
-    int st = g->dev->host_fn(stream, wait_host_fn, req);
+    /* The stream waits on a flag in pinned memory that the request's
+     * completion sets (cuStreamWaitValue32). A host function that waited
+     * instead deadlocked on a GPU: it holds a driver lock that the op's own
+     * CUDA calls need (docs/gpu.md). */
+    int i;
+    rx_flagwait_t *w = flag_get(g, &i);
+    if (!w)
+        return bs_fail(COH_ENOMEM, "coh_request_stream_wait: %s",
+                       g->flags ? "too many streams waiting for requests (1024)"
+                                : g->dev->last_error());
+    int st = g->dev->wait_value(stream, w->flag, 1);
     if (st < 0) {
-        rx_request_unref(req);
+        uv_mutex_lock(&g->mu);
+        g->fw_used[i] = false;
+        uv_mutex_unlock(&g->mu);
         return bs_fail(st, "coh_request_stream_wait: %s", g->dev->last_error());
     }
+    /* Past this event the slot is the stream's no more. If it cannot be
+     * recorded the slot is never reused (the device is failing anyway). */
+    if (g->dev->event_record(g->fw_ev[i], stream) < 0) {
+        uv_mutex_lock(&g->mu);
+        g->fw_ev[i] = NULL;
+        uv_mutex_unlock(&g->mu);
+    }
+    rx_flagwait_t *head = atomic_load(&req->flagwaits);
+    do {
+        if (head == RX_FLAGWAITS_CLOSED) { /* completed meanwhile */
+            __atomic_store_n(w->flag, 1u, __ATOMIC_RELEASE);
+            return 0;
+        }
+        w->next = head;
+    } while (!atomic_compare_exchange_weak(&req->flagwaits, &head, w));
     return 0;
 }
 

@@ -118,6 +118,13 @@ void rx_request_complete(coh_request_t *req)
     int failed = atomic_load(&req->status) < 0;
     atomic_store(&req->state, RX_REQ_DONE); /* seq_cst: then read waiters (Dekker with coh_wait) */
     if (atomic_load(&req->waiters) > 0) futex_wake_all(req);
+    /* Streams ordered after the request go on (their slots are rx_gpu's:
+     * read next before the store that lets a slot be reused). */
+    for (rx_flagwait_t *w = atomic_exchange(&req->flagwaits, RX_FLAGWAITS_CLOSED); w;) {
+        rx_flagwait_t *next = w->next;
+        __atomic_store_n(w->flag, 1u, __ATOMIC_RELEASE);
+        w = next;
+    }
     rx_ctx_notify(ctx, failed);
     if (req->on_done) req->on_done(req->on_done_arg);
     rx_request_unref(req);

@@ -195,14 +195,21 @@ static void slow_fill_fn(void *arg)
 
 /* The op follows work the caller queued on its stream (a slow host step,
  * then a copy into the device buffer) and the caller's second stream
- * follows the op: neither ordering comes from the host waiting. */
-static void test_stream_order(size_t count)
+ * follows the op: neither ordering comes from the host waiting. With
+ * pageable_out the result is copied into pageable memory, which holds the
+ * driver's lock until the op is done: the op's path must then need no
+ * call that waits for it (the staged path; not the IPC path's kernels). */
+static void test_stream_order(size_t count, bool pageable_out)
 {
     size_t n = count * sizeof(float);
     void *s1, *s2;
     if (D->stream_new(&s1) < 0 || D->stream_new(&s2) < 0)
         MP_FAIL("stream_new: %s", D->last_error());
-    float *src = xmalloc(n), *out = xmalloc(n);
+    /* The source pinned: CUDA reads a pageable one when the copy is issued,
+     * before slow_fill_fn has run (docs/gpu.md, "Pageable memory"). */
+    float *src, *out = pageable_out ? xmalloc(n) : NULL;
+    if (D->host_alloc((void **)&src, n) < 0 || (!out && D->host_alloc((void **)&out, n) < 0))
+        MP_FAIL("host_alloc: %s", D->last_error());
     float *d = dalloc(n);
     slow_fill_t sf = {.host = src, .count = count, .rank = R};
     if (D->host_fn(s1, slow_fill_fn, &sf) < 0 || D->copy(d, src, n, s1) < 0)
@@ -223,8 +230,43 @@ static void test_stream_order(size_t count)
     D->stream_free(s1);
     D->stream_free(s2);
     D->dev_free(d);
-    free(src);
-    free(out);
+    D->host_free(src);
+    if (pageable_out)
+        free(out);
+    else
+        D->host_free(out);
+}
+
+/* A training loop's shape: the same buffers op after op. After the first
+ * op the IPC path maps no more of the peers' memory (map_get's cache), and
+ * the staged path maps none. */
+static void test_same_buffers(coh_ctx_t *ctx, bool ipc)
+{
+    const size_t count = 4099;
+    float *h = xmalloc(count * 4);
+    float *d = dalloc(count * 4), *o = dalloc(count * 4);
+    coh_stats_t s0, s1;
+    for (int i = 0; i < 8; i++) {
+        for (size_t k = 0; k < count; k++) h[k] = (float)(R + i) + (float)(k % 5);
+        to_dev(d, h, count * 4);
+        coh_request_t *req;
+        MP_OK(coh_allreduce(W, d, o, count, COH_F32, COH_SUM, &req));
+        mp_wait(req);
+        if (i == 0) MP_OK(coh_ctx_stats(ctx, &s0));
+        from_dev(h, o, count * 4);
+        for (size_t k = 0; k < count; k++) {
+            float want = (float)(N * (N - 1) / 2 + N * i) + (float)N * (float)(k % 5);
+            if (h[k] != want)
+                MP_FAIL("same buffers op %d: element %zu is %g, expected %g", i, k, h[k], want);
+        }
+    }
+    MP_OK(coh_ctx_stats(ctx, &s1));
+    if (s1.gpu_ipc_maps != s0.gpu_ipc_maps || (ipc ? !s0.gpu_ipc_maps : s0.gpu_ipc_maps != 0))
+        MP_FAIL("peer mappings: %llu after the first op, %llu after eight (IPC path: %d)",
+                (unsigned long long)s0.gpu_ipc_maps, (unsigned long long)s1.gpu_ipc_maps, ipc);
+    D->dev_free(d);
+    D->dev_free(o);
+    free(h);
 }
 
 /* Device ops reserve their chunks' op numbers at submission and launch
@@ -309,6 +351,8 @@ static void mode_kill(void)
 int main(int argc, char **argv)
 {
     const char *why = "";
+    /* Line by line: a run killed at its timeout still shows how far it got. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char *mode = getenv("COHORT_GPU") ? getenv("COHORT_GPU") : "auto";
     D = gpu_dev_pick(mode, &why);
     if (argc > 1 && !strcmp(argv[1], "probe")) {
@@ -344,16 +388,19 @@ int main(int argc, char **argv)
         for (size_t o = 0; o < sizeof(OPS) / sizeof(OPS[0]); o++)
             test_reduce_scatter(DTYPES[d], OPS[o], 1001, (int)((d + o) % 3));
     if (R == 0) printf("reduce_scatter: ok\n");
-    test_stream_order(100003);
+    bool ipc = !getenv("COHORT_GPU_IPC") || atoi(getenv("COHORT_GPU_IPC")) != 0;
+    test_stream_order(100003, false);
+    if (!ipc) test_stream_order(100003, true);
     if (R == 0) printf("stream order: ok\n");
     for (int i = 0; i < 5; i++) test_interleaved(200003);
     if (R == 0) printf("interleaved: ok\n");
     test_refused();
+    test_same_buffers(ctx, ipc);
+    if (R == 0) printf("same buffers: ok\n");
     /* The path taken: every rank is on this host, so through each other's
      * device memory unless COHORT_GPU_IPC=0. */
     coh_stats_t st;
     MP_OK(coh_ctx_stats(ctx, &st));
-    bool ipc = !getenv("COHORT_GPU_IPC") || atoi(getenv("COHORT_GPU_IPC")) != 0;
     if (R == 0)
         printf("device ops %llu, through IPC %llu, staged %llu bytes\n",
                (unsigned long long)st.gpu_ops, (unsigned long long)st.gpu_ops_ipc,
