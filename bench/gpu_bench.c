@@ -43,6 +43,12 @@ static size_t parse_size(const char *s)
 
 static const gpu_dev_t *D;
 
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
 __attribute__((noreturn)) static void die(const char *what)
 {
     fprintf(stderr, "cohort-gpubench: %s: %s\n", what, D->last_error());
@@ -121,6 +127,38 @@ int main(int argc, char **argv)
     for (size_t t = 0; t < sizeof(dts) / sizeof(dts[0]); t++)
         printf("  %-6s %10.1f\n", coh_dtype_name(dts[t]),
                3.0 * (double)hi / time_op(do_reduce, d, a, b, hi, dts[t], iters) / 1e9);
+    /* What a small op on the IPC path pays per step (docs/gpu.md): a
+     * tiny kernel from launch to its event seen complete by polling, the
+     * IPC handle of a buffer, one event query. Medians of 200. */
+    enum { LAT = 200 };
+    double lat[3][LAT];
+    void *s = NULL, *ev = NULL;
+    if (D->stream_new(&s) < 0 || D->event_new(&ev) < 0) die("stream");
+    for (int i = 0; i < LAT; i++) {
+        double t0 = now_s();
+        if (D->reduce(COH_F32, COH_SUM, d, a, b, 256, s) < 0 || D->event_record(ev, s) < 0)
+            die("launch");
+        while (D->event_query(ev) == 0) {
+        }
+        double t1 = now_s();
+        gpu_ipc_t hd;
+        if (D->ipc_get && D->ipc_get(d, &hd) < 0) die("ipc_get");
+        double t2 = now_s();
+        D->event_query(ev);
+        double t3 = now_s();
+        lat[0][i] = t1 - t0;
+        lat[1][i] = t2 - t1;
+        lat[2][i] = t3 - t2;
+    }
+    static const char *const lname[] = {"kernel launch to event seen",
+                                        "ipc_get (a buffer's handle)", "event_query"};
+    printf("# per-call latency (us, median of %d)\n", LAT);
+    for (int k = 0; k < 3; k++) {
+        qsort(lat[k], LAT, sizeof(double), cmp_double);
+        printf("  %-30s %8.2f\n", lname[k], lat[k][LAT / 2] * 1e6);
+    }
+    D->event_free(ev);
+    D->stream_free(s);
     D->dev_free(a);
     D->dev_free(b);
     D->dev_free(d);
