@@ -120,8 +120,10 @@ struct rx_gpu {
     uint32_t *flags;
     rx_flagwait_t fw[GPU_FLAGS];
     void *fw_ev[GPU_FLAGS];
-    bool fw_used[GPU_FLAGS];
+    uint8_t fw_state[GPU_FLAGS]; /* FW_FREE, FW_ARMING (until fw_ev is recorded), FW_ARMED */
 };
+
+enum { FW_FREE = 0, FW_ARMING, FW_ARMED };
 
 typedef enum { GRAVE_HOST, GRAVE_EVENT, GRAVE_IPC } grave_kind;
 typedef struct grave {
@@ -884,7 +886,8 @@ void rx_gpu_fini(struct coh_ctx *ctx)
     /* The flags stay if a stream has not got past one yet (it reads them). */
     bool passed = true;
     for (int i = 0; i < GPU_FLAGS; i++) {
-        if (g->fw_used[i] && (!g->fw_ev[i] || g->dev->event_query(g->fw_ev[i]) != 1))
+        if (g->fw_state[i] != FW_FREE &&
+            (g->fw_state[i] != FW_ARMED || g->dev->event_query(g->fw_ev[i]) != 1))
             passed = false;
         if (g->fw_ev[i]) g->dev->event_free(g->fw_ev[i]);
     }
@@ -1061,13 +1064,17 @@ static rx_flagwait_t *flag_get(struct rx_gpu *g, int *idx)
     }
     int got = -1;
     for (int i = 0; g->flags && i < GPU_FLAGS && got < 0; i++) {
-        if (g->fw_used[i] && g->fw_ev[i] && __atomic_load_n(&g->flags[i], __ATOMIC_ACQUIRE) &&
+        /* Armed (its event recorded after the wait), set, and its stream got
+         * past it. A slot still arming may be set already while its event
+         * holds an older record: it is not free yet. */
+        if (g->fw_state[i] == FW_ARMED && __atomic_load_n(&g->flags[i], __ATOMIC_ACQUIRE) &&
             g->dev->event_query(g->fw_ev[i]) == 1)
-            g->fw_used[i] = false; /* set, and its stream got past it */
-        if (!g->fw_used[i] && (g->fw_ev[i] || g->dev->event_new(&g->fw_ev[i]) == 0)) got = i;
+            g->fw_state[i] = FW_FREE;
+        if (g->fw_state[i] == FW_FREE && (g->fw_ev[i] || g->dev->event_new(&g->fw_ev[i]) == 0))
+            got = i;
     }
     if (got >= 0) {
-        g->fw_used[got] = true;
+        g->fw_state[got] = FW_ARMING;
         g->fw[got].next = NULL;
         __atomic_store_n(&g->flags[got], 0u, __ATOMIC_RELAXED);
     }
@@ -1084,9 +1091,9 @@ COH_API int coh_request_stream_wait(coh_request_t *req, void *stream)
     if (!g)
         return bs_fail(COH_EUNSUPPORTED, "coh_request_stream_wait: no device runtime (COHORT_GPU)");
     /* The stream waits on a flag in pinned memory that the request's
-     * completion sets (cuStreamWaitValue32). A host function that waited
-     * instead deadlocked on a GPU: it holds a driver lock that the op's own
-     * CUDA calls need (docs/gpu.md). */
+     * completion sets (cuStreamWaitValue32). Not a host function that
+     * waits: CUDA forbids one to wait for other CUDA work, and it would
+     * hold the runtime's callback thread meanwhile. */
     int i;
     rx_flagwait_t *w = flag_get(g, &i);
     if (!w)
@@ -1096,15 +1103,15 @@ COH_API int coh_request_stream_wait(coh_request_t *req, void *stream)
     int st = g->dev->wait_value(stream, w->flag, 1);
     if (st < 0) {
         uv_mutex_lock(&g->mu);
-        g->fw_used[i] = false;
+        g->fw_state[i] = FW_FREE;
         uv_mutex_unlock(&g->mu);
         return bs_fail(st, "coh_request_stream_wait: %s", g->dev->last_error());
     }
     /* Past this event the slot is the stream's no more. If it cannot be
-     * recorded the slot is never reused (the device is failing anyway). */
-    if (g->dev->event_record(g->fw_ev[i], stream) < 0) {
+     * recorded the slot stays arming, never reused (the device is failing). */
+    if (g->dev->event_record(g->fw_ev[i], stream) == 0) {
         uv_mutex_lock(&g->mu);
-        g->fw_ev[i] = NULL;
+        g->fw_state[i] = FW_ARMED;
         uv_mutex_unlock(&g->mu);
     }
     rx_flagwait_t *head = atomic_load(&req->flagwaits);
