@@ -577,8 +577,10 @@ COH_API int coh_reduce_scatter_ex(coh_comm_t *comm, const void *sendbuf, void *r
                                   size_t recvcount, coh_dtype dtype, coh_redop op,
                                   const coh_coll_opts_t *opts, coh_request_t **req);
 /* Work queued on stream after this call starts once req has completed (a
- * completed request: at once). Until then a host function of the stream
- * waits for it. COH_EUNSUPPORTED without a device runtime. */
+ * completed request: at once). Until then the stream waits on a flag that
+ * the completion sets (cuStreamWaitValue32); no thread waits. At most 1024
+ * such waits pending (COH_ENOMEM beyond). COH_EUNSUPPORTED without a device
+ * runtime. */
 COH_API int coh_request_stream_wait(coh_request_t *req, void *stream);
 
 /* Device memory from the context's device runtime, for programs and
