@@ -9,6 +9,7 @@
 #ifdef COHORT_HAVE_CUDA
 #include <cuda.h> /* types only: the driver is reached through the runtime */
 #include <cuda_runtime_api.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -163,22 +164,30 @@ static int make_current(void)
     return cudaSetDevice(dev) == cudaSuccess ? 0 : -1;
 }
 
-/* cuMemGetAddressRange through the runtime: linking libcuda would keep
- * programs from starting on machines without a driver. */
+/* A driver function through the runtime (linking libcuda would keep
+ * programs from starting on machines without a driver), looked up once;
+ * NULL with the error kept when the driver lacks it. */
+static void *driver_fn(const char *name, void *_Atomic *cache)
+{
+    void *fp = atomic_load(cache);
+    if (fp) return fp;
+    enum cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(name, &fp, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        !fp) {
+        check(cudaErrorNotSupported, name);
+        return NULL;
+    }
+    atomic_store(cache, fp);
+    return fp;
+}
+
 typedef CUresult (*range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
 
 static int c_ipc_get(const void *p, gpu_ipc_t *h)
 {
-    static range_fn range;
-    if (!range) {
-        void *fp = NULL;
-        enum cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fp, 12000, cudaEnableDefault,
-                                             &q) != cudaSuccess ||
-            !fp)
-            return check(cudaErrorNotSupported, "cuMemGetAddressRange");
-        range = (range_fn)fp;
-    }
+    static void *_Atomic range_p;
+    range_fn range = (range_fn)driver_fn("cuMemGetAddressRange", &range_p);
+    if (!range) return COH_EINVAL;
     CUdeviceptr base = 0;
     size_t size = 0;
     CUresult e = range(&base, &size, (CUdeviceptr)(uintptr_t)p);
@@ -217,21 +226,13 @@ static int c_host_fn(void *s, void (*fn)(void *), void *arg)
     return check(cudaLaunchHostFunc((cudaStream_t)s, fn, arg), "cudaLaunchHostFunc");
 }
 
-/* cuStreamWaitValue32 through the runtime, as cuMemGetAddressRange. */
 typedef CUresult (*wait32_fn)(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
 
 static int c_wait_value(void *s, volatile uint32_t *flag, uint32_t value)
 {
-    static wait32_fn wait32;
-    if (!wait32) {
-        void *fp = NULL;
-        enum cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fp, 12000, cudaEnableDefault,
-                                             &q) != cudaSuccess ||
-            !fp)
-            return check(cudaErrorNotSupported, "cuStreamWaitValue32");
-        wait32 = (wait32_fn)fp;
-    }
+    static void *_Atomic wait32_p;
+    wait32_fn wait32 = (wait32_fn)driver_fn("cuStreamWaitValue32", &wait32_p);
+    if (!wait32) return COH_EINVAL;
     void *dp = NULL;
     int r = check(cudaHostGetDevicePointer(&dp, (void *)(uintptr_t)flag, 0),
                   "cudaHostGetDevicePointer");
