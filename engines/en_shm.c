@@ -63,10 +63,13 @@
 #define SHM_RING_HDR     256                   /* the indices, then the data */
 #define SHM_PUBLISH      (64 * 1024)           /* a long payload is published in pieces */
 #define SHM_HANDSHAKE_MS 10000
-#define SHM_HDR_CMA      0x80         /* in the header's flags byte: a descriptor follows */
-#define SHM_CMA_DESC     24           /* u64 address, u64 length, u64 reserved */
-#define SHM_CMA_PIECE    (1u << 20)   /* read at most this much at once into a destination */
-#define SHM_CMA_BOUNCE   (64u * 1024) /* through this buffer for a reduction (stays in cache) */
+#define SHM_HDR_CMA      0x80       /* in the header's flags byte: a descriptor follows */
+#define SHM_CMA_DESC     24         /* u64 address, u64 length, u64 reserved */
+#define SHM_CMA_PIECE    (1u << 20) /* read at most this much at once into a destination */
+/* A reduction reads through this buffer. It stays in a core's L2; each read
+ * pins the peer's pages anew, so fewer, larger reads cost less: 4 ranks on
+ * one core, 1 MiB allreduce, 1130 -> 1080 us going from 64 KiB to 256 KiB. */
+#define SHM_CMA_BOUNCE (256u * 1024)
 
 /* At the start of a ring's mapping. head and tail count bytes since the
  * start (never wrap); the data index is (count & (size - 1)). */
