@@ -184,10 +184,10 @@ typedef struct coh_config {
                                 rate-controlled per rail (1); 0: each carries its own slice */
     int shm;                 /* COHORT_SHM: ranks on the same host (COHORT_HOST_ID) connect
                                 through shared memory on every rail (1) */
-    size_t shm_ring_bytes;   /* COHORT_SHM_RING_BYTES: each shared-memory ring (0, auto: 4 MiB
-                                up to 17 ranks on the host, less above) */
+    size_t shm_ring_bytes;   /* COHORT_SHM_RING_BYTES: each shared-memory ring (0, auto: 1 MiB
+                                up to 65 ranks on the host, less above) */
     size_t shm_cma_bytes;    /* COHORT_SHM_CMA_BYTES: frames this large are read by the receiver
-                                from the sender's memory, one copy (256 KiB; 0: never) */
+                                from the sender's memory, one copy (0: never, the default) */
     int hier;                /* COHORT_HIER: collectives across hosts of equal size: 1
                                 hierarchical, 0 flat, -1 (auto) by the link model below */
     int hier_net_us;         /* COHORT_HIER_NET_US: latency between hosts (20 us) */

@@ -295,19 +295,22 @@ int rx_config_spin_us(const coh_config_t *cfg)
     return cfg->spin_us >= 0 ? cfg->spin_us : 2000;
 }
 
-/* Each rank populates a ring per peer on its host per rail: at 4 MiB, 32
- * ranks on one host held 4 GB of rings between them, 48 would hold 9. Auto
- * keeps a rank's rings on one rail within 64 MiB: 4 MiB up to 17 ranks on
- * the host, then halving, down to 256 KiB. Frames of COHORT_SHM_CMA_BYTES
- * and more do not pass through the ring (a descriptor does). local_n is the
+/* Each rank populates a ring per peer on its host per rail. A ring that
+ * stays in cache costs little to copy through: 4 ranks on 2 cores, 1 MiB
+ * allreduce, 4 MiB rings took about 1.7x the time of 1 MiB ones (and more
+ * than reading the sender's memory, which pins its pages on every read:
+ * docs/shm.md). Auto: 1 MiB up to 65 ranks on the host, then halving so a
+ * rank's rings on one rail stay within 64 MiB, down to 256 KiB. Frames of
+ * COHORT_SHM_CMA_BYTES and more do not pass through the ring (a descriptor
+ * does). local_n is the
  * launcher's count of ranks on the host (COHORT_LOCAL_SIZE): the mesh learns
  * who shares it only after the first rings exist. A reader maps a ring by
  * its own size, so the two ends need not agree. */
 size_t rx_config_shm_ring_bytes(const coh_config_t *cfg, int local_n)
 {
     if (cfg->shm_ring_bytes) return cfg->shm_ring_bytes;
-    size_t per = local_n > 1 ? ((size_t)64 << 20) / (size_t)(local_n - 1) : (size_t)4 << 20;
+    size_t per = local_n > 1 ? ((size_t)64 << 20) / (size_t)(local_n - 1) : (size_t)1 << 20;
     size_t rb = (size_t)256 << 10;
-    while (rb * 2 <= per && rb < ((size_t)4 << 20)) rb *= 2;
+    while (rb * 2 <= per && rb < ((size_t)1 << 20)) rb *= 2;
     return rb;
 }

@@ -146,12 +146,13 @@ typedef enum rx_knob_kind {
       "(docs/shm.md); 0: through each rail's network transport")                                   \
     X(shm_ring_bytes, RX_K_SIZE, "0", "COHORT_SHM_RING_BYTES", 0, 1ull << 30,                      \
       "bytes of each shared-memory ring (one per direction per peer on the host and rail; a "      \
-      "power of two, at least 64K); 0 (auto): 4M up to 17 ranks on the host (COHORT_LOCAL_SIZE), " \
+      "power of two, at least 64K); 0 (auto): 1M up to 65 ranks on the host (COHORT_LOCAL_SIZE), " \
       "then smaller so a rank's rings on a rail stay within 64M (at least 256K)")                  \
-    X(shm_cma_bytes, RX_K_SIZE, "256K", "COHORT_SHM_CMA_BYTES", 0, 1ull << 40,                     \
+    X(shm_cma_bytes, RX_K_SIZE, "0", "COHORT_SHM_CMA_BYTES", 0, 1ull << 40,                        \
       "shared-memory frames of at least this many bytes are read by the receiver straight from "   \
       "the sender's memory (process_vm_readv, where the kernel permits it): one copy instead of "  \
-      "two; 0: never")                                                                             \
+      "two, but the pages are pinned on every read (slower here than the ring's second copy, "     \
+      "docs/shm.md); 0: never")                                                                    \
     X(hier, RX_K_INT, "-1", "COHORT_HIER", -1, 1,                                                  \
       "collectives across hosts of the same number (>= 2) of ranks: 1 hierarchical (inside each "  \
       "host, then between hosts, then inside again); 0 flat; -1 (auto) whichever the link model "  \

@@ -297,6 +297,11 @@ static void mode_reject(int n)
      * this job's listener now holds (a fault test resuming a dead peer's
      * link) and be refused for its job token (TSan CI, 2026-11-26). */
     uint64_t base = rejected(ctx);
+    /* Rank 0 dials once every rank has its base: its allgather can end
+     * before another's, whose listener then counted 4 of its dials in base
+     * (236 of 240 counted, 2026-11-26). */
+    MP_OK(coh_barrier(w, &q));
+    mp_wait(q);
     if (base != 0)
         printf("rank %d: %llu connections rejected before the test (strangers)\n", R,
                (unsigned long long)base);

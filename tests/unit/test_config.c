@@ -398,12 +398,12 @@ static void test_shm_ring_auto(void **state)
     coh_config_t cfg;
     assert_int_equal(coh_config_init(&cfg), 0);
     assert_int_equal(cfg.shm_ring_bytes, 0);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1), 4u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2), 4u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 17), 4u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 18), 2u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 32), 2u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 48), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 65), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 66), 512u << 10);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 129), 512u << 10);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 130), 256u << 10);
     assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1000), 256u << 10);
     for (int n = 2; n < 300; n++)
         assert_true(rx_config_shm_ring_bytes(&cfg, n) * (size_t)(n - 1) <= (64u << 20) ||
