@@ -12,6 +12,7 @@
 #define COH_BASE_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "base/bs_alloc.h"
 #include "cohort.h"
@@ -43,6 +44,16 @@ static inline uint64_t bs_fnv64(uint64_t h, uint64_t v)
 {
     for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
     return h;
+}
+
+/* Copy src into dst[cap], cut to fit, always terminated: per-op strings,
+ * where snprintf's formatting machinery showed in small ops' profiles. */
+static inline void bs_strcpy(char *dst, size_t cap, const char *src)
+{
+    if (!cap) return;
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = 0;
 }
 
 /* An integer or a size with an optional K/M/G suffix (powers of 2), digits

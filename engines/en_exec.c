@@ -32,7 +32,7 @@ int en_op_new(en_completion_t *comp, int slice, uint32_t comm, uint64_t seq, uin
     op->comm = comm;
     op->seq = seq;
     op->sig = sig;
-    snprintf(op->desc, sizeof(op->desc), "%s", desc);
+    bs_strcpy(op->desc, sizeof(op->desc), desc);
     op->dtype = dtype;
     op->redop = redop;
     op->esize = (uint32_t)coh_dtype_size(dtype);
@@ -300,7 +300,7 @@ static void op_finish(en_op_t *op)
                      .t_start_ns = op->t_start_ns,
                      .t_end_ns = bs_now_ns(),
                      .bytes_out = op->bytes_out};
-    snprintf(why, sizeof(why), "%s", op->state == EN_OP_DONE ? "" : op->why);
+    bs_strcpy(why, sizeof(why), op->state == EN_OP_DONE ? "" : op->why);
     memcpy(bw, op->bw, sizeof(en_bw_t) * (size_t)op->nbw);
     memcpy(r.lost_bytes, op->lost_bytes, sizeof(r.lost_bytes));
     memcpy(r.stage_bytes, op->stage_bytes, sizeof(r.stage_bytes));

@@ -164,6 +164,7 @@ static tcp_sock_t *sock_new(en_rail_t *rail)
         coh_free(s);
         return NULL;
     }
+    atomic_store(&rail->stream_socks, 1);
     s->rail = rail;
     s->tcp.data = s;
     uv_timer_init(rail->loop, &s->timer);

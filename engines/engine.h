@@ -482,6 +482,9 @@ struct en_rail {
     int conn_status;
     char conn_why[BS_ERR_LEN];
     _Atomic uint64_t stat_bytes_out, stat_bytes_in;
+    /* A TCP socket was made on this rail (any thread reads it): loop code
+     * may then write(2) to a peer that died, which raises SIGPIPE. */
+    _Atomic int stream_socks;
     _Atomic uint64_t stat_rejected;   /* connections dropped at the handshake */
     _Atomic uint64_t stat_bad_frames; /* connections closed for a malformed frame */
     /* Failover (en_rail_cfg_t). routes[peer * nrails + j]: peer's listener

@@ -82,12 +82,18 @@ struct rx_reactor;
  *         is already there, and the loop does not block;
  *   progress: a count that grows whenever work is done (bytes moved), so a
  *         waiter running the loop knows a pass that did nothing and gives
- *         the CPU away (rx_reactor_help). */
+ *         the CPU away (rx_reactor_help);
+ *   streams: the loop has stream sockets (TCP), which libuv writes with
+ *         write(2): an application thread running it must hold SIGPIPE, and
+ *         a waiter's pass must ask epoll. False: everything is seen by poll
+ *         (shared memory, verbs), and a waiter's passes skip both system
+ *         calls. NULL: true. Any thread; once true, true for good. */
 typedef struct rx_reactor_hooks {
     bool (*busy)(struct rx_reactor *rx);
     bool (*poll)(struct rx_reactor *rx);
     bool (*arm)(struct rx_reactor *rx);
     uint64_t (*progress)(struct rx_reactor *rx);
+    bool (*streams)(struct rx_reactor *rx);
 } rx_reactor_hooks_t;
 
 typedef struct rx_reactor {

@@ -158,6 +158,41 @@ void rx_comm_abort_seq(struct coh_ctx *ctx, const coh_comm_t *comm, uint64_t seq
     }
 }
 
+/* "allreduce(count=1024, f32, sum)", for error messages. A thread's last
+ * one is kept: formatting it anew for every op was a twentieth of a small
+ * op's time. The string stays valid until the thread's next call. */
+static const char *describe(const rx_coll_args_t *a)
+{
+    static _Thread_local struct {
+        bool valid;
+        int kind, dtype, op, root;
+        size_t count;
+        char text[96];
+    } last;
+    if (last.valid && last.kind == (int)a->kind && last.dtype == (int)a->dtype &&
+        last.op == (int)a->op && last.root == a->root && last.count == a->count)
+        return last.text;
+    char *desc = last.text;
+    size_t cap = sizeof(last.text);
+    if (a->kind == SC_BARRIER)
+        snprintf(desc, cap, "barrier");
+    else if (a->kind == SC_BROADCAST)
+        snprintf(desc, cap, "broadcast(count=%zu, %s, root=%d)", a->count, coh_dtype_name(a->dtype),
+                 a->root);
+    else if (a->kind == SC_ALLGATHER)
+        snprintf(desc, cap, "allgather(count=%zu, %s)", a->count, coh_dtype_name(a->dtype));
+    else
+        snprintf(desc, cap, "%s(count=%zu, %s, %s)", sc_coll_kind_name(a->kind), a->count,
+                 coh_dtype_name(a->dtype), coh_redop_name(a->op));
+    last.valid = true;
+    last.kind = (int)a->kind;
+    last.dtype = (int)a->dtype;
+    last.op = (int)a->op;
+    last.root = a->root;
+    last.count = a->count;
+    return last.text;
+}
+
 int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_request_t **out,
                    const char *fn)
 {
@@ -195,18 +230,7 @@ int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_
         sig = bs_fnv64(sig, bits);
     }
 
-    char desc[96];
-    if (a->kind == SC_BARRIER)
-        snprintf(desc, sizeof(desc), "barrier");
-    else if (a->kind == SC_BROADCAST)
-        snprintf(desc, sizeof(desc), "broadcast(count=%zu, %s, root=%d)", a->count,
-                 coh_dtype_name(a->dtype), a->root);
-    else if (a->kind == SC_ALLGATHER)
-        snprintf(desc, sizeof(desc), "allgather(count=%zu, %s)", a->count,
-                 coh_dtype_name(a->dtype));
-    else
-        snprintf(desc, sizeof(desc), "%s(count=%zu, %s, %s)", sc_coll_kind_name(a->kind), a->count,
-                 coh_dtype_name(a->dtype), coh_redop_name(a->op));
+    const char *desc = describe(a);
 
     rx_launch_t L = {.coll = {.kind = a->kind,
                               .algo = SC_ALGO_AUTO,

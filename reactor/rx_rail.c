@@ -46,6 +46,12 @@ static uint64_t rail_progress(rx_reactor_t *rx)
            atomic_load_explicit(&r->en.stat_bytes_out, memory_order_relaxed);
 }
 
+static bool rail_streams(rx_reactor_t *rx)
+{
+    rx_rail_t *r = rx->owner;
+    return atomic_load(&r->en.stream_socks) != 0;
+}
+
 static int open_fn(rx_reactor_t *rx, void *arg)
 {
     (void)arg;
@@ -59,8 +65,11 @@ int rx_rail_start(rx_rail_t *r, const en_rail_cfg_t *cfg, int poll_us)
     BS_CHECK(en_rail_init(&r->en, cfg));
     char name[32];
     snprintf(name, sizeof(name), "cohort-rail%d", cfg->index);
-    const rx_reactor_hooks_t hooks = {
-        .busy = rail_busy, .poll = rail_poll, .arm = rail_arm, .progress = rail_progress};
+    const rx_reactor_hooks_t hooks = {.busy = rail_busy,
+                                      .poll = rail_poll,
+                                      .arm = rail_arm,
+                                      .progress = rail_progress,
+                                      .streams = rail_streams};
     int st =
         rx_reactor_start_hooked(&r->rx, name, rail_on_stop, r, &hooks, (uint64_t)poll_us * 1000ull);
     if (st == 0) st = rx_reactor_call(&r->rx, open_fn, NULL);
