@@ -414,7 +414,13 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                  * op whose peer's frames were already in (stashed) then
                  * waited ~50 ms for its own send's completion. */
                 if (!held && (held = has_streams(rx))) rx_sigpipe_hold(); /* the task made one */
-                run_pass(rx);
+                /* Without stream sockets the poll hook delivers everything;
+                 * a watcher the task added is registered by the loop thread,
+                 * which the kick below wakes. */
+                if (held)
+                    run_pass(rx);
+                else
+                    poll_pass(rx);
                 wake_if_asleep(rx);
             }
             if (held) rx_sigpipe_release();
