@@ -273,16 +273,16 @@ static void mode_stranger(void)
     printf("rank %d: OK\n", R);
 }
 
-/* Large broadcasts from every root in turn, nobody spinning (the knob is
- * set by the test): the root only sends, and its single-copy frames
- * complete when the readers count them. The loop thread sleeps in epoll
- * meanwhile, and the op is started by the caller's thread: the loop thread
- * must be woken to arm for those completions, or each op waits for its
- * 50 ms poll timeout. */
-static void mode_wakeups(int ops)
+/* Broadcasts of `bytes` (1 MiB unless given) from every root in turn,
+ * nobody spinning (the knob is set by the test): the root only sends, and
+ * its single-copy frames complete when the readers count them. The loop
+ * thread sleeps in epoll meanwhile, and a small op is started by the
+ * caller's thread: the loop thread must be woken to arm for those
+ * completions, or each op waits for its 50 ms poll timeout. */
+static void mode_wakeups(int ops, size_t bytes)
 {
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
-    const size_t n = 1 << 18; /* 1 MiB of f32: descriptors, not ring frames */
+    const size_t n = bytes / sizeof(float);
     float *b = malloc(n * sizeof(float));
     if (!b) MP_FAIL("out of memory");
     int slow = 0;
@@ -304,9 +304,9 @@ static void mode_wakeups(int ops)
     free(b);
     coh_stats_t s;
     MP_OK(coh_ctx_stats(ctx, &s));
-    printf("rank %d: %d broadcasts of 1 MiB, worst %.1f ms, %d over 20 ms; %llu bytes read from "
-           "peers' memory\n",
-           R, ops, worst * 1e3, slow, (unsigned long long)s.shm_cma_bytes_received);
+    printf("rank %d: %d broadcasts of %zu bytes, worst %.1f ms, %d over 20 ms; %llu bytes read "
+           "from peers' memory\n",
+           R, ops, bytes, worst * 1e3, slow, (unsigned long long)s.shm_cma_bytes_received);
     const char *tc = getenv("COHORT_TIMING_CHECKS");
     if (!(tc && !strcmp(tc, "0")) && slow > 3)
         MP_FAIL("%d of %d broadcasts took over 20 ms: a wake-up was lost", slow, ops);
@@ -317,13 +317,13 @@ static void mode_wakeups(int ops)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_shm split H | wakeups OPS | stranger | dir\n");
+        fprintf(stderr, "usage: test_shm split H | wakeups OPS [BYTES] | stranger | dir\n");
         return 2;
     }
     if (!strcmp(argv[1], "split") && argc > 2) {
         mode_split(atoi(argv[2]));
     } else if (!strcmp(argv[1], "wakeups") && argc > 2) {
-        mode_wakeups(atoi(argv[2]));
+        mode_wakeups(atoi(argv[2]), argc > 3 ? (size_t)atoll(argv[3]) : (size_t)1 << 20);
     } else if (!strcmp(argv[1], "stranger")) {
         mode_stranger();
     } else if (!strcmp(argv[1], "dir")) {
