@@ -161,13 +161,6 @@ bool en_rail_arm(en_rail_t *rail)
     return !rail->shm || en_shm_arm(rail);
 }
 
-bool en_rail_take_rearm(en_rail_t *rail)
-{
-    /* Only shared memory knows what its passes touch. */
-    if (!rail->shm || rail->verbs) return true;
-    return en_shm_take_rearm(rail);
-}
-
 static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void set_conn_status(en_rail_t *rail, int status, const char *fmt, ...)

@@ -147,12 +147,6 @@ struct en_shm {
     en_wreq_t *done_head, *done_tail;
     en_transport_ops_t ops; /* completed: what a conn's ops point to */
     char dir[128];          /* COHORT_SHM_DIR */
-    /* A pass cleared a sleep flag the loop thread may have armed (a full
-     * ring's wsleep), queued a single-copy frame whose completion needs one,
-     * made a conn or closed one: a loop thread asleep must be kicked to arm
-     * again, to register the conn's watcher or to finish the close
-     * (en_shm_take_rearm). Under the loop's run_mu. */
-    bool rearm;
 };
 typedef struct en_shm shm_tr_t;
 
@@ -309,7 +303,6 @@ static shm_conn_t *conn_new(shm_tr_t *tr, int fd)
     en_rail_t *rail = tr->rail;
     shm_conn_t *t = coh_zalloc(sizeof(*t));
     if (!t) return NULL;
-    tr->rearm = true; /* a watcher the loop thread must register */
     t->tr = tr;
     t->fd = fd;
     t->peer_memfd = -1;
@@ -351,7 +344,6 @@ static void conn_close(shm_conn_t *t, int status, const char *why)
     if (t->phase == SH_CLOSED) return;
     int was = c->state;
     t->phase = SH_CLOSED;
-    t->tr->rearm = true;
     c->state = EN_CONN_CLOSING;
     shm_tr_t *tr = t->tr;
     if (t->prev)
@@ -466,7 +458,6 @@ static void pump_tx(shm_conn_t *t)
             room = r->size - (t->tx_tail - atomic_load(&r->head));
             if (room < 8 || (t->q_off == 0 && room < first)) break;
             atomic_store(&r->wsleep, 0);
-            t->tr->rearm = true;
         }
         if (t->q_cma) {
             uint8_t b[EN_HDR_SIZE + SHM_CMA_DESC] = {0};
@@ -478,7 +469,6 @@ static void pump_tx(shm_conn_t *t)
             publish(t);
             /* The payload stays the caller's until the peer has read it. */
             en_wq_push(&t->cma_head, &t->cma_tail, q_sent(t, EN_HDR_SIZE + w->len));
-            t->tr->rearm = true;
             continue;
         }
         if (t->q_off == 0) {
@@ -1023,14 +1013,6 @@ bool en_shm_poll(en_rail_t *rail)
         did = true;
     }
     return done_run(tr) || did;
-}
-
-bool en_shm_take_rearm(en_rail_t *rail)
-{
-    shm_tr_t *tr = rail->shm;
-    bool r = tr->rearm;
-    tr->rearm = false;
-    return r;
 }
 
 bool en_shm_arm(en_rail_t *rail)

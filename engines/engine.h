@@ -554,10 +554,6 @@ bool en_rail_poll(en_rail_t *rail);
 /* Loop thread, about to block in epoll: ask the peers for doorbells. False
  * when work is already waiting (then do not block). */
 bool en_rail_arm(en_rail_t *rail);
-/* Whoever runs the loop, after a pass that ran the poll hook alone: whether
- * it may have used up what the loop thread armed (then kick it). Clears the
- * record. True for every rail but a shared-memory-only one. */
-bool en_rail_take_rearm(en_rail_t *rail);
 /* Loop thread. close: no new ops; what runs is cancelled; every peer is
  * told BYE, so the close that follows is not a failure for it. */
 void en_rail_close(en_rail_t *rail);
@@ -606,9 +602,6 @@ int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_
 void en_shm_fini(en_rail_t *rail);
 bool en_shm_poll(en_rail_t *rail);
 bool en_shm_arm(en_rail_t *rail);
-/* Whether a pass since the last call may have used up what the loop thread
- * armed (and clears it); run_mu held. */
-bool en_shm_take_rearm(en_rail_t *rail);
 /* Where a context's listener of rail is: DIR/cohort-UID-HASH(token)/NAME.RAIL
  * (NAME: the context's, unique on the host; learned through the store). */
 int en_shm_path(const char *dir, const char *token, const char *name, int rail, char *out,

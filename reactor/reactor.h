@@ -94,10 +94,6 @@ typedef struct rx_reactor_hooks {
     bool (*arm)(struct rx_reactor *rx);
     uint64_t (*progress)(struct rx_reactor *rx);
     bool (*streams)(struct rx_reactor *rx);
-    /* After a pass that ran poll alone (no epoll) on a thread other than
-     * the loop's: whether it may have used up what arm set (the loop thread
-     * must then be kicked to arm again). Clears the record. NULL: true. */
-    bool (*rearm)(struct rx_reactor *rx);
 } rx_reactor_hooks_t;
 
 typedef struct rx_reactor {

@@ -414,20 +414,14 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                  * op whose peer's frames were already in (stashed) then
                  * waited ~50 ms for its own send's completion. */
                 if (!held && (held = has_streams(rx))) rx_sigpipe_hold(); /* the task made one */
-                /* Without stream sockets the poll hook delivers everything,
-                 * and the loop thread, asleep, needs a kick only when the
-                 * task or the pass may have used up what it armed (a
-                 * doorbell is read by epoll alone, which this pass skips) or
-                 * made it a watcher to register (the hook says so). A timer
-                 * started here fires late by at most the loop's 50 ms
-                 * sleep. 2 ranks, 4 KiB: 2.5 -> 2.2 us without the kick. */
-                if (held) {
+                /* Without stream sockets the poll hook delivers everything;
+                 * a watcher the task added is registered by the loop thread,
+                 * which the kick below wakes. */
+                if (held)
                     run_pass(rx);
-                    wake_if_asleep(rx);
-                } else {
+                else
                     poll_pass(rx);
-                    if (!rx->hooks.rearm || rx->hooks.rearm(rx)) wake_if_asleep(rx);
-                }
+                wake_if_asleep(rx);
             }
             if (held) rx_sigpipe_release();
             if (ran) {
