@@ -302,9 +302,9 @@ int rx_config_spin_us(const coh_config_t *cfg)
  * docs/shm.md). Auto: 1 MiB up to 65 ranks on the host, then halving so a
  * rank's rings on one rail stay within 64 MiB, down to 256 KiB. Frames of
  * COHORT_SHM_CMA_BYTES and more do not pass through the ring (a descriptor
- * does). local_n is the
- * launcher's count of ranks on the host (COHORT_LOCAL_SIZE): the mesh learns
- * who shares it only after the first rings exist. A reader maps a ring by
+ * does). local_n is the launcher's count of ranks on the host
+ * (COHORT_LOCAL_SIZE): the mesh learns who shares it only after the first
+ * rings exist. A reader maps a ring by
  * its own size, so the two ends need not agree. */
 size_t rx_config_shm_ring_bytes(const coh_config_t *cfg, int local_n)
 {

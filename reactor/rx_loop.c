@@ -246,12 +246,14 @@ void rx_sigpipe_release(void)
 static _Thread_local bool help_pipe;
 static _Thread_local unsigned help_passes;
 
-static bool help_hold(rx_reactor_t *rx)
+/* Hold SIGPIPE once rx has stream sockets, unless *held says it is held
+ * already; whether rx has them. */
+static bool hold_for_streams(rx_reactor_t *rx, bool *held)
 {
     bool streams = has_streams(rx);
-    if (streams && !help_pipe) {
+    if (streams && !*held) {
         rx_sigpipe_hold();
-        help_pipe = true;
+        *held = true;
     }
     return streams;
 }
@@ -282,7 +284,7 @@ int rx_reactor_help(rx_reactor_t *rx)
     if (uv_mutex_trylock(&rx->run_mu) != 0) return RX_HELP_BUSY;
     int r = RX_HELP_BUSY;
     if (atomic_load(&rx->state) == RX_RUNNING) {
-        help_hold(rx);
+        bool streams = hold_for_streams(rx, &help_pipe);
         uint64_t before = rx->hooks.progress ? rx->hooks.progress(rx) : 0;
         /* Submissions first: the wake-up they sent may not have been seen. */
         rx_task_t *t;
@@ -292,7 +294,7 @@ int rx_reactor_help(rx_reactor_t *rx)
             tasks = true;
         }
         /* Again: a task may have made a socket, which this pass can write. */
-        bool streams = help_hold(rx);
+        if (tasks) streams = hold_for_streams(rx, &help_pipe);
         /* Without stream sockets the poll hook sees every frame: epoll (a
          * system call) only every 16th pass, for timers and the sockets'
          * hang-ups. 2 ranks, 4 KiB over shared memory: 4.4 -> 2.8-3.2 us
@@ -399,8 +401,8 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
      * then queue this one too, after it (test_loop caught the overtaking). */
     if (uv_mutex_trylock(&rx->run_mu) == 0) {
         if (atomic_load(&rx->state) == RX_RUNNING && atomic_load(&rx->accepting)) {
-            bool held = has_streams(rx);
-            if (held) rx_sigpipe_hold();
+            bool held = false;
+            hold_for_streams(rx, &held);
             rx_task_t *t;
             while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
             bool ran = mpsc_drained(&rx->queue);
@@ -413,7 +415,7 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                  * run at its 50 ms timeout when no frame wakes it. A small
                  * op whose peer's frames were already in (stashed) then
                  * waited ~50 ms for its own send's completion. */
-                if (!held && (held = has_streams(rx))) rx_sigpipe_hold(); /* the task made one */
+                hold_for_streams(rx, &held); /* the task may have made a socket */
                 /* Without stream sockets the poll hook delivers everything;
                  * a watcher the task added is registered by the loop thread,
                  * which the kick below wakes. */
