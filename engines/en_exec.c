@@ -568,6 +568,13 @@ void en_exec_kick(en_op_t *op)
 
 /* ---- entry points ---- */
 
+static const struct en_revoked *revoked_find(const en_rail_t *rail, uint32_t comm)
+{
+    for (uint32_t i = 0; i < rail->nrevoked; i++)
+        if (rail->revoked[i].comm == comm) return &rail->revoked[i];
+    return NULL;
+}
+
 static void op_run(en_rail_t *rail, en_op_t *op)
 {
     op->rail = rail;
@@ -587,6 +594,8 @@ static void op_run(en_rail_t *rail, en_op_t *op)
         snprintf(why, sizeof(why), "%s", op->why);
         op_fail(op, op->status, false, "%s", why);
     }
+    const struct en_revoked *rv = revoked_find(rail, op->comm);
+    if (rv && op->state == EN_OP_RUNNING) op_fail(op, rv->status, false, "%s", rv->why);
     struct en_fin *f = fin_find(rail, op->comm, op->seq);
     for (en_stash_t *e = rail->stash_head; e && !(f && f->status < 0); e = e->next)
         if (e->complete && e->seq == op->seq && e->comm == op->comm && e->sig != op->sig) {
@@ -888,6 +897,33 @@ void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, co
             return;
         }
     if (!fin_find(rail, comm, seq)) fin_record(rail, comm, seq, status, why);
+}
+
+void en_exec_revoke(en_rail_t *rail, uint32_t comm, int status, const char *why)
+{
+    if (!revoked_find(rail, comm)) {
+        struct en_revoked *rv =
+            coh_reallocn(rail->revoked, rail->nrevoked + 1, sizeof(*rail->revoked));
+        if (rv) { /* else: its ops still end, at their timeout */
+            rail->revoked = rv;
+            rv += rail->nrevoked++;
+            rv->comm = comm;
+            rv->status = status;
+            snprintf(rv->why, sizeof(rv->why), "%s", why && *why ? why : coh_strerror(status));
+        }
+    }
+    for (;;) {
+        en_op_t *op = rail->ops_head;
+        while (op && !(op->state == EN_OP_RUNNING && op->comm == comm)) op = op->next;
+        if (!op) break;
+        en_exec_fail_op(op, status, true, why);
+    }
+    for (en_op_t *op = rail->wait_head; op; op = op->next)
+        if (op->comm == comm && !op->doomed) {
+            op->doomed = true;
+            op->status = status;
+            snprintf(op->why, sizeof(op->why), "%s", why && *why ? why : coh_strerror(status));
+        }
 }
 
 void en_exec_drop_stash(en_rail_t *rail)

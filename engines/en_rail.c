@@ -121,6 +121,9 @@ void en_rail_fini(en_rail_t *rail)
     coh_free(rail->peers);
     coh_free(rail->lost);
     coh_free(rail->routes);
+    coh_free(rail->revoked);
+    rail->revoked = NULL;
+    rail->nrevoked = 0;
     rail->peers = NULL;
     rail->lost = NULL;
     rail->routes = NULL;
@@ -421,6 +424,11 @@ void en_rail_abort_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, 
         if (p >= 0 && p < rail->world && rail->peers[p])
             en_exec_send_ctl(rail->peers[p], EN_FRAME_ABORT, comm, seq, status, why);
     }
+}
+
+void en_rail_revoke_comm(en_rail_t *rail, uint32_t comm, int status, const char *why)
+{
+    en_exec_revoke(rail, comm, status, why);
 }
 
 void en_rail_cancel_all(en_rail_t *rail, const char *why)

@@ -429,6 +429,13 @@ typedef struct en_rail_cfg {
     size_t verbs_zcopy_bytes, verbs_reg_cache_bytes;
 } en_rail_cfg_t;
 
+/* A communicator whose ops fail on a rail, and how (en_rail_revoke_comm). */
+struct en_revoked {
+    uint32_t comm;
+    int status;
+    char why[160];
+};
+
 struct en_rail {
     uv_loop_t *loop; /* the loop this rail runs on (en_rail_open) */
     int index;
@@ -469,6 +476,10 @@ struct en_rail {
      * Every op start and many frames look an op up: a scan of the ring cost
      * a fifth of a 4 KiB allreduce over shared memory. */
     uint16_t fin_tab[EN_FIN_MAX * 4];
+    /* Communicators with a member the job excluded (en_rail_revoke_comm):
+     * their ops fail, those running and those still to come. */
+    struct en_revoked *revoked;
+    uint32_t nrevoked;
     uv_timer_t timer;
     bool timer_open, timer_on;
     en_stash_t *stash_head, *stash_tail;
@@ -543,6 +554,12 @@ void en_rail_cancel_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status,
  * send ABORT(status, why) to these peers, so they stop waiting for us. */
 void en_rail_abort_op(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why,
                       const int *peers, int npeers);
+/* Loop thread. A member of communicator comm was excluded from the job:
+ * every op of comm fails with status and why, running, waiting or started
+ * later (peers told). Dropping the member's links ends only the ops that
+ * still exchange with it; one that waits on live peers who stopped at an
+ * earlier failed op would wait for COHORT_TIMEOUT_MS. */
+void en_rail_revoke_comm(en_rail_t *rail, uint32_t comm, int status, const char *why);
 /* Loop thread. Fail every running op (COH_ECANCELED, peers told). */
 void en_rail_cancel_all(en_rail_t *rail, const char *why);
 /* Loop thread. True while ops are in flight (frames will come soon). */
@@ -652,6 +669,7 @@ void en_exec_fail_op(en_op_t *op, int status, bool tell_peers, const char *why);
 void en_exec_fail_peer(en_rail_t *rail, int peer, int status, const char *why);
 void en_exec_fail_all(en_rail_t *rail, int status, bool tell_peers, const char *why);
 void en_exec_cancel(en_rail_t *rail, uint32_t comm, uint64_t seq, int status, const char *why);
+void en_exec_revoke(en_rail_t *rail, uint32_t comm, int status, const char *why);
 void en_exec_check_timeouts(en_rail_t *rail);
 void en_exec_drop_stash(en_rail_t *rail); /* free every kept frame (the rail stops) */
 /* Start waiting ops while there is room (closing: they fail at once). */

@@ -205,6 +205,9 @@ void rx_rail_submit(rx_rail_t *r, rx_slice_t *s, bool inline_ok);
 void rx_rail_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why);
 void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why,
                    const int *peers, int npeers);
+/* Any thread: a member of communicator comm is out of the job: its ops on
+ * this rail fail (status, why), now and when they come. */
+void rx_rail_revoke(rx_rail_t *r, uint32_t comm, int status, const char *why);
 /* Any thread: the peer is unresponsive: drop its connection on this rail
  * (what waits on it fails with status and why; so do later ops). */
 void rx_rail_drop_peer(rx_rail_t *r, int peer, int status, const char *why);

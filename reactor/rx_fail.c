@@ -83,6 +83,8 @@ void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
     void *arg[MAXH];
     coh_comm_t *comm[MAXH];
     int cr[MAXH], nh = 0;
+    uint32_t *ids = NULL;
+    int nids = 0;
     uv_mutex_lock(&ctx->fail_mu);
     if (ctx->failed[r]) {
         uv_mutex_unlock(&ctx->fail_mu);
@@ -90,9 +92,14 @@ void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
     }
     ctx->failed[r] = 1;
     ctx->nfailed++;
-    for (coh_comm_t *c = ctx->comms; c && nh < MAXH; c = c->next) {
+    int ncomms = 0;
+    for (coh_comm_t *c = ctx->comms; c; c = c->next) ncomms++;
+    ids = coh_malloc(sizeof(uint32_t) * (size_t)ncomms);
+    for (coh_comm_t *c = ctx->comms; c; c = c->next) {
         int k = comm_rank_of(c, r);
-        if (k < 0 || !c->on_failure) continue;
+        if (k < 0) continue;
+        if (ids) ids[nids++] = c->id;
+        if (!c->on_failure || nh == MAXH) continue;
         fn[nh] = c->on_failure;
         arg[nh] = c->on_failure_arg;
         comm[nh] = c;
@@ -100,6 +107,17 @@ void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
     }
     uv_mutex_unlock(&ctx->fail_mu);
     bs_log(COH_LOG_WARN, "rank %d: rank %d failed: %s", ctx->rank, r, why ? why : "");
+    /* Every op of a communicator with r in it ends now, those still to
+     * come too (as at submission, rx_coll.c): an op launched before this
+     * news may wait only on live peers that stopped at an earlier failed op
+     * and will never submit it. */
+    char text[BS_ERR_LEN];
+    snprintf(text, sizeof(text), "rank %d: rank %d failed (the coordinator excluded it)", ctx->rank,
+             r);
+    for (int i = 0; i < nids; i++)
+        for (int k = 0; k < ctx->nrails; k++)
+            rx_rail_revoke(&ctx->rails[k], ids[i], COH_EPEER, text);
+    coh_free(ids);
     for (int i = 0; i < nh; i++) fn[i](comm[i], cr[i], why ? why : "", arg[i]);
 }
 

@@ -146,7 +146,8 @@ typedef struct cancel_task {
     uint32_t comm;
     uint64_t seq;
     int status;
-    int npeers; /* > 0: also tell these peers (ABORT) */
+    int npeers;  /* > 0: also tell these peers (ABORT) */
+    bool revoke; /* every op of comm, seq aside */
     int peers[64];
     char why[BS_ERR_LEN];
 } cancel_task_t;
@@ -155,19 +156,23 @@ static void cancel_run(rx_task_t *t, rx_reactor_t *rx)
 {
     cancel_task_t *ct = (cancel_task_t *)t;
     rx_rail_t *r = rx->owner;
-    en_rail_abort_op(&r->en, ct->comm, ct->seq, ct->status, ct->why, ct->peers, ct->npeers);
+    if (ct->revoke)
+        en_rail_revoke_comm(&r->en, ct->comm, ct->status, ct->why);
+    else
+        en_rail_abort_op(&r->en, ct->comm, ct->seq, ct->status, ct->why, ct->peers, ct->npeers);
     coh_free(ct);
 }
 
-void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why,
-                   const int *peers, int npeers)
+static void post_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why,
+                        const int *peers, int npeers, bool revoke)
 {
     cancel_task_t *ct = coh_zalloc(sizeof(*ct));
-    if (!ct) return; /* the op still ends: by its own progress or its timeout */
+    if (!ct) return; /* the ops still end: by their own progress or their timeout */
     ct->task.run = cancel_run;
     ct->comm = comm;
     ct->seq = seq;
     ct->status = status;
+    ct->revoke = revoke;
     ct->npeers = npeers < 64 ? npeers : 64;
     if (ct->npeers > 0) memcpy(ct->peers, peers, sizeof(int) * (size_t)ct->npeers);
     snprintf(ct->why, sizeof(ct->why), "%s", why);
@@ -175,9 +180,20 @@ void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const 
     if (!rx_reactor_post(&r->rx, &ct->task)) coh_free(ct);
 }
 
+void rx_rail_abort(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why,
+                   const int *peers, int npeers)
+{
+    post_cancel(r, comm, seq, status, why, peers, npeers, false);
+}
+
 void rx_rail_cancel(rx_rail_t *r, uint32_t comm, uint64_t seq, int status, const char *why)
 {
     rx_rail_abort(r, comm, seq, status, why, NULL, 0);
+}
+
+void rx_rail_revoke(rx_rail_t *r, uint32_t comm, int status, const char *why)
+{
+    post_cancel(r, comm, 0, status, why, NULL, 0, true);
 }
 
 typedef struct drop_task {

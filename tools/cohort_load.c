@@ -85,7 +85,9 @@ static struct {
     size_t sync_bytes;
     const char *csv; /* per-rank progress rows, "%d" = the rank */
     int64_t test_corrupt, test_stall;
-} o = {.sync_bytes = 256 << 10,
+    int log_level; /* the library's messages up to this level on stderr (-1: none) */
+} o = {.log_level = -1,
+       .sync_bytes = 256 << 10,
        .duration_s = 30,
        .progress_s = 5,
        .hang_s = 120,
@@ -559,6 +561,13 @@ static uint64_t adopt(coh_comm_t *nc, uint64_t next, const char *after)
 
 static void restart_victims(void);
 
+/* --log: what the library says, for a run that fails in CI. */
+static void lib_log(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    fprintf(stderr, "cohort-load rank %d: library[%d]: %s\n", R0, level, msg);
+}
+
 /* A collective failed for a lost rank: wait out the window, shrink, and
  * agree on the op to go on from. */
 static uint64_t recover(slot_t *win, int *nin, uint64_t next)
@@ -687,6 +696,8 @@ static void usage(FILE *f)
            "  --progress S        a progress line every S s (5)\n"
            "  --max-rss-growth MB RSS growth past the first progress line allowed (64)\n"
            "  --max-fd-growth N   open fds growth allowed (8)\n"
+           "  --log L             the library's messages up to level L on stderr (0 errors,\n"
+           "                      1 warnings, 2 info, 3 debug; default none)\n"
            "  --test-corrupt K    test only: rank 0 alters op K's result (must exit 1)\n"
            "  --test-stall K      test only: the last rank stops submitting at op K (exit 3)\n");
 }
@@ -845,6 +856,8 @@ int main(int argc, char **argv)
             o.test_corrupt = atoll(v);
         } else if (!strcmp(a, "--test-stall")) {
             o.test_stall = atoll(v);
+        } else if (!strcmp(a, "--log")) {
+            o.log_level = atoi(v);
         } else {
             ok = false;
         }
@@ -855,6 +868,7 @@ int main(int argc, char **argv)
         }
     }
     signal(SIGPIPE, SIG_IGN);
+    if (o.log_level >= 0) coh_set_log_handler(lib_log, NULL, o.log_level);
     coh_ctx_t *ctx;
     int st = coh_init(NULL, &ctx);
     if (st) die(EXIT_ERROR, "coh_init: %s: %s", coh_status_name(st), coh_last_error());

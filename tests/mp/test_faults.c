@@ -8,6 +8,10 @@
  *             allreduce: every other rank's request fails within the bound.
  *   silent    the last rank never joins an op: the others fail with
  *             ETIMEDOUT after COHORT_TIMEOUT_MS, not hang.
+ *   stranded  (4 ranks) rank 1 runs a barrier that ranks 0 and 3 never
+ *             join, and rank 2, whom rank 1 already signalled, dies: the
+ *             barrier waits only on live ranks, yet must fail (EPEER) once
+ *             rank 1 hears of the death, not at COHORT_TIMEOUT_MS.
  */
 #include <signal.h>
 #include <stdint.h>
@@ -144,10 +148,36 @@ static void mode_silent(void)
     printf("rank %d: OK\n", R);
 }
 
+/* load.restart.n4 in CI (2026-11-27): the survivors stopped submitting at
+ * the op that failed, one rank that had run ahead waited 120 s in an op
+ * whose part with the dead rank was done (its send into the ring had
+ * completed), for peers that would never submit it. */
+static void mode_stranded(void)
+{
+    if (N != 4) MP_FAIL("stranded needs 4 ranks, not %d", N);
+    check_works();
+    if (R == 2) {
+        usleep(300 * 1000); /* rank 1's round-0 signal reaches this rank first */
+        raise(SIGKILL);
+    }
+    if (R != 1) {
+        /* Alive and silent well past rank 1's bound: a finalize here would
+         * end its barrier for the wrong reason. */
+        sleep(8);
+        printf("rank %d: OK\n", R);
+        return;
+    }
+    coh_request_t *req;
+    MP_OK(coh_barrier(W, &req));
+    double dt = expect_failure("barrier stranded by a dead rank", req, 5, COH_EPEER);
+    if (dt > 4) MP_FAIL("took %.1f s to end the stranded barrier", dt);
+    printf("rank %d: OK\n", R);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_faults mismatch|kill|silent\n");
+        fprintf(stderr, "usage: test_faults mismatch|kill|silent|stranded\n");
         return 2;
     }
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
@@ -157,6 +187,8 @@ int main(int argc, char **argv)
         mode_kill();
     else if (!strcmp(argv[1], "silent"))
         mode_silent();
+    else if (!strcmp(argv[1], "stranded"))
+        mode_stranded();
     else
         MP_FAIL("unknown mode %s", argv[1]);
     fflush(stdout);
