@@ -73,7 +73,8 @@ struct rx_reactor;
 /* What an owner tells its loop beyond file descriptors (all optional, all
  * called with the loop held, by whichever thread runs it):
  *   busy: work is in flight: after activity the loop keeps polling for
- *         poll_ns before it blocks in epoll again;
+ *         poll_ns before it blocks in epoll again, and it does not linger
+ *         (help_left_ns) but arms at once: it is that work's progress;
  *   poll: look at what no fd announces (rings in shared memory, completions
  *         queued without a wake-up); true when it did something. Runs after
  *         every pass of the loop, also a waiter's (rx_reactor_help);
@@ -113,6 +114,16 @@ typedef struct rx_reactor {
     int start_status;
     uv_mutex_t run_mu;   /* held by whichever thread runs the loop right now */
     _Atomic int helpers; /* waiters driving the loop: its thread sleeps meanwhile */
+    /* The loop thread sleeps on this word (a futex) while helpers run the
+     * loop; a helper that leaves work behind bumps it. Not on helpers
+     * itself: that changes twice per op, and every change made the
+     * sleeping thread's wait return at once to fight a helper for run_mu. */
+    _Atomic int park;
+    /* When the last helper left, or a submission ran the loop inline
+     * (bs_now_ns). Such a thread is usually back within microseconds with
+     * its next op; the loop thread lingers (parked) that long before it arms
+     * and blocks in epoll, where that op's submission would kick it out. */
+    _Atomic uint64_t help_left_ns;
     /* The loop thread armed (hooks.arm) and blocks in epoll: another
      * thread's pass may use up what it armed, and kicks it (kick_fd, an
      * eventfd only it reads) so that it arms again. */
@@ -153,11 +164,13 @@ int rx_reactor_stop(rx_reactor_t *rx);
 /* After stop, when the reactor's memory is about to go. */
 void rx_reactor_fini(rx_reactor_t *rx);
 /* Any thread but the loop's: if nobody is running the loop, run one
- * non-blocking pass of it here (progress for a waiter). RX_HELP_BUSY when
+ * non-blocking pass of it here (progress for a waiter); now_ns is the
+ * caller's bs_now_ns() (a clock read costs 80 ns and more in a VM, and the
+ * waiter has just made one). RX_HELP_BUSY when
  * another thread runs it (or it stopped); RX_HELP_IDLE when the pass did
  * nothing (with a progress hook), RX_HELP_DID otherwise. */
 enum { RX_HELP_BUSY = 0, RX_HELP_IDLE = 1, RX_HELP_DID = 2 };
-int rx_reactor_help(rx_reactor_t *rx);
+int rx_reactor_help(rx_reactor_t *rx, uint64_t now_ns);
 /* Any thread: block SIGPIPE while this thread runs loop code (nested);
  * release takes a SIGPIPE raised meanwhile off the thread's pending set. */
 void rx_sigpipe_hold(void);

@@ -121,6 +121,24 @@ static bool has_streams(rx_reactor_t *rx)
     return !rx->hooks.streams || rx->hooks.streams(rx);
 }
 
+/* How long the loop thread stays parked after the last helper left with
+ * its op done (reactor.h, help_left_ns): 2 ranks, 4 KiB back to back over
+ * shared memory woke it about 20000 times a second without. */
+#define RX_LINGER_NS 50000ull
+
+/* Loop thread: sleep while helpers run the loop, until one leaving with
+ * work in flight bumps park (it was pk when helpers was read), or 1 ms. */
+static void park_wait_ns(rx_reactor_t *rx, int pk, long ns)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
+    syscall(SYS_futex, (int *)&rx->park, FUTEX_WAIT_PRIVATE, pk, &ts, NULL, 0);
+}
+
+static void park_wait(rx_reactor_t *rx, int pk)
+{
+    park_wait_ns(rx, pk, 1000000L);
+}
+
 /* Threading: loop thread. */
 static void wake_cb(uv_async_t *h)
 {
@@ -151,13 +169,22 @@ static void thread_main(void *arg)
      */
     int fd = uv_backend_fd(&rx->loop);
     for (;;) {
+        /* A helper runs the loop: it does this thread's work. Sleep until
+         * the last one leaves work behind (or 1 ms), rather than take the
+         * loop over between its passes. */
+        int pk0 = atomic_load(&rx->park);
+        if (atomic_load(&rx->helpers) > 0) {
+            park_wait(rx, pk0);
+            continue;
+        }
         uv_mutex_lock(&rx->run_mu);
         int alive = run_pass(rx);
         /* Busy polling (COHORT_POLL_US): while the owner has work in flight,
          * run again soon instead of sleeping, so that a frame landing inside
          * the window is seen without a wake-up. */
-        uint64_t until = rx->hooks.busy ? bs_now_ns() + rx->poll_ns : 0;
-        while (alive && rx->hooks.busy && rx->hooks.busy(rx) && bs_now_ns() < until) {
+        uint64_t until = rx->hooks.busy && rx->poll_ns ? bs_now_ns() + rx->poll_ns : 0;
+        while (alive && until && rx->hooks.busy(rx) && bs_now_ns() < until &&
+               atomic_load(&rx->helpers) == 0) {
             uv_mutex_unlock(&rx->run_mu);
             sched_yield();
             uv_mutex_lock(&rx->run_mu);
@@ -169,16 +196,23 @@ static void thread_main(void *arg)
          * arms). asleep, then helpers, against a helper's helpers, then
          * asleep (seq_cst both): one of the two sees the other. Work already
          * there means another pass at once. */
-        int h;
-        if (alive && rx->hooks.arm) {
+        int pk = atomic_load(&rx->park);
+        int h = atomic_load(&rx->helpers);
+        /* Nothing in flight and a waiter just left: it is likely back with
+         * its next op within RX_LINGER_NS (then it runs the loop, and this
+         * thread sleeps on). With ops in flight and nobody helping, this
+         * thread is their progress: it arms and sleeps in epoll. */
+        bool linger = h == 0 && alive && rx->hooks.arm && !(rx->hooks.busy && rx->hooks.busy(rx)) &&
+                      bs_now_ns() - atomic_load(&rx->help_left_ns) < RX_LINGER_NS;
+        if (alive && rx->hooks.arm && h == 0 && !linger) {
+            /* asleep only now: a submission that sees it kicks, and a kick
+             * nobody needed makes the next sleep end at once. */
             atomic_store(&rx->asleep, 1);
             h = atomic_load(&rx->helpers);
             if (h > 0)
                 atomic_store(&rx->asleep, 0);
             else if (!rx->hooks.arm(rx))
                 timeout = 0;
-        } else {
-            h = atomic_load(&rx->helpers);
         }
         uv_mutex_unlock(&rx->run_mu);
         if (!alive) return;
@@ -188,8 +222,13 @@ static void thread_main(void *arg)
         if (h > 0) {
             /* A waiter is running the loop: do not wake on every event it is
              * handling; sleep until it leaves (or the timeout). */
-            struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000L};
-            syscall(SYS_futex, (int *)&rx->helpers, FUTEX_WAIT_PRIVATE, h, &ts, NULL, 0);
+            park_wait(rx, pk);
+            continue;
+        }
+        if (linger) {
+            /* A waiter just left: likely back with its next op before this
+             * ends; then it is its loop again and nothing was armed. */
+            park_wait_ns(rx, pk, (long)RX_LINGER_NS);
             continue;
         }
         struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = rx->kick_fd, .events = POLLIN}};
@@ -244,7 +283,10 @@ void rx_sigpipe_release(void)
  * sockets (rx_reactor_hooks_t.streams): three system calls per op fewer
  * over shared memory. */
 static _Thread_local bool help_pipe;
-static _Thread_local unsigned help_passes;
+static _Thread_local uint64_t help_epoll_ns;
+/* Without stream sockets a helper asks epoll (timers, hang-ups) this often:
+ * every 16th pass was 0.7 epoll_wait per 4 KiB op at 2 ranks. */
+#define RX_HELP_EPOLL_NS 50000ull
 
 /* Hold SIGPIPE once rx has stream sockets, unless *held says it is held
  * already; whether rx has them. */
@@ -271,15 +313,18 @@ void rx_reactor_help_end(rx_reactor_t *rx, bool wake)
     /* The loop thread sleeps (at most 1 ms) while helpers run the loop. When
      * the last helper leaves with work still in flight (it gave up waiting),
      * wake the thread now; when the work is done, let it wake on its own. */
-    if (atomic_fetch_sub(&rx->helpers, 1) == 1 && wake)
-        syscall(SYS_futex, (int *)&rx->helpers, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    if (!wake) atomic_store(&rx->help_left_ns, bs_now_ns());
+    if (atomic_fetch_sub(&rx->helpers, 1) == 1 && wake) {
+        atomic_fetch_add(&rx->park, 1);
+        syscall(SYS_futex, (int *)&rx->park, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    }
     if (help_pipe) {
         help_pipe = false;
         rx_sigpipe_release();
     }
 }
 
-int rx_reactor_help(rx_reactor_t *rx)
+int rx_reactor_help(rx_reactor_t *rx, uint64_t now)
 {
     if (uv_mutex_trylock(&rx->run_mu) != 0) return RX_HELP_BUSY;
     int r = RX_HELP_BUSY;
@@ -299,10 +344,12 @@ int rx_reactor_help(rx_reactor_t *rx)
          * system call) only every 16th pass, for timers and the sockets'
          * hang-ups. 2 ranks, 4 KiB over shared memory: 4.4 -> 2.8-3.2 us
          * with the SIGPIPE hold above left out. */
-        if (streams || tasks || (++help_passes & 15) == 0)
+        if (streams || tasks || now - help_epoll_ns >= RX_HELP_EPOLL_NS) {
+            help_epoll_ns = now;
             run_pass(rx);
-        else
+        } else {
             poll_pass(rx);
+        }
         r = !tasks && rx->hooks.progress && rx->hooks.progress(rx) == before ? RX_HELP_IDLE
                                                                              : RX_HELP_DID;
     }
@@ -322,7 +369,6 @@ int rx_reactor_start_hooked(rx_reactor_t *rx, const char *name, void (*on_stop)(
     memset(rx, 0, sizeof(*rx));
     rx->kick_fd = -1;
     if (hooks) rx->hooks = *hooks;
-    if (!poll_ns) rx->hooks.busy = NULL;
     rx->poll_ns = poll_ns;
     snprintf(rx->name, sizeof(rx->name), "%s", name);
     rx->on_stop = on_stop;
@@ -423,6 +469,9 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                     run_pass(rx);
                 else
                     poll_pass(rx);
+                /* As a helper leaving: back soon with the next op (a rank
+                 * whose ops all complete in this pass never waits). */
+                atomic_store(&rx->help_left_ns, bs_now_ns());
                 wake_if_asleep(rx);
             }
             if (held) rx_sigpipe_release();

@@ -159,7 +159,7 @@ static void helper(void *p)
     while (!atomic_load(a->stop)) {
         rx_reactor_help_begin(a->rx);
         for (int k = 0; k < 50; k++) {
-            if (rx_reactor_help(a->rx))
+            if (rx_reactor_help(a->rx, bs_now_ns()))
                 a->helped++;
             else
                 a->refused++;
@@ -197,7 +197,7 @@ static void test_help_races_stop(void **state)
         /* Stop while the helper drives the loop; it keeps trying after. */
         assert_int_equal(rx_reactor_stop(&rx), 0);
         usleep(2000);
-        assert_false(rx_reactor_help(&rx)); /* a stopped loop is never run */
+        assert_false(rx_reactor_help(&rx, bs_now_ns())); /* a stopped loop is never run */
         order_task_t late = {.task.run = order_run};
         assert_false(rx_reactor_post(&rx, &late.task)); /* refused, not sent to libuv */
         assert_false(rx_reactor_run_or_post(&rx, &late.task));
@@ -295,7 +295,7 @@ static void test_sigpipe(void **state)
         } else {
             rx_reactor_help_begin(&rx);
             assert_true(rx_reactor_post(&rx, &pt.task));
-            while (!atomic_load(&pt.ran)) rx_reactor_help(&rx);
+            while (!atomic_load(&pt.ran)) rx_reactor_help(&rx, bs_now_ns());
             rx_reactor_help_end(&rx, false);
             if (pthread_equal(pt.by, pthread_self())) helped_runs++;
         }
