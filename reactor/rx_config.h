@@ -147,7 +147,8 @@ typedef enum rx_knob_kind {
     X(shm_ring_bytes, RX_K_SIZE, "0", "COHORT_SHM_RING_BYTES", 0, 1ull << 30,                      \
       "bytes of each shared-memory ring (one per direction per peer on the host and rail; a "      \
       "power of two, at least 64K); 0 (auto): 1M up to 65 ranks on the host (COHORT_LOCAL_SIZE), " \
-      "then smaller so a rank's rings on a rail stay within 64M (at least 256K)")                  \
+      "2M up to 33 when they outnumber its cores, then smaller so a rank's rings on a rail stay "  \
+      "within 64M (at least 256K)")                                                                \
     X(shm_cma_bytes, RX_K_SIZE, "0", "COHORT_SHM_CMA_BYTES", 0, 1ull << 40,                        \
       "shared-memory frames of at least this many bytes are read by the receiver straight from "   \
       "the sender's memory (process_vm_readv, where the kernel permits it): one copy instead of "  \
@@ -264,8 +265,9 @@ int rx_config_validate(const coh_config_t *cfg);
 /* spin_us resolved: -1 (auto) becomes 2000. */
 int rx_config_spin_us(const coh_config_t *cfg);
 /* shm_ring_bytes resolved: 0 (auto) sizes the rings by the ranks on the
- * host (64 MiB per rank and rail, each ring 256 KiB to 4 MiB). */
-size_t rx_config_shm_ring_bytes(const coh_config_t *cfg, int local_n);
+ * host and whether they outnumber its cores (64 MiB per rank and rail, each
+ * ring 256 KiB to 1 MiB, 2 MiB oversubscribed). */
+size_t rx_config_shm_ring_bytes(const coh_config_t *cfg, int local_n, bool oversubscribed);
 /* Ranks on this host, from the launcher's variables (1 when none says). */
 int rx_config_local_size(void);
 /* More local ranks than cores (from the launcher's variables). */

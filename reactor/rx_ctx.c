@@ -915,7 +915,8 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             .shm_name = ctx->shm_name,
             /* The launcher says how many ranks share the host before the mesh
              * does (COHORT_LOCAL_SIZE, LOCAL_WORLD_SIZE, ...). */
-            .shm_ring_bytes = rx_config_shm_ring_bytes(&ctx->cfg, rx_config_local_size()),
+            .shm_ring_bytes =
+                rx_config_shm_ring_bytes(&ctx->cfg, rx_config_local_size(), ctx->oversubscribed),
             .shm_cma_bytes = ctx->cfg.shm_cma_bytes};
         if (ctx->rail_verbs[r]) {
             st = verbs_cfg(ctx, r, &rc);

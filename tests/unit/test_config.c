@@ -398,19 +398,26 @@ static void test_shm_ring_auto(void **state)
     coh_config_t cfg;
     assert_int_equal(coh_config_init(&cfg), 0);
     assert_int_equal(cfg.shm_ring_bytes, 0);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1), 1u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2), 1u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 65), 1u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 66), 512u << 10);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 129), 512u << 10);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 130), 256u << 10);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1000), 256u << 10);
-    for (int n = 2; n < 300; n++)
-        assert_true(rx_config_shm_ring_bytes(&cfg, n) * (size_t)(n - 1) <= (64u << 20) ||
-                    rx_config_shm_ring_bytes(&cfg, n) == (256u << 10));
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1, false), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2, false), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 65, false), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 66, false), 512u << 10);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 129, false), 512u << 10);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 130, false), 256u << 10);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1000, false), 256u << 10);
+    /* More ranks than cores: 2 MiB while a rank's rings fit in 64 MiB. */
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1, true), 2u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 4, true), 2u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 33, true), 2u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 34, true), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 1000, true), 256u << 10);
+    for (int over = 0; over < 2; over++)
+        for (int n = 2; n < 300; n++)
+            assert_true(rx_config_shm_ring_bytes(&cfg, n, over) * (size_t)(n - 1) <= (64u << 20) ||
+                        rx_config_shm_ring_bytes(&cfg, n, over) == (256u << 10));
     cfg.shm_ring_bytes = 1u << 20;
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2), 1u << 20);
-    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 100), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 2, true), 1u << 20);
+    assert_int_equal(rx_config_shm_ring_bytes(&cfg, 100, false), 1u << 20);
 }
 
 /* The knob table lists every field of coh_config_t: when the struct grows,
