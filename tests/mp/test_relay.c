@@ -547,6 +547,12 @@ static void run_join(int iters)
     double total = 0;
     for (int r = 0; r < N; r++) total += r + 1;
     int joins = 0, segsum = 0, nseg = 0;
+    /* Lined up before the first sync too, as before every later one: ranks
+     * leave coh_init up to tens of ms apart under ASan, and in CI
+     * (2026-11-28) rank 0's first sync ran as a group of 1. */
+    coh_request_t *bar;
+    MP_OK(coh_barrier(W, &bar));
+    mp_wait(bar);
     for (int it = 0; it < iters; it++) {
         /* The others sync at once; the straggler comes while phase 1 runs. */
         if (R == N - 1) usleep((useconds_t)(join_delay_us));
