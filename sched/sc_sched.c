@@ -1092,11 +1092,17 @@ static void eval_relay(sc_sched_t *s)
             double longest = sc_cdf_max(c);
             if (sc_cdf_max(&x->cdf) > longest) longest = sc_cdf_max(&x->cdf);
             double due = deadline;
-            /* No compute time on record at all (the first steps of a run):
+            /* No compute time on record for it (the first steps of a run):
              * T_fault alone would exclude, for good, a healthy rank that is
              * merely slower than phase 1 is long; it is not suspected yet
-             * (the live coordinator still bounds the wait). */
+             * (the live coordinator still bounds the wait). Nor is a rank
+             * that has not finished a step of its own judged by what the
+             * others' first steps took, unless a CDF was loaded: a rank 400
+             * ms late to its first sync (loading its data) was excluded for
+             * good by the pool of the others' few-ms first steps. */
             if (longest <= 0 && P->overdue_factor > 0) continue;
+            if (x->iters == 0 && !x->cdf.frozen && !s->pool.frozen && P->overdue_factor > 0)
+                continue;
             if (longest > 0 && P->overdue_factor > 0) {
                 double overdue = x->t_start + P->overdue_factor * longest;
                 if (overdue > due) due = overdue;
