@@ -45,12 +45,14 @@
  *       collectives on the new communicator: its size and renumbering, an
  *       allreduce, a broadcast, an allgather of world ranks, a barrier; a
  *       second shrink with no new failure gives the same ranks.
- *   test_relay join ITERS [DELAY_US [MIN]]   weighted relay syncs of 16 MiB (phase 1 runs as
+ *   test_relay join ITERS [DELAY_US [MIN [PRE_US]]]  weighted relay syncs of 16 MiB (phase 1 as
  *       segments) with the straggler late by about half of phase 1: its data
  *       joins the segments still to come (AdapCC's mid-phase join) and phase
  *       2 brings only the ones before. Every result is the exact full mean;
  *       the straggler must have joined mid-phase in MIN syncs, and prints
- *       how often and at which segment.
+ *       how often and at which segment. With PRE_US (join ITERS DELAY_US MIN
+ *       PRE_US) the ranks are not lined up before the first sync: ranks 1 to
+ *       N-2 come PRE_US late to it, as if still in coh_init.
  *   test_relay grow VICTIM  world allreduces until VICTIM dies (SIGKILL); the
  *       survivors shrink, run checked collectives, and rank 1 (2 if the
  *       victim is 1) restarts the victim (a new process: same rank, COHORT_REJOIN=1). The survivors
@@ -82,6 +84,7 @@ static int R, N;
 static coh_comm_t *W;
 static long join_delay_us = 40000;
 static int join_min = 1;
+static long join_pre_us = -1; /* >= 0: no barrier before the first sync */
 
 static double val(int r, int it, size_t j)
 {
@@ -547,14 +550,20 @@ static void run_join(int iters)
     double total = 0;
     for (int r = 0; r < N; r++) total += r + 1;
     int joins = 0, segsum = 0, nseg = 0;
-    /* Lined up before the first sync too, as before every later one. In CI
-     * (ASan, 2026-11-28) the others were still in coh_init when rank 0's
-     * first sync came: it proceeded alone, and the straggler was excluded
-     * by T_fault judged by rank 0's first step (fixed in sched/, see
-     * mp.relay.latefirst.n4); this test is about the join, not that. */
+    /* Lined up before the first sync too, as before every later one, unless
+     * PRE_US. In CI (ASan, 2026-11-28) the others were still in coh_init
+     * when rank 0's first sync came: it proceeded alone, and late ranks
+     * were excluded by T_fault judged by rank 0's first step (fixed in
+     * sched/; mp.relay.latefirst.n4 runs that case). */
     coh_request_t *bar;
-    MP_OK(coh_barrier(W, &bar));
-    mp_wait(bar);
+    if (join_pre_us >= 0) {
+        /* Not lined up: rank 0 comes at once, the middle ranks later (as if
+         * still leaving coh_init), the straggler last. */
+        if (R > 0 && R < N - 1) usleep((useconds_t)join_pre_us);
+    } else {
+        MP_OK(coh_barrier(W, &bar));
+        mp_wait(bar);
+    }
     for (int it = 0; it < iters; it++) {
         /* The others sync at once; the straggler comes while phase 1 runs. */
         if (R == N - 1) usleep((useconds_t)(join_delay_us));
@@ -820,6 +829,7 @@ int main(int argc, char **argv)
     } else if (!strcmp(argv[1], "join")) {
         if (argc > 3) join_delay_us = atol(argv[3]);
         if (argc > 4) join_min = atoi(argv[4]);
+        if (argc > 5) join_pre_us = atol(argv[5]);
         run_join(iters);
     } else if (!strcmp(argv[1], "grow")) {
         run_grow(atoi(argv[2]), argv);
