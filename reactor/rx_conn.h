@@ -61,6 +61,7 @@ struct rx_conn {
     void *data;              /* the protocol user's, per connection */
     int peer;                /* the peer's rank, -1 until the handshake */
     bool ready, closing, outgoing, reading;
+    bool wfailed;   /* a write failed with input unread: closed once it is read */
     bool connected; /* dialled: the TCP connect succeeded (a close before ready
                        with connected false means nobody listens there) */
     const char *token;
@@ -109,5 +110,10 @@ int rx_conn_send(rx_conn_t *c, const void *bytes, size_t n);
 void rx_conn_close(rx_conn_t *c, int status, const char *why);
 /* Parse what is buffered again: the protocol held off and can go on. */
 void rx_conn_resume(rx_conn_t *c);
+/* Whether the peer's bytes (or its close) wait unread in c's socket. A
+ * silence check asks first: after this process stalled (stopped, or a loop
+ * thread busy for longer than the liveness time) the timer that checks runs
+ * before the loop reads, and the peer only seems silent. */
+bool rx_conn_input_pending(const rx_conn_t *c);
 
 #endif

@@ -1610,6 +1610,9 @@ static void check_liveness(rx_coord_t *c, uint64_t now)
     for (int r = 0; r < c->world; r++) {
         co_rank_t *cr = &c->ranks[r];
         if (!cr->conn || cr->lost || now - cr->t_heard_ns <= live) continue;
+        /* Unread, not silent: this thread stalled (stopped, or busy
+         * reducing) and the loop reads after this timer. */
+        if (rx_conn_input_pending(cr->conn)) continue;
         uint32_t ms = (uint32_t)((now - cr->t_heard_ns) / 1000000ull);
         char why[96];
         snprintf(why, sizeof(why), "unresponsive: nothing heard for %u ms", ms);

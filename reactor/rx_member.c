@@ -121,6 +121,9 @@ static void count_sync(struct coh_ctx *ctx, const rx_syncreq_t *s)
 static void finish(rx_member_t *m, coh_request_t *req, int status, const char *why)
 {
     rx_syncreq_t *s = req->sync;
+    /* Once excluded, whatever ends a sync (a closed link, a lost
+     * connection) follows from that: say so, as a submission would. */
+    if (status == COH_EPEER && m && atomic_load(&m->excluded)) why = m->excluded_why;
     if (status < 0)
         rx_request_set_error(req, status, why);
     else if (s->count)
@@ -1094,6 +1097,10 @@ static void on_beat(uv_timer_t *t)
         rx_coord_beat(m->ctx->coord, &m->coord, RX_BEAT_TO_COORD);
     }
     if (now - m->t_heard_ns <= live) return;
+    /* Its words may wait unread: this process stalled (a stopped rank woke
+     * here before its loop read the LOST that excluded it, took the live
+     * coordinator for failed and elected a partition of its own). */
+    if (rx_conn_input_pending(m->conn)) return;
     char why[BS_ERR_LEN];
     snprintf(why, sizeof(why),
              "the coordinator (rank %d) is unresponsive: nothing heard for %llu ms", m->coord_rank,

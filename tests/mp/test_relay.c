@@ -12,7 +12,7 @@
  *   test_relay allreduce ITERS   coh_allreduce_ex(RELAY) with every op on
  *       i32 and f32 data: the result equals the exact reduction over every
  *       rank (bit for bit) on every rank, and relaying happened.
- *   test_relay fault kill|stop DIR [VICTIM]   relay syncs while VICTIM (default
+ *   test_relay fault kill|stop|cont DIR [VICTIM]   relay syncs while VICTIM (default
  *       the straggler) SIGKILLs or SIGSTOPs itself at a random moment:
  *       the survivors' syncs never hang (each ends within a bound) and never
  *       compute a wrong value (every result is checked against the members
@@ -22,6 +22,9 @@
  *       the survivors' next completed sync ("recovery_ms"). A stopped victim
  *       is SIGKILLed by the lowest survivor at the end. VICTIM 0 is the
  *       coordinator: the survivors elect another and go on.
+ *       fault cont: the victim is stopped, and resumed 1.5 s later (by a
+ *       child): excluded meanwhile, it must be told so (its next sync fails
+ *       with EPEER, "excluded"), not hang nor elect another coordinator.
  *   test_relay agree ITERS DIR VICTIM [COUNT [joined]]   ITERS relay syncs of larger data (so a
  *       phase 2 takes a few ms) whose values depend on the iteration, while
  *       VICTIM SIGKILLs itself at a random moment, so in some runs during a
@@ -300,12 +303,67 @@ static double read_file(const char *name)
     return v;
 }
 
+static int fault_cont_ms;           /* fault cont: a child of the victim resumes it after this */
+static _Atomic double fault_t_stop; /* the victim's stop (mono_s), 0 before */
+
 static void *faulter(void *arg)
 {
     usleep((useconds_t)(uintptr_t)arg);
-    write_file("t_fault", "%.6f\n", mono_s());
+    double t = mono_s();
+    write_file("t_fault", "%.6f\n", t);
+    atomic_store(&fault_t_stop, t);
+    if (fault_cont_ms > 0) {
+        /* Only async-signal-safe calls in the child of a threaded process. */
+        pid_t parent = getpid();
+        if (fork() == 0) {
+            usleep((useconds_t)fault_cont_ms * 1000u);
+            kill(parent, SIGCONT);
+            _exit(0);
+        }
+    }
     raise(fault_kill ? SIGKILL : SIGSTOP);
     return NULL;
+}
+
+/* fault cont, the victim once resumed: it was excluded while stopped, and
+ * must hear so instead of taking the live coordinator for failed and
+ * electing a partition of its own: its syncs fail with EPEER (none
+ * succeeds, none hangs), and within 3 s one says it was excluded. Returns
+ * whether the victim is done. */
+static bool victim_resumed(int it, int st, const char *err, double t_stop, double t_submit,
+                           double *x)
+{
+    double t = mono_s() - t_stop;
+    if (t < fault_cont_ms / 1e3) return false;
+    if (st == 0 && t_submit < t_stop) return false; /* it had ended before the stop */
+    for (int k = it;; k++) {
+        if (st == 0) MP_FAIL("sync %d succeeded after the resume: a partition of its own", k);
+        if (st != COH_EPEER)
+            MP_FAIL("sync %d after the resume: %s: %s", k, coh_status_name(st), err);
+        if (strstr(err, "excluded")) {
+            printf(
+                "rank %d: OK resumed and excluded: sync %d failed %.0f ms after the resume: %s\n",
+                R, k, (mono_s() - t_stop - fault_cont_ms / 1e3) * 1e3, err);
+            return true;
+        }
+        if (mono_s() - t_stop - fault_cont_ms / 1e3 > 3)
+            MP_FAIL("3 s after the resume, not told it was excluded: sync %d: %s", k, err);
+        usleep(10000);
+        coh_request_t *req = NULL;
+        st = coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)k + 1, R + 1, COH_SYNC_RELAY, &req);
+        if (st == 0) {
+            st = coh_wait(req, 30000);
+            if (st == COH_EAGAIN) MP_FAIL("sync %d hangs (30 s) after the resume", k + 1);
+        }
+        static char buf[512];
+        snprintf(buf, sizeof(buf), "%s",
+                 st == 0 ? ""
+                 : req   ? coh_request_error(req)
+                         : coh_last_error());
+        if (!buf[0]) snprintf(buf, sizeof(buf), "%s", coh_last_error());
+        err = buf;
+        if (req) coh_request_free(req);
+    }
 }
 
 static void run_fault(int victim)
@@ -329,12 +387,23 @@ static void run_fault(int victim)
          * puts this rank one step ahead of the others: data that depend on
          * the rank only keep every group's result checkable. */
         for (size_t j = 0; j < COUNT; j++) x[j] = val(R, 0, j);
-        coh_request_t *req;
+        coh_request_t *req = NULL;
         double ts = mp_now_s();
         int st = coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req);
         if (st == 0) {
             st = coh_wait(req, 30000);
             if (st == COH_EAGAIN) MP_FAIL("sync %d hangs (30 s)", it);
+        }
+        if (R == victim && fault_cont_ms > 0 && atomic_load(&fault_t_stop) > 0) {
+            const char *err = st == 0 ? "" : req ? coh_request_error(req) : coh_last_error();
+            if (!*err) err = coh_last_error();
+            if (victim_resumed(it, st, err, atomic_load(&fault_t_stop),
+                               mono_s() - (mp_now_s() - ts), x)) {
+                if (req) coh_request_free(req);
+                free(x);
+                free(done_at);
+                return;
+            }
         }
         double took = mp_now_s() - ts;
         if (took > worst) worst = took;
@@ -810,13 +879,14 @@ int main(int argc, char **argv)
     }
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
     if (!strcmp(argv[1], "fault")) {
-        if (argc < 4) MP_FAIL("usage: test_relay fault kill|stop DIR [VICTIM]");
+        if (argc < 4) MP_FAIL("usage: test_relay fault kill|stop|cont DIR [VICTIM]");
         fault_kill = !strcmp(argv[2], "kill");
+        if (!strcmp(argv[2], "cont")) fault_cont_ms = 1500; /* > COHORT_LIVENESS_MS (1000) */
         snprintf(fault_dir, sizeof(fault_dir), "%s", argv[3]);
         int victim = argc > 4 ? atoi(argv[4]) : N - 1;
         if (victim < 0 || victim >= N) MP_FAIL("victim %d: not a rank (< %d)", victim, N);
         run_fault(victim);
-        if (!fault_kill && R == (victim == 0 ? 1 : 0)) {
+        if (!fault_kill && !fault_cont_ms && R == (victim == 0 ? 1 : 0)) {
             double pid = read_file("pid");
             if (pid > 0) kill((pid_t)pid, SIGKILL);
         }
