@@ -495,9 +495,14 @@ void rx_lb_check_timeouts(struct coh_ctx *ctx)
 {
     rx_lb_t *lb = ctx->lb;
     if (!lb) return;
-    uint64_t now = bs_now_ns(), limit = (uint64_t)ctx->cfg.timeout_ms * 1000000ull;
+    uint64_t limit = (uint64_t)ctx->cfg.timeout_ms * 1000000ull;
     uv_mutex_lock(&lb->mu);
-    while (lb->qhead && now - lb->qhead->t_queued_ns > limit) {
+    /* The clock under the lock: read before it, a launch queued meanwhile
+     * by the application thread was "queued in the future", its age
+     * wrapped, and it failed at once with "no rail table after 300000 ms"
+     * (CI, TSan stage, mp.udp.spray.lossy.d5.n4 2.2 s into its run). */
+    uint64_t now = bs_now_ns();
+    while (lb->qhead && now > lb->qhead->t_queued_ns && now - lb->qhead->t_queued_ns > limit) {
         lb_wait_t *w = lb->qhead;
         lb->qhead = w->next;
         if (!lb->qhead) lb->qtail = NULL;
