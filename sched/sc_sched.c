@@ -1100,10 +1100,9 @@ static void eval_relay(sc_sched_t *s)
              * others' first steps took, unless a CDF was loaded: a rank 400
              * ms late to its first sync (loading its data) was excluded for
              * good by the pool of the others' few-ms first steps. */
-            if (longest <= 0 && P->overdue_factor > 0) continue;
-            if (x->iters == 0 && !x->cdf.frozen && !s->pool.frozen && P->overdue_factor > 0)
-                continue;
-            if (longest > 0 && P->overdue_factor > 0) {
+            if (P->overdue_factor > 0) {
+                bool first_step = x->iters == 0 && !x->cdf.frozen && !s->pool.frozen;
+                if (longest <= 0 || first_step) continue;
                 double overdue = x->t_start + P->overdue_factor * longest;
                 if (overdue > due) due = overdue;
             }

@@ -325,6 +325,27 @@ static void *faulter(void *arg)
     return NULL;
 }
 
+/* One relay sync of x as iteration it, bounded at 30 s; *req is NULL when
+ * the submission failed. */
+static int fault_sync(int it, double *x, coh_request_t **req)
+{
+    *req = NULL;
+    int st = coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, req);
+    if (st == 0) {
+        st = coh_wait(*req, 30000);
+        if (st == COH_EAGAIN) MP_FAIL("sync %d hangs (30 s)", it);
+    }
+    return st;
+}
+
+/* What ended a failed sync: its request's error, or the submission's. */
+static const char *fault_sync_error(int st, coh_request_t *req, char *buf, size_t cap)
+{
+    const char *e = st != 0 && req ? coh_request_error(req) : "";
+    snprintf(buf, cap, "%s", *e ? e : coh_last_error());
+    return buf;
+}
+
 /* fault cont, the victim once resumed: it was excluded while stopped, and
  * must hear so instead of taking the live coordinator for failed and
  * electing a partition of its own: its syncs fail with EPEER (none
@@ -349,19 +370,10 @@ static bool victim_resumed(int it, int st, const char *err, double t_stop, doubl
         if (mono_s() - t_stop - fault_cont_ms / 1e3 > 3)
             MP_FAIL("3 s after the resume, not told it was excluded: sync %d: %s", k, err);
         usleep(10000);
-        coh_request_t *req = NULL;
-        st = coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)k + 1, R + 1, COH_SYNC_RELAY, &req);
-        if (st == 0) {
-            st = coh_wait(req, 30000);
-            if (st == COH_EAGAIN) MP_FAIL("sync %d hangs (30 s) after the resume", k + 1);
-        }
+        coh_request_t *req;
         static char buf[512];
-        snprintf(buf, sizeof(buf), "%s",
-                 st == 0 ? ""
-                 : req   ? coh_request_error(req)
-                         : coh_last_error());
-        if (!buf[0]) snprintf(buf, sizeof(buf), "%s", coh_last_error());
-        err = buf;
+        st = fault_sync(k + 1, x, &req);
+        err = fault_sync_error(st, req, buf, sizeof(buf));
         if (req) coh_request_free(req);
     }
 }
@@ -387,16 +399,12 @@ static void run_fault(int victim)
          * puts this rank one step ahead of the others: data that depend on
          * the rank only keep every group's result checkable. */
         for (size_t j = 0; j < COUNT; j++) x[j] = val(R, 0, j);
-        coh_request_t *req = NULL;
+        coh_request_t *req;
         double ts = mp_now_s();
-        int st = coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)it, R + 1, COH_SYNC_RELAY, &req);
-        if (st == 0) {
-            st = coh_wait(req, 30000);
-            if (st == COH_EAGAIN) MP_FAIL("sync %d hangs (30 s)", it);
-        }
+        int st = fault_sync(it, x, &req);
         if (R == victim && fault_cont_ms > 0 && atomic_load(&fault_t_stop) > 0) {
-            const char *err = st == 0 ? "" : req ? coh_request_error(req) : coh_last_error();
-            if (!*err) err = coh_last_error();
+            char buf[512];
+            const char *err = fault_sync_error(st, req, buf, sizeof(buf));
             if (victim_resumed(it, st, err, atomic_load(&fault_t_stop),
                                mono_s() - (mp_now_s() - ts), x)) {
                 if (req) coh_request_free(req);
