@@ -13,10 +13,13 @@
  * descriptor (COHORT_STORE_FD), so no port can be taken between choosing it
  * and using it. Output lines are prefixed with "[rank] ". When a rank fails
  * the others are terminated (unless --keep-going), and cohortrun exits with
- * the first failure's code (128 + signal for a signal).
+ * the first failure's code (128 + signal for a signal). With --bind core
+ * each rank (every thread of it) is held to one CPU of the launcher's own
+ * set, rank r to the (r mod count)-th, as mpirun --bind-to core does.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -65,6 +68,7 @@ static struct {
     double timeout_s;
     bool keep_going;
     bool prefix;
+    bool bind; /* --bind core */
     char **argv;
     rank_t *ranks;
     int alive;
@@ -89,6 +93,9 @@ static void usage(FILE *f)
             "                     by the rank (e.g. --wrap 'ip netns exec coh{rank}')\n"
             "  --timeout SEC      kill every rank after SEC seconds and exit 124\n"
             "  --keep-going       do not kill the other ranks when one fails\n"
+            "  --bind none|core   core: hold each rank to one CPU of cohortrun's own set,\n"
+            "                     rank r to the (r mod count)-th (default none: the kernel\n"
+            "                     places and moves them)\n"
             "  (torch programs start unchanged: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
             "  MASTER_ADDR and MASTER_PORT, a free port, are set for every rank)\n"
             "  --no-prefix        do not prefix output lines with [rank]\n"
@@ -411,6 +418,13 @@ int main(int argc, char **argv)
             g.wrap = argv[++i];
         } else if (!strcmp(a, "--timeout") && i + 1 < argc) {
             g.timeout_s = atof(argv[++i]);
+        } else if (!strcmp(a, "--bind") && i + 1 < argc) {
+            const char *b = argv[++i];
+            if (strcmp(b, "none") && strcmp(b, "core")) {
+                fprintf(stderr, "cohortrun: --bind none or --bind core\n");
+                return 2;
+            }
+            g.bind = !strcmp(b, "core");
         } else if (!strcmp(a, "--keep-going")) {
             g.keep_going = true;
         } else if (!strcmp(a, "--no-prefix")) {
@@ -505,6 +519,18 @@ int main(int argc, char **argv)
                                        "COHORT_NICS=",  "COHORT_LOCAL_SIZE=", "RANK=",
                                        "WORLD_SIZE=",   "LOCAL_RANK=",        "LOCAL_WORLD_SIZE=",
                                        "MASTER_ADDR=",  "MASTER_PORT="};
+    /* --bind core: a child inherits the spawning thread's CPU set, so this
+     * thread takes each rank's CPU for its spawn and its own set back after. */
+    cpu_set_t own;
+    int ncpu = 0, cpus[CPU_SETSIZE];
+    if (g.bind) {
+        if (sched_getaffinity(0, sizeof(own), &own) != 0) {
+            perror("cohortrun: sched_getaffinity");
+            return 1;
+        }
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &own)) cpus[ncpu++] = c;
+    }
     g.ranks = calloc((size_t)g.n, sizeof(rank_t));
     for (int r = 0; r < g.n; r++) {
         rank_t *rk = &g.ranks[r];
@@ -566,7 +592,16 @@ int main(int argc, char **argv)
                                      .stdio = stdio,
                                      .stdio_count = r == 0 ? 4 : 3};
         rk->proc.data = rk;
+        if (ncpu > 0) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpus[r % ncpu], &one);
+            if (sched_setaffinity(0, sizeof(one), &one) != 0)
+                fprintf(stderr, "cohortrun: rank %d: cannot bind to CPU %d: %s\n", r,
+                        cpus[r % ncpu], strerror(errno));
+        }
         int err = uv_spawn(g.loop, &rk->proc, &opts);
+        if (ncpu > 0) sched_setaffinity(0, sizeof(own), &own);
         if (err) {
             fprintf(stderr, "cohortrun: cannot start rank %d (%s): %s\n", r, args[0],
                     uv_strerror(err));

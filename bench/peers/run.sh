@@ -29,6 +29,7 @@ ITERS_SET=0 WARMUP_SET=0 SIZES_SET=0
 SITERS="" SWARMUP=""
 SMALL_BELOW=262144
 BASELINE=""
+BIND=none
 
 usage() {
     cat <<EOF
@@ -53,6 +54,10 @@ usage: bench/peers/run.sh [options]
                      the console report goes to FILE with .txt instead of .csv
   --timeout SEC      per benchmark run (default 300)
   --strict           also exit 1 when a target is missed
+  --bind none|core   core: every implementation's ranks held to one CPU each, rank r
+                     to CPU r mod nproc (cohortrun --bind core; mpirun --map-by core
+                     --bind-to core:overload-allowed); default none (the kernel
+                     places and moves them, as it does for most trainers)
   --baseline DIR     also run DIR/bin/cohort-bench (another build of cohort, e.g. a
                      worktree of an earlier commit) as "base", in the same run,
                      and print cohort / base per size
@@ -74,6 +79,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --timeout) TIMEOUT=$2; shift ;;
     --strict) STRICT=1 ;;
+    --bind) BIND=$2; shift ;;
     --baseline) BASELINE=$(cd "$2" && pwd); IMPLS="$IMPLS base"; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -140,15 +146,22 @@ run() {
     return $rc
 }
 
+# Binding: none by default (cohortrun binds nothing unless asked); with
+# --bind core both launchers put rank r on CPU r mod nproc, the same places.
+case $BIND in
+none) MPIBIND=(--bind-to none) ;;
+core) MPIBIND=(--map-by core --bind-to core:overload-allowed) ;;
+*) echo "run.sh: --bind none or --bind core" >&2; exit 2 ;;
+esac
 # Open MPI over TCP on loopback only: ob1 (not UCX/CM, which pick their own
-# transports), btl self+tcp (no vader shared memory), the lo interface over IPv4,
-# no process binding (cohortrun binds nothing either). Root needs its opt-in.
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl "self,tcp"
+# transports), btl self+tcp (no vader shared memory), the lo interface over IPv4.
+# Root needs its opt-in.
+MPIRUN=(mpirun --oversubscribe "${MPIBIND[@]}" --mca pml ob1 --mca btl "self,tcp"
     --mca btl_tcp_if_include lo --mca btl_tcp_disable_family 6)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 # Open MPI over shared memory: ob1 with btl self+vader (single copy through CMA
-# where the kernel lets it), no binding.
-VADER=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl "self,vader")
+# where the kernel lets it).
+VADER=(mpirun --oversubscribe "${MPIBIND[@]}" --mca pml ob1 --mca btl "self,vader")
 [ "$(id -u)" = 0 ] && VADER+=(--allow-run-as-root)
 
 # The sweep in two runs of each benchmark: the sizes below SMALL_BELOW with
@@ -169,6 +182,7 @@ say "# cohort peers benchmark, $(date -Is), $(uname -n), $(nproc) cpus, $(uname 
 say "# git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
     "Gloo $(dpkg-query -W -f '${Version}' libgloo-dev 2>/dev/null || echo '?')," \
     "$(mpirun --version 2>/dev/null | head -n 1)"
+say "# binding: $BIND (--bind)"
 
 # sweep NAME CMD... : CMD with each sweep's arguments after it, the outputs
 # of both in $WORK/NAME.out and .err
@@ -204,21 +218,21 @@ for n in $RANKS; do
     for impl in $IMPLS; do
         case $impl in
         cohort)
-            sweep "cohort-$n" env COHORT_SHM=0 "$BIN/cohortrun" -n "$n" --no-prefix \
+            sweep "cohort-$n" env COHORT_SHM=0 "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
                 --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
         shm)
-            sweep "shm-$n" env COHORT_SHM=1 "$BIN/cohortrun" -n "$n" --no-prefix \
+            sweep "shm-$n" env COHORT_SHM=1 "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
                 --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
         vader)
             sweep "vader-$n" timeout "$TIMEOUT" "${VADER[@]}" -np "$n" "$BIN/mpi-bench" ;;
         gloo)
             mkdir -p "$WORK/store-$n"
-            sweep "gloo-$n" "$BIN/cohortrun" -n "$n" --no-prefix --timeout "$TIMEOUT" -- \
+            sweep "gloo-$n" "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix --timeout "$TIMEOUT" -- \
                 "$BIN/gloo-bench" --store "$WORK/store-$n" -a "$GLOO_ALGO" ;;
         mpi)
             sweep "mpi-$n" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" "$BIN/mpi-bench" ;;
         base)
-            sweep "base-$n" env COHORT_SHM=0 "$BASELINE/bin/cohortrun" -n "$n" --no-prefix \
+            sweep "base-$n" env COHORT_SHM=0 "$BASELINE/bin/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
                 --timeout "$TIMEOUT" -- \
                 "$BASELINE/bin/cohort-bench" ;;
         esac
