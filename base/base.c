@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -43,10 +44,15 @@ void bs_log(int level, const char *fmt, ...)
 
 int bs_fail(int status, const char *fmt, ...)
 {
+    /* Formatted aside first: callers wrap the last error in a new one
+     * (bs_fail(st, "%s: %s", fn, coh_last_error())), and printing a buffer
+     * into itself garbled the text ("coh_allreduce: =5003, f64, sum)"). */
+    char text[sizeof(last_error)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
+    memcpy(last_error, text, sizeof(text));
     return status;
 }
 

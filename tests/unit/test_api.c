@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "base/base.h"
 #include "cohort.h"
 
 static void clear_env(void)
@@ -342,6 +343,21 @@ static void test_mem_register(void **state)
     /* left declared: finalize takes it back */
 }
 
+/* An error that wraps the last one (bs_fail(st, "%s: %s", fn,
+ * coh_last_error()), as a failed launch does) reads it whole: formatted
+ * into itself it came out as "coh_allreduce: =5003, f64, sum)". */
+static void test_error_wraps_last(void **state)
+{
+    (void)state;
+    assert_int_equal(bs_fail(COH_EPEER, "allreduce(count=%d, f64, sum): %s", 5003, "gone"),
+                     COH_EPEER);
+    assert_int_equal(bs_fail(COH_EPEER, "%s: %s", "coh_allreduce", coh_last_error()), COH_EPEER);
+    assert_string_equal(coh_last_error(), "coh_allreduce: allreduce(count=5003, f64, sum): gone");
+    assert_int_equal(bs_fail(COH_EINVAL, "%s, then %s", coh_last_error(), "more"), COH_EINVAL);
+    assert_string_equal(coh_last_error(),
+                        "coh_allreduce: allreduce(count=5003, f64, sum): gone, then more");
+}
+
 static void test_status_names(void **state)
 {
     (void)state;
@@ -366,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_finalize_twice),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_status_names),
+        cmocka_unit_test(test_error_wraps_last),
         cmocka_unit_test(test_device_runtime),
         cmocka_unit_test(test_verbs_without_device),
         cmocka_unit_test(test_init_keeps_last_error),
