@@ -68,6 +68,10 @@ struct coh_ctx {
      * its failed incarnation. World entries, 0: none. */
     uint32_t *back;
     int nback;
+    /* The coordinator excluded this rank (rx_ctx_self_excluded): every op
+     * of its communicators ends, those to come too. Under fail_mu. */
+    bool self_excluded;
+    char excluded_why[BS_ERR_LEN];
     struct sockaddr_storage *rejoin_addrs; /* COHORT_REJOIN: [peer * nrails + rail] */
     coh_comm_t *comms;                     /* world_comm, then communicators made from it */
     uint32_t probe_no;                     /* coh_probe calls (every rank the same) */
@@ -179,11 +183,17 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L);
  * failure handler that has r. */
 void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why);
 bool rx_ctx_is_failed(struct coh_ctx *ctx, int r);
+/* Any thread: the coordinator excluded this rank (idempotent). The others
+ * end every op of every communicator that holds it (rx_ctx_rank_failed);
+ * this rank ends its own on all of them alike, in flight or later, and its
+ * balancer's queued and later world ops, with COH_EPEER and why. */
+void rx_ctx_self_excluded(struct coh_ctx *ctx, const char *why);
 /* Not failed, and its control address is known: a rank that rejoined
  * listens elsewhere now, which only it (and ranks that rejoined) read. */
 bool rx_ctx_electable(struct coh_ctx *ctx, int r);
 /* Any thread: the world rank of c's first failed member, or -1; *stale:
- * it failed and rejoined since c was made (c holds its old incarnation). */
+ * it failed and rejoined since c was made (c holds its old incarnation).
+ * This rank, not stale, once the coordinator excluded it. */
 int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c, bool *stale);
 /* The probe of every link (rx_probe.c); caller's thread. rounds > 0: only the
  * first that many rounds of pairs (each rank meets that many peers). */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "reactor/rx_ctx.h"
+#include "reactor/rx_lb.h"
 
 /* comm's rank of world rank r, or -1. */
 static int comm_rank_of(const coh_comm_t *c, int r)
@@ -43,7 +44,8 @@ int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c, bool *stale)
     *stale = false;
     if (!ctx->failed) return -1;
     uv_mutex_lock(&ctx->fail_mu);
-    if (ctx->back && ctx->back[ctx->rank] > c->id) { /* this rank rejoined after c was made */
+    if (ctx->self_excluded) r = ctx->rank;                    /* not stale: excluded for good */
+    if (r < 0 && ctx->back && ctx->back[ctx->rank] > c->id) { /* rejoined after c was made */
         r = ctx->rank;
         *stale = true;
     }
@@ -119,6 +121,32 @@ void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
             rx_rail_revoke(&ctx->rails[k], ids[i], COH_EPEER, text);
     coh_free(ids);
     for (int i = 0; i < nh; i++) fn[i](comm[i], cr[i], why ? why : "", arg[i]);
+}
+
+void rx_ctx_self_excluded(struct coh_ctx *ctx, const char *why)
+{
+    uint32_t *ids = NULL;
+    int nids = 0;
+    uv_mutex_lock(&ctx->fail_mu);
+    if (!ctx->self_excluded) {
+        ctx->self_excluded = true;
+        snprintf(ctx->excluded_why, sizeof(ctx->excluded_why), "%s", why);
+        int ncomms = 0;
+        for (coh_comm_t *c = ctx->comms; c; c = c->next) ncomms++;
+        ids = coh_malloc(sizeof(uint32_t) * (size_t)(ncomms ? ncomms : 1));
+        for (coh_comm_t *c = ctx->comms; ids && c; c = c->next) ids[nids++] = c->id;
+    }
+    uv_mutex_unlock(&ctx->fail_mu);
+    if (!ids) return;
+    bs_log(COH_LOG_WARN, "rank %d: %s: its ops end", ctx->rank, why);
+    /* Not left to the others dropping this rank's links: an op so ended
+     * blames whichever peer's link closed first ("rank 0 is gone"), and one
+     * that no closed link ends would wait out its timeout. */
+    for (int i = 0; i < nids; i++)
+        for (int k = 0; k < ctx->nrails; k++)
+            rx_rail_revoke(&ctx->rails[k], ids[i], COH_EPEER, why);
+    coh_free(ids);
+    rx_lb_close(ctx, COH_EPEER, why);
 }
 
 COH_API int coh_comm_on_failure(coh_comm_t *comm, coh_failure_fn fn, void *arg)

@@ -1038,8 +1038,21 @@ static int on_bytes(rx_conn_t *c, const uint8_t *buf, size_t len)
                    ps ? (unsigned long long)ps->group_id : 0ull, ps ? ps->phase : 0,
                    ps ? ps->running : 0, ps ? ps->awaiting : 0, m->relay_req != NULL);
             /* No plan, phase 2 or commit will come for a sync that waits
-             * for one: it fails now. One whose op runs ends when that op
-             * does (every other rank drops this one's links). */
+             * for one: it fails now. Its relay ops that run end now too
+             * (the relay trials saw one still running 30 s after the
+             * exclusion, cause not found), and so do every op of this
+             * rank's communicators and every later one. */
+            char text[BS_ERR_LEN];
+            snprintf(text, sizeof(text), "rank %d: %s", m->ctx->rank, m->excluded_why);
+            rx_ctx_self_excluded(m->ctx, text);
+            coh_request_t *rr = m->relay_req;
+            for (int k = 0; k < m->ctx->nrails; k++) {
+                if (rr && rr->sync)
+                    rx_rail_revoke(&m->ctx->rails[k], rx_group_comm(rr->sync->group_id), COH_EPEER,
+                                   text);
+                if (ps && ps->running)
+                    rx_rail_revoke(&m->ctx->rails[k], rx_group_comm(ps->group_id), COH_EPEER, text);
+            }
             if (ps && !ps->running) finish(m, req, COH_EPEER, m->excluded_why);
             break;
         }
@@ -1509,7 +1522,7 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
                    ctx->rank, coh_status_name(pst), pi.duration_us / 1e3, pi.nlinks);
         }
     }
-    if (m && atomic_load(&m->lost))
+    if (m && (atomic_load(&m->lost) || atomic_load(&m->excluded)))
         return m->excluded
                    ? bs_fail(COH_EPEER, "%s: %s", fn, m->excluded_why)
                    : bs_fail(COH_EPEER, "%s: the coordinator (rank %d) is gone", fn, m->coord_rank);

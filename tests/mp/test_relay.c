@@ -346,6 +346,39 @@ static const char *fault_sync_error(int st, coh_request_t *req, char *buf, size_
     return buf;
 }
 
+/* fault cont, the victim told it was excluded: whatever it starts now
+ * ends at once with EPEER and says so, a sync and an allreduce of the
+ * world alike (nothing will meet them: the others ended every op of every
+ * communicator holding it). Before, a world allreduce waited out the op
+ * timeout or the balancer's next rail table. */
+static void excluded_ops(int it, double *x)
+{
+    static char buf[512];
+    for (int k = 0; k < 3; k++) {
+        coh_request_t *req;
+        double t = mono_s();
+        int st = k == 1 ? coh_allreduce(W, x, x, COUNT, COH_F64, COH_SUM, &req)
+                        : coh_sync_ex(W, x, COUNT, COH_F64, (uint64_t)(it + k), R + 1,
+                                      COH_SYNC_RELAY, &req);
+        if (st == 0) {
+            st = coh_wait(req, 30000);
+            if (st == COH_EAGAIN)
+                MP_FAIL("excluded: %s hangs (30 s)", k == 1 ? "allreduce" : "sync");
+        } else {
+            req = NULL;
+        }
+        const char *what = k == 1 ? "an allreduce" : "a sync";
+        const char *err = fault_sync_error(st, req, buf, sizeof(buf));
+        double ms = (mono_s() - t) * 1e3;
+        if (st != COH_EPEER || !strstr(err, "excluded") || ms > 500)
+            MP_FAIL("excluded: %s ended with %s after %.0f ms (expected EPEER at once, saying "
+                    "so): %s",
+                    what, coh_status_name(st), ms, err);
+        printf("rank %d: excluded: %s failed in %.1f ms: %s\n", R, what, ms, err);
+        if (req) coh_request_free(req);
+    }
+}
+
 /* fault cont, the victim once resumed: it was excluded while stopped, and
  * must hear so instead of taking the live coordinator for failed and
  * electing a partition of its own: its syncs fail with EPEER (none
@@ -365,6 +398,7 @@ static bool victim_resumed(int it, int st, const char *err, double t_stop, doubl
             printf(
                 "rank %d: OK resumed and excluded: sync %d failed %.0f ms after the resume: %s\n",
                 R, k, (mono_s() - t_stop - fault_cont_ms / 1e3) * 1e3, err);
+            excluded_ops(k + 1, x);
             return true;
         }
         if (mono_s() - t_stop - fault_cont_ms / 1e3 > 3)
