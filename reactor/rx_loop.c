@@ -127,16 +127,23 @@ static bool has_streams(rx_reactor_t *rx)
 #define RX_LINGER_NS 50000ull
 
 /* Loop thread: sleep while helpers run the loop, until one leaving with
- * work in flight bumps park (it was pk when helpers was read), or 1 ms. */
+ * work in flight bumps park (it was pk when helpers was read), or
+ * RX_PARK_NS. The timeout only looks again (a helper that leaves always
+ * bumps park); at 1 ms it woke each rank's loop thread 1000 times a second
+ * while its waiter worked, and on a host with more ranks than cores those
+ * wake-ups took the cores from the ranks: 4 ranks on 2 cores, 1 MiB over
+ * shared memory, 410-470 us instead of 470-760 (docs/shm.md). */
+#define RX_PARK_NS 20000000L
+
 static void park_wait_ns(rx_reactor_t *rx, int pk, long ns)
 {
-    struct timespec ts = {.tv_sec = 0, .tv_nsec = ns};
+    struct timespec ts = {.tv_sec = ns / 1000000000L, .tv_nsec = ns % 1000000000L};
     syscall(SYS_futex, (int *)&rx->park, FUTEX_WAIT_PRIVATE, pk, &ts, NULL, 0);
 }
 
 static void park_wait(rx_reactor_t *rx, int pk)
 {
-    park_wait_ns(rx, pk, 1000000L);
+    park_wait_ns(rx, pk, RX_PARK_NS);
 }
 
 /* Threading: loop thread. */

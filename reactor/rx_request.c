@@ -239,6 +239,13 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
     return st;
 }
 
+/* coh_wait's spin with more ranks than cores (below): a yield back within
+ * RX_YIELD_ALONE_NS ran nobody else; after RX_ALONE_YIELDS of them in a
+ * row the waiter sleeps RX_NAP_NS (plus the kernel's timer slack). */
+#define RX_YIELD_ALONE_NS 5000ull
+#define RX_ALONE_YIELDS   16u
+#define RX_NAP_NS         20000L
+
 static int wait_req(coh_request_t *req, int timeout_ms)
 {
     struct coh_ctx *ctx = req->ctx;
@@ -261,6 +268,7 @@ static int wait_req(coh_request_t *req, int timeout_ms)
     /* The clock every 4th pass: in a VM a read took 80-300 ns, as long as a
      * pass, and half of a 4 KiB op's spin went to it. */
     uint64_t now = start;
+    unsigned alone = 0; /* yields in a row that came back at once */
     for (unsigned k = 1;
          spin_end > start && !is_done(req) && ((k++ & 3) || (now = bs_now_ns()) < spin_end);) {
         int helped = RX_HELP_BUSY;
@@ -280,7 +288,23 @@ static int wait_req(coh_request_t *req, int timeout_ms)
             for (int i = 0; i < 8; i++) cpu_relax();
             sched_yield();
         } else if (helped == RX_HELP_IDLE && ctx->oversubscribed) {
+            /* A yield that comes back at once found nobody else to run on
+             * this core: the peers this waits for run on the others. After
+             * a run of those, nap, so that the core goes idle and the
+             * kernel moves one of them here (a spinning waiter never lets
+             * it). 4 ranks on 2 cores, 1 MiB over shared memory: one run in
+             * three had rank 0 yield 50-75 thousand times (its core to
+             * itself, the other three on the other) and took 700 us, not
+             * 500 (docs/shm.md). */
+            uint64_t t0 = bs_now_ns();
             sched_yield();
+            now = bs_now_ns();
+            alone = now - t0 < RX_YIELD_ALONE_NS ? alone + 1 : 0;
+            if (alone >= RX_ALONE_YIELDS) {
+                alone = 0;
+                struct timespec nap = {0, RX_NAP_NS};
+                nanosleep(&nap, NULL);
+            }
         }
     }
     bool done = is_done(req);
