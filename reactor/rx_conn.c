@@ -34,16 +34,56 @@ static void unlink_from_listener(rx_conn_t *c)
     c->listener = NULL;
 }
 
-void rx_conn_close(rx_conn_t *c, int status, const char *why)
+static void close_handles(rx_conn_t *c)
 {
-    if (c->closing) return;
+    if (c->handles_closing) return;
+    c->handles_closing = true;
+    unlink_from_listener(c); /* a flushing one stayed on its list */
+    uv_close((uv_handle_t *)&c->tcp, handle_closed);
+    uv_close((uv_handle_t *)&c->hs_timer, handle_closed);
+}
+
+/* The owner's side of a close: after it, c is the transport's alone. A
+ * connection that flushes first stays on its listener's list, so that
+ * closing the listener (a reactor stopping) ends the flush too. */
+static bool close_begin(rx_conn_t *c, int status, const char *why, bool flush)
+{
+    if (c->closing) return false;
     c->closing = true;
-    unlink_from_listener(c);
+    if (!flush) unlink_from_listener(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->hs_timer);
     if (c->proto->on_close) c->proto->on_close(c, status, why);
-    uv_close((uv_handle_t *)&c->tcp, handle_closed);
-    uv_close((uv_handle_t *)&c->hs_timer, handle_closed);
+    return true;
+}
+
+void rx_conn_close(rx_conn_t *c, int status, const char *why)
+{
+    if (close_begin(c, status, why, false)) close_handles(c);
+}
+
+/* Queued writes done (or failed, or cancelled by the close below). */
+static void flushed(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    close_handles(req->handle->data);
+}
+
+static void flush_timeout(uv_timer_t *t)
+{
+    close_handles(t->data);
+}
+
+void rx_conn_close_flushed(rx_conn_t *c, int status, const char *why, unsigned ms)
+{
+    if (!close_begin(c, status, why, true)) return;
+    /* The shutdown goes after the queued writes; its FIN tells the peer
+     * the rest. A peer that reads nothing holds it up to ms. */
+    if (!c->ready || uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, flushed) != 0) {
+        close_handles(c);
+        return;
+    }
+    uv_timer_start(&c->hs_timer, flush_timeout, ms, 0);
 }
 
 /* A connection refused at the handshake: counted on its listener (a peer
@@ -381,7 +421,12 @@ void rx_listener_close(rx_listener_t *l)
 {
     if (!l || l->closing) return;
     l->closing = true;
-    while (l->conns) rx_conn_close(l->conns, COH_ECANCELED, "closing");
+    while (l->conns) {
+        if (l->conns->closing)
+            close_handles(l->conns); /* flushing (rx_conn_close_flushed): no longer */
+        else
+            rx_conn_close(l->conns, COH_ECANCELED, "closing");
+    }
     uv_close((uv_handle_t *)&l->tcp, listener_closed);
 }
 

@@ -74,6 +74,8 @@ struct rx_conn {
     size_t len, cap;
     int handles;
     bool parsing;
+    bool handles_closing; /* uv_close called on both handles */
+    uv_shutdown_t shut;   /* rx_conn_close_flushed */
 };
 
 struct rx_listener {
@@ -108,6 +110,11 @@ int rx_conn_dial(uv_loop_t *loop, const struct sockaddr *local, const struct soc
 int rx_conn_send(rx_conn_t *c, const void *bytes, size_t n);
 /* Close; on_close runs from here (or has run). */
 void rx_conn_close(rx_conn_t *c, int status, const char *why);
+/* The same for the owner (on_close runs from here, nothing more is read or
+ * sent), but what was queued still goes out before the socket closes, for
+ * at most ms (or until its listener closes): the last words to a peer sent
+ * away (the LOST that excludes it). rx_conn_close drops queued bytes. */
+void rx_conn_close_flushed(rx_conn_t *c, int status, const char *why, unsigned ms);
 /* Parse what is buffered again: the protocol held off and can go on. */
 void rx_conn_resume(rx_conn_t *c);
 /* Whether the peer's bytes (or its close) wait unread in c's socket. A

@@ -479,7 +479,11 @@ static void declare_lost_as(rx_coord_t *c, int r, int code, uint32_t silent_ms, 
     bs_log(COH_LOG_WARN, "coordinator: rank %d is out of the schedule: %s", r, why);
     for (int m = 0; m < COH_SYNC_MODE_COUNT; m++)
         if (c->sched[m]) sc_sched_on_worker_lost(c->sched[m], r);
-    if (cr->conn) rx_conn_close(cr->conn, COH_EPEER, why);
+    /* The LOST above goes out before the close: dropped with the queued
+     * bytes of a rank slow to read, the rank saw only the close, took it
+     * for a failed coordinator and went on electing one. */
+    if (cr->conn)
+        rx_conn_close_flushed(cr->conn, COH_EPEER, why, (unsigned)c->ctx->cfg.liveness_ms);
     co_group_t *g = cr->group ? group_find(c, cr->group) : NULL;
     if (g) member_done(c, g, r, COH_EPEER, 0);
     shrink_try_all(c);   /* a shrink no longer waits for r */

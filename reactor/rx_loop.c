@@ -186,6 +186,13 @@ static void thread_main(void *arg)
         }
         uv_mutex_lock(&rx->run_mu);
         int alive = run_pass(rx);
+        /* Posted tasks run from their wake-up (wake_cb). The kill trials
+         * caught a sync's task on the control reactor that never ran: its
+         * READY never left, and the coordinator excluded the live rank as
+         * late (cause not found; docs/relay.md). The loop thread also runs
+         * whatever it finds queued after a pass, at least every 50 ms. */
+        rx_task_t *t;
+        while ((t = rx_mpsc_pop(&rx->queue)) != NULL) t->run(t, rx);
         /* Busy polling (COHORT_POLL_US): while the owner has work in flight,
          * run again soon instead of sleeping, so that a frame landing inside
          * the window is seen without a wake-up. */

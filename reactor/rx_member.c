@@ -158,7 +158,11 @@ static int send_ready(rx_member_t *m, coh_request_t *req)
                                    .plain = (uint32_t)s->plain,
                                    .last_gid = m->last_gid,
                                    .join = s->join};
-    if (!m->conn || atomic_load(&m->lost)) return COH_EPEER;
+    /* Excluded: no plan will come (the sync fails with why). A sync the
+     * application submitted just before the LOST was read gets here after
+     * it: its READY went out, nobody answered, and it hung 30 s (the kill
+     * trials' hang). */
+    if (!m->conn || atomic_load(&m->lost) || atomic_load(&m->excluded)) return COH_EPEER;
     return rx_ctl_send(m->conn, &msg);
 }
 
