@@ -290,31 +290,26 @@ int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_
         req->spin_us = 0;
     bool stale;
     int gone = rx_comm_failed_member(ctx, comm, &stale);
-    if (gone == ctx->rank && !stale) {
-        /* The job went on without this rank: nothing will meet this op. */
+    if (gone >= 0 && (stale || gone == ctx->rank)) {
+        /* Nothing to run, on any member: the job went on without this rank
+         * (excluded), or comm holds a failed incarnation of a rank that
+         * rejoined (or this rank is the new one). */
         char why[BS_ERR_LEN];
-        uv_mutex_lock(&ctx->fail_mu);
-        snprintf(why, sizeof(why), "%s", ctx->excluded_why);
-        uv_mutex_unlock(&ctx->fail_mu);
-        rx_request_set_error(req, COH_EPEER, why);
-        rx_request_complete(req);
-        *out = req;
-        return 0;
-    }
-    if (gone >= 0 && stale) {
-        /* comm holds a failed incarnation of a rank that rejoined (or this
-         * rank is the new one): nothing to run, on any member. */
-        char why[BS_ERR_LEN];
-        if (gone == ctx->rank)
+        if (!stale) {
+            uv_mutex_lock(&ctx->fail_mu);
+            snprintf(why, sizeof(why), "%s", ctx->excluded_why);
+            uv_mutex_unlock(&ctx->fail_mu);
+        } else if (gone == ctx->rank) {
             snprintf(why, sizeof(why),
                      "this rank rejoined the job after communicator %u was made: use the one "
                      "coh_comm_grow made",
                      comm->id);
-        else
+        } else {
             snprintf(why, sizeof(why),
                      "rank %d failed and rejoined after communicator %u was made: use the one "
                      "coh_comm_grow made",
                      gone, comm->id);
+        }
         rx_request_set_error(req, COH_EPEER, why);
         rx_request_complete(req);
         *out = req;
