@@ -159,6 +159,8 @@ typedef struct en_sink {
  * collectives), so stopping the connection until the receive is posted could
  * deadlock on whatever follows the frame; it is read into memory instead,
  * up to COHORT_STASH_BYTES per rail, and delivered when the receive starts. */
+#define EN_STASH_SPARE       16
+#define EN_STASH_SPARE_BYTES (32u << 20)
 typedef struct en_stash {
     struct en_stash *prev, *next;
     uint32_t comm;
@@ -170,6 +172,7 @@ typedef struct en_stash {
     bool complete;
     uint64_t t_ns;
     uint8_t *data;
+    size_t cap; /* bytes allocated at data */
 } en_stash_t;
 
 /* Consume n bytes of payload into the sink (whole elements for REDUCE). */
@@ -484,6 +487,13 @@ struct en_rail {
     bool timer_open, timer_on;
     en_stash_t *stash_head, *stash_tail;
     uint64_t stash_bytes, stash_limit;
+    /* Payload buffers of delivered stash entries, kept for the next ones:
+     * a fresh buffer is fresh pages, and faulting them in (during the
+     * kernel's copy) cost more than the copy (en_exec.c, stash_buf). */
+    uint8_t *spare[EN_STASH_SPARE];
+    size_t spare_cap[EN_STASH_SPARE];
+    int nspare;
+    uint64_t spare_bytes;
     /* Other threads wait here: for every peer at bootstrap, for the BYEs at
      * close. mu guards peers[] (writes), lost[], nready, bye_pending and
      * conn_status. */

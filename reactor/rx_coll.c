@@ -275,6 +275,32 @@ int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_
         if (th >= 0 && (cfg->hier == 1 || th < sc_plan_cost(&L.coll, es, &m)))
             L.coll.algo = SC_ALGO_HIER;
     }
+    /* A large allreduce: the ring or halving-doubling (COHORT_ALGO). Auto:
+     * over shared memory (the whole job on one host) the ring, measured
+     * faster at 4 MiB and alike elsewhere (docs/perf.md); over the network
+     * the cheaper by the link model, which gives hd for powers of two (the
+     * same bytes in fewer steps: 4 ranks, 1 MiB, 1.2-1.5 ms against the
+     * ring's 1.5-1.9) and the ring otherwise (the fold moves the whole
+     * buffer twice more), except a few KiB above COHORT_SMALL_BYTES. Every
+     * rank decides alike; the signature says so. */
+    if (a->kind == SC_ALLREDUCE && !lossy && L.coll.algo == SC_ALGO_AUTO &&
+        sc_plan_resolve_algo(&L.coll) == SC_ALGO_RING) {
+        int algo = ctx->ar_algo;
+        bool one_host = ctx->local_n >= ctx->world;
+        if (algo == SC_ALGO_AUTO && one_host && cfg->shm) {
+            algo = SC_ALGO_RING;
+        } else if (algo == SC_ALGO_AUTO) {
+            sc_link_model_t m = {
+                .net_lat = (one_host ? cfg->hier_local_us : cfg->hier_net_us) * 1e-6,
+                .net_bw = (one_host ? cfg->hier_local_mbps : cfg->hier_net_mbps) * 125e3};
+            sc_coll_t hd = L.coll, ring = L.coll;
+            hd.algo = SC_ALGO_HD;
+            ring.algo = SC_ALGO_RING;
+            algo = sc_plan_cost(&hd, es, &m) <= sc_plan_cost(&ring, es, &m) ? SC_ALGO_HD
+                                                                            : SC_ALGO_RING;
+        }
+        L.coll.algo = (sc_algo)algo;
+    }
     L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);

@@ -801,6 +801,14 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         goto fail;
     }
     BS_CHECK_GOTO(host_identity(ctx), st, fail);
+    const char *algo = "auto";
+    BS_CHECK_GOTO(rx_env_knob_str("algo", &algo), st, fail);
+    if (!strcmp(algo, "ring") || !strcmp(algo, "hd") || !strcmp(algo, "auto")) {
+        ctx->ar_algo = algo[0] == 'r' ? SC_ALGO_RING : algo[0] == 'h' ? SC_ALGO_HD : SC_ALGO_AUTO;
+    } else {
+        st = bs_fail(COH_EINVAL, "coh_init: COHORT_ALGO must be auto, ring or hd (%s)", algo);
+        goto fail;
+    }
     if (ctx->cfg.shm && ctx->world > 1 && !ctx->cfg.rejoin) {
         BS_CHECK_GOTO(rx_env_knob_str("shm_dir", &ctx->shm_dir), st, fail);
         /* Unique on the host: two jobs with one token (or two contexts of

@@ -25,6 +25,7 @@ struct coh_ctx {
     int rank, world, nrails;
     int spin_us;         /* resolved from cfg.spin_us (auto) */
     bool oversubscribed; /* more local ranks than cores */
+    int ar_algo;         /* COHORT_ALGO: sc_algo of large allreduces (SC_ALGO_AUTO: by cost) */
     rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     bool rail_udp[RX_MAX_RAILS];     /* COHORT_NICS NIC:udp: a datagram socket beside the rail */

@@ -86,6 +86,10 @@ typedef enum sc_algo {
                            inside each host (NCCL's and Horovod's hierarchical
                            allreduce); falls back to the ring when the hosts do not
                            all have the same number (>= 2) of members */
+    SC_ALGO_HD = 5,     /* allreduce: halving-doubling (Rabenseifner): reduce-scatter by
+                           recursive halving, allgather by recursive doubling; the ring's
+                           bytes in 2 log2(n) steps (non-powers of two fold first); other
+                           collectives: the ring */
 } sc_algo;
 
 /* SC_ALGO_DIRECT: chunks of one destination's pushes in flight at once

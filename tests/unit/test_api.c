@@ -293,6 +293,34 @@ static void test_device_runtime(void **state)
     unsetenv("COHORT_GPU");
 }
 
+/* COHORT_ALGO: an unknown plan is refused at init, naming the variable;
+ * every named one runs. */
+static void test_algo_knob(void **state)
+{
+    (void)state;
+    clear_env();
+    coh_ctx_t *ctx;
+    setenv("COHORT_ALGO", "tree", 1);
+    assert_int_equal(coh_init(NULL, &ctx), COH_EINVAL);
+    assert_non_null(strstr(coh_last_error(), "COHORT_ALGO"));
+    static const char *ok[] = {"ring", "hd", "auto"};
+    for (size_t i = 0; i < 3; i++) {
+        setenv("COHORT_ALGO", ok[i], 1);
+        assert_int_equal(coh_init(NULL, &ctx), COH_OK);
+        coh_comm_t *w;
+        assert_int_equal(coh_ctx_world(ctx, &w), COH_OK);
+        static float x[1 << 16], y[1 << 16]; /* above COHORT_SMALL_BYTES */
+        x[7] = 3;
+        coh_request_t *req;
+        assert_int_equal(coh_allreduce(w, x, y, 1 << 16, COH_F32, COH_SUM, &req), COH_OK);
+        assert_int_equal(coh_wait(req, -1), COH_OK);
+        coh_request_free(req);
+        assert_true(y[7] == 3);
+        assert_int_equal(coh_finalize(ctx), COH_OK);
+    }
+    unsetenv("COHORT_ALGO");
+}
+
 /* A verbs rail on a machine without an RDMA device (or a build without
  * the engine) fails coh_init, saying why, and leaves nothing running. */
 static void test_verbs_without_device(void **state)
@@ -384,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_status_names),
         cmocka_unit_test(test_error_wraps_last),
         cmocka_unit_test(test_device_runtime),
+        cmocka_unit_test(test_algo_knob),
         cmocka_unit_test(test_verbs_without_device),
         cmocka_unit_test(test_init_keeps_last_error),
         cmocka_unit_test(test_store_fd_not_listening),

@@ -174,6 +174,7 @@ static void describe(const scen_t *s, char *out, size_t cap)
              s->algo == SC_ALGO_RING   ? "ring"
              : s->algo == SC_ALGO_RD   ? "rd"
              : s->algo == SC_ALGO_HIER ? "hier"
+             : s->algo == SC_ALGO_HD   ? "hd"
                                        : "direct",
              s->n, ord, s->root, (unsigned long long)s->count, (unsigned long long)s->lo,
              (unsigned long long)s->hi, s->nrails, (unsigned long long)s->chunk, s->avg,
@@ -887,10 +888,10 @@ static void run_variants(scen_t base)
 static void test_allreduce(void **state)
 {
     (void)state;
-    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_DIRECT};
+    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_DIRECT, SC_ALGO_HD};
     for (int n = 1; n <= 9; n++)
         for (int ci = 0; ci < 5; ci++)
-            for (int ai = 0; ai < 3; ai++)
+            for (int ai = 0; ai < 4; ai++)
                 for (int v = 0; v < 3; v++)
                     for (int ip = 0; ip < 2; ip++) {
                         scen_t s = {.kind = SC_ALLREDUCE,
@@ -1136,6 +1137,21 @@ static void test_cost_model(void **state)
     double ring = cost(SC_ALLREDUCE, SC_ALGO_RING, 4, h4, 1u << 20, &dflt);
     double want = 6 * (20e-6 + (4.0 * (1u << 20)) / 4 / (10e3 * 125e3));
     assert_true(fabs(ring - want) < 1e-12);
+    /* Halving-doubling: the ring's bytes in 2 log2(n) steps, so cheaper for
+     * powers of two (equal at 2); elsewhere the fold's two whole-buffer
+     * transfers make the ring cheaper for all but the smallest sizes. */
+    double hd = cost(SC_ALLREDUCE, SC_ALGO_HD, 4, h4, 1u << 20, &dflt);
+    want = 4 * 20e-6 + 2 * 3 * (4.0 * (1u << 20)) / 4 / (10e3 * 125e3);
+    assert_true(fabs(hd - want) < 1e-12);
+    assert_true(hd < ring);
+    assert_true(fabs(cost(SC_ALLREDUCE, SC_ALGO_HD, 2, h4, 1u << 20, &dflt) -
+                     cost(SC_ALLREDUCE, SC_ALGO_RING, 2, h4, 1u << 20, &dflt)) < 1e-12);
+    assert_true(cost(SC_ALLREDUCE, SC_ALGO_HD, 8, h16, 1u << 24, &dflt) <
+                cost(SC_ALLREDUCE, SC_ALGO_RING, 8, h16, 1u << 24, &dflt));
+    assert_true(cost(SC_ALLREDUCE, SC_ALGO_HD, 6, h16, 1u << 20, &dflt) >
+                cost(SC_ALLREDUCE, SC_ALGO_RING, 6, h16, 1u << 20, &dflt));
+    assert_true(cost(SC_ALLREDUCE, SC_ALGO_HD, 3, h4, 1u << 20, &dflt) >
+                cost(SC_ALLREDUCE, SC_ALGO_RING, 3, h4, 1u << 20, &dflt));
 }
 
 static void test_broadcast(void **state)
@@ -1267,10 +1283,10 @@ static void test_subset(void **state)
     } subs[] = {{sub3, 3}, {sub1, 1}, {sub5, 5}};
     const sc_coll_kind kinds[] = {SC_ALLREDUCE, SC_BROADCAST, SC_ALLGATHER, SC_REDUCE_SCATTER,
                                   SC_BARRIER};
-    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD};
+    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_HD};
     for (size_t si = 0; si < sizeof(subs) / sizeof(subs[0]); si++)
         for (size_t ki = 0; ki < sizeof(kinds) / sizeof(kinds[0]); ki++)
-            for (int ai = 0; ai < 2; ai++)
+            for (int ai = 0; ai < 3; ai++)
                 for (int ip = 0; ip < 2; ip++) {
                     const uint64_t counts[] = {1, 5, 23};
                     for (int ci = 0; ci < 3; ci++) {
@@ -1303,9 +1319,12 @@ static void test_many_orders(void **state)
         uint64_t rng = (uint64_t)seed + 99;
         shuffle(perm, 7, &rng);
         for (int kind = 0; kind < 4; kind++)
-            for (int ai = 0; ai < 2; ai++) {
+            for (int ai = 0; ai < 3; ai++) {
+                if (ai == 2 && kind != SC_ALLREDUCE) continue;
                 scen_t s = {.kind = (sc_coll_kind)kind,
-                            .algo = ai ? SC_ALGO_RD : SC_ALGO_RING,
+                            .algo = ai == 2 ? SC_ALGO_HD
+                                    : ai    ? SC_ALGO_RD
+                                            : SC_ALGO_RING,
                             .n = 7,
                             .order = seed % 2 ? perm : NULL,
                             .root = seed % 7,
