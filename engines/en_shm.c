@@ -171,20 +171,30 @@ int en_shm_path(const char *dir, const char *token, const char *name, int rail, 
 }
 
 /* The directory of path (cut at the last '/'), made if missing: ours, and
- * nobody else's to enter. */
-static int job_dir(const char *path)
+ * nobody else's to enter. Another context of the job that finalizes
+ * removes it with its last socket (shm_shutdown), possibly between our
+ * mkdir (EEXIST) and our look at it: gone is not foreign, make it again
+ * (mp.boot.reinit.n2 in CI: "not a private directory"). */
+int en_shm_job_dir(const char *path)
 {
     char d[sizeof(((struct sockaddr_un *)0)->sun_path)];
     snprintf(d, sizeof(d), "%s", path);
     char *slash = strrchr(d, '/');
     if (!slash) return bs_fail(COH_EINVAL, "shm: no directory in %s", path);
     *slash = 0;
-    if (mkdir(d, 0700) != 0 && errno != EEXIST)
-        return bs_fail(COH_ESYS, "shm: cannot make %s: %s", d, strerror(errno));
-    struct stat st;
-    if (lstat(d, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077))
-        return bs_fail(COH_ESYS, "shm: %s is not a private directory of this user", d);
-    return 0;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        if (mkdir(d, 0700) != 0 && errno != EEXIST)
+            return bs_fail(COH_ESYS, "shm: cannot make %s: %s", d, strerror(errno));
+        struct stat st;
+        if (lstat(d, &st) != 0) {
+            if (errno == ENOENT) continue;
+            return bs_fail(COH_ESYS, "shm: %s: %s", d, strerror(errno));
+        }
+        if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077))
+            return bs_fail(COH_ESYS, "shm: %s is not a private directory of this user", d);
+        return 0;
+    }
+    return bs_fail(COH_ESYS, "shm: %s keeps disappearing", d);
 }
 
 /* ---- rings ---- */
@@ -900,7 +910,7 @@ static int shm_listen(en_rail_t *rail, const struct sockaddr *addr, struct socka
      * in it, it stays: make it again and retry. */
     int r = -1;
     for (int attempt = 0; attempt < 100 && r != 0; attempt++) {
-        BS_CHECK(job_dir(tr->path));
+        BS_CHECK(en_shm_job_dir(tr->path));
         (void)unlink(tr->path); /* a crashed run's, in our private directory */
         r = bind(tr->lfd, (struct sockaddr *)&a, sizeof(a));
         if (r != 0 && errno != ENOENT) break;

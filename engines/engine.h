@@ -633,6 +633,9 @@ bool en_shm_arm(en_rail_t *rail);
  * (NAME: the context's, unique on the host; learned through the store). */
 int en_shm_path(const char *dir, const char *token, const char *name, int rail, char *out,
                 size_t cap);
+/* Make path's directory if missing and check it is this user's alone (made
+ * again if another context removes it meanwhile). Any thread. */
+int en_shm_job_dir(const char *path);
 
 /* The datagram engine (en_udp.c), loop thread unless said. */
 int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg); /* after the listener is bound */
