@@ -276,18 +276,22 @@ int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_
             L.coll.algo = SC_ALGO_HIER;
     }
     /* A large allreduce: the ring or halving-doubling (COHORT_ALGO). Auto:
-     * over shared memory (the whole job on one host) the ring, measured
-     * faster at 4 MiB and alike elsewhere (docs/perf.md); over the network
-     * the cheaper by the link model, which gives hd for powers of two (the
-     * same bytes in fewer steps: 4 ranks, 1 MiB, 1.2-1.5 ms against the
-     * ring's 1.5-1.9) and the ring otherwise (the fold moves the whole
-     * buffer twice more), except a few KiB above COHORT_SMALL_BYTES. Every
-     * rank decides alike; the signature says so. */
+     * the ring with several rails (below) and over shared memory (the whole
+     * job on one host: measured faster at 4 MiB, alike elsewhere,
+     * docs/perf.md); else the cheaper by the link model, which gives hd for
+     * powers of two (the same bytes in fewer steps: 4 ranks over TCP, 1 MiB,
+     * 1.2-1.5 ms against the ring's 1.5-1.9) and the ring otherwise (the
+     * fold moves the whole buffer twice more) except a few KiB above
+     * COHORT_SMALL_BYTES. Every rank decides alike; the signature says so. */
     if (a->kind == SC_ALLREDUCE && !lossy && L.coll.algo == SC_ALGO_AUTO &&
         sc_plan_resolve_algo(&L.coll) == SC_ALGO_RING) {
         int algo = ctx->ar_algo;
         bool one_host = ctx->local_n >= ctx->world;
-        if (algo == SC_ALGO_AUTO && one_host && cfg->shm) {
+        if (algo == SC_ALGO_AUTO && (ctx->nrails > 1 || (one_host && cfg->shm))) {
+            /* Several rails: the ring, whose links all stream all the time.
+             * With hd, cluster.rails.failover's links failed over and back
+             * without end (590 moves in 70 s, the ops never back to speed);
+             * why is not known (docs/perf.md). */
             algo = SC_ALGO_RING;
         } else if (algo == SC_ALGO_AUTO) {
             sc_link_model_t m = {

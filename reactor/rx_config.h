@@ -172,7 +172,8 @@ typedef enum rx_knob_kind {
 #define RX_ENV_MAP(X)                                                                              \
     X(algo, RX_K_STR, "auto", "COHORT_ALGO", 1, 8,                                                 \
       "allreduce plan above COHORT_SMALL_BYTES: ring, hd (halving-doubling: the ring's bytes in "  \
-      "2 log2(n) steps) or auto: the ring when the whole job talks through shared memory, else "   \
+      "2 log2(n) steps) or auto: the ring with several rails or when the whole job talks "         \
+      "through shared memory, else "                                                               \
       "the cheaper by the link model (COHORT_HIER_NET_* between hosts, COHORT_HIER_LOCAL_* on "    \
       "one): hd for powers of two (docs/perf.md; every rank must get the same)")                   \
     X(host_id, RX_K_STR, "", "COHORT_HOST_ID", 0, 255,                                             \
