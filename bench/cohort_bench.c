@@ -127,7 +127,8 @@ static void usage(void)
         "  -r ROOT   broadcast root (default 0)\n"
         "  --csv     rank 0 prints CSV: op,bytes,count,dtype,nranks,time_us,algbw_GBps,"
         "busbw_GBps\n"
-        "  --pct     rank 0 also prints 'pct,bytes,p50_us,p90_us,p99_us,max_us,lost' per size\n"
+        "  --pct     rank 0 also prints 'pct,bytes,p50_us,p90_us,p99_us,max_us,lost,mean_us' per "
+        "size\n"
         "            (iteration times: the slowest rank's; lost: the fraction of datagram\n"
         "            receive bytes lost, over every rank)\n"
         "  --times   rank 0 also prints 'times,bytes,t1_us,t2_us,...': every timed iteration,\n"
@@ -436,6 +437,8 @@ int main(int argc, char **argv)
             for (int k = 0; k < o.iters; k++) printf(",%.1f", times[k]);
             printf("\n");
         }
+        double tsum = 0;
+        for (int k = 0; k < o.iters; k++) tsum += times[k];
         qsort(times, (size_t)o.iters, sizeof(double), cmp_double);
         double t =
             o.iters % 2 ? times[o.iters / 2] : (times[o.iters / 2 - 1] + times[o.iters / 2]) / 2;
@@ -443,9 +446,10 @@ int main(int argc, char **argv)
         double algbw = (double)b / (t * 1e3); /* GB/s: bytes / (us * 1e3) */
         if (R == 0 && o.pct) {
             int n = o.iters;
-            printf("pct,%llu,%.1f,%.1f,%.1f,%.1f,%.6f\n", (unsigned long long)(total * es),
+            printf("pct,%llu,%.1f,%.1f,%.1f,%.1f,%.6f,%.1f\n", (unsigned long long)(total * es),
                    times[(n - 1) / 2], times[(int)ceil(0.9 * n) - 1],
-                   times[(int)ceil(0.99 * n) - 1], times[n - 1], w3[2] > 0 ? w3[1] / w3[2] : 0.0);
+                   times[(int)ceil(0.99 * n) - 1], times[n - 1], w3[2] > 0 ? w3[1] / w3[2] : 0.0,
+                   tsum / n);
         }
         if (R == 0) {
             if (o.csv)

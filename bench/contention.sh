@@ -8,7 +8,8 @@
 # iteration), in microseconds; the ratio columns are cohort / Open MPI (lower
 # is better). A median favours waiters that never give the CPU away: an op
 # that ran while both ranks were on a core counts as much as one that waited
-# for a time slice; --pct also prints cohort's p90.
+# for a time slice; --pct also prints both sides' p90 and mean (the mean is
+# what a training step pays).
 #
 #   bench/contention.sh [--iters 2000] [--ranks "2 4"] [--busy "0 1 2"] [--build build]
 set -euo pipefail
@@ -49,13 +50,13 @@ run() {
     case $impl in
     tcp) COHORT_SHM=0 "$B/cohortrun" -n "$n" --no-prefix -- "$B/cohort-bench" "${ARGS[@]}" --pct ;;
     shm) COHORT_SHM=1 "$B/cohortrun" -n "$n" --no-prefix -- "$B/cohort-bench" "${ARGS[@]}" --pct ;;
-    mpitcp) "${MPI[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo -np "$n" "$B/mpi-bench" "${ARGS[@]}" ;;
-    vader) "${MPI[@]}" --mca btl self,vader -np "$n" "$B/mpi-bench" "${ARGS[@]}" ;;
+    mpitcp) "${MPI[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo -np "$n" "$B/mpi-bench" "${ARGS[@]}" --pct ;;
+    vader) "${MPI[@]}" --mca btl self,vader -np "$n" "$B/mpi-bench" "${ARGS[@]}" --pct ;;
     esac >"$WORK/$impl" 2>"$WORK/$impl.err" || { echo "contention.sh: $impl on $n ranks failed:" >&2; tail -5 "$WORK/$impl.err" >&2; exit 1; }
 }
-# med IMPL: "t4k t64k"; p90 IMPL: cohort's p90s
+# med IMPL: "t4k t64k"; tail IMPL: "p90/mean" at 4K and 64K
 med() { awk -F, '$1 == "sum" { printf "%s ", $6 }' "$WORK/$1"; }
-p90() { awk -F, '$1 == "pct" { printf "%s ", $4 }' "$WORK/$1"; }
+tail_() { awk -F, '$1 == "pct" { printf "%7s/%-7s ", $4, $8 }' "$WORK/$1"; }
 
 printf "# bench/contention.sh, %s, %s cpus, %s iterations; us per allreduce (median)\n" \
     "$(date -Is)" "$(nproc)" "$ITERS"
@@ -79,7 +80,10 @@ for n in $RANKS; do
             -v s4="$s4" -v v4="$v4" -v s64="$s64" -v v64="$v64" 'BEGIN {
             printf "%5d %4d | %9.2f %9.2f %9.2f %9.2f | %9.2f %9.2f %9.2f %9.2f | %7.2f %7.2f %7.2f %7.2f\n",
                 n, k, t4, m4, t64, m64, s4, v4, s64, v64, t4 / m4, t64 / m64, s4 / v4, s64 / v64 }'
-        if [ "$PCT" = 1 ]; then echo "           cohort p90 (4K 64K): tcp $(p90 tcp)  shm $(p90 shm)"; fi
+        if [ "$PCT" = 1 ]; then
+            echo "           p90/mean (4K 64K): tcp $(tail_ tcp) mpi $(tail_ mpitcp)"
+            echo "                              shm $(tail_ shm) vader $(tail_ vader)"
+        fi
     done
 done
 echo "# ratio columns: cohort / Open MPI at 4K and 64K (tcp against ob1/tcp, shm against vader)"

@@ -79,7 +79,7 @@ for r in "${RUNS[@]}"; do
   read -r loss unit <<<"$r"
   for t in tcp udp; do
     line=$(grep -h '^\[0\] pct,' "$OUT/$t-$unit-$loss.out" | tail -1 | sed 's/^\[0\] //')
-    IFS=, read -r _ _ p50 p90 p99 mx lost <<<"$line"
+    IFS=, read -r _ _ p50 p90 p99 mx lost _ <<<"$line"
     [ -n "$tcp0" ] || tcp0=$p50
     if [ "$t" = tcp ]; then tp50=$p50 tp99=$p99; fi
     awk -v t="$t" -v l="$loss" -v u="$unit" -v a="$p50" -v b="$p90" -v c="$p99" -v d="$mx" \

@@ -65,7 +65,7 @@ for pair in $PAIRS; do
     t1=""
     for m in tcp1 tcp2 udp1 slice spray; do
       line=$(grep -h '^\[0\] pct,' "$OUT/$m-$tag.out" | tail -1 | sed 's/^\[0\] //')
-      IFS=, read -r _ bytes p50 p90 p99 _ lost <<<"$line"
+      IFS=, read -r _ bytes p50 p90 p99 _ lost _ <<<"$line"
       [ -n "$t1" ] || t1=$p50
       # Ideal: each rank moves 2 (N-1)/N of the bytes at the two links' sum.
       awk -v m="$m" -v pr="$pair" -v l="$loss" -v a="$p50" -v b="$p90" -v c="$p99" -v lo="$lost" \

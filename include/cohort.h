@@ -124,7 +124,7 @@ typedef struct coh_config {
     size_t rail_min_bytes;   /* COHORT_RAIL_MIN_BYTES: below, an op uses one rail (1 MiB) */
     int spin_us;             /* COHORT_SPIN_US: coh_wait runs the request's rail loops itself this
                                 long before sleeping, yielding the CPU when nothing moves
-                                (-1 = auto: 2000) */
+                                (-1 = auto: 5000) */
     int store_fd;            /* COHORT_STORE_FD: listening socket inherited from cohortrun
                                 for rank 0's store (-1 = bind it) */
     size_t sockbuf_bytes;    /* COHORT_SOCKBUF_BYTES: SO_SNDBUF/SO_RCVBUF of data sockets

@@ -283,16 +283,24 @@ bool rx_config_oversubscribed(void)
     return cpus > 0 && local > cpus;
 }
 
-/* How long coh_wait drives the loop before sleeping. Auto (-1): 2 ms. 2 ms
- * covers ops up to a few MiB: a waiter that gives up earlier hands the op
- * back to the loop thread mid-way, and that hand-off cost 256 KiB on 2 ranks
- * half its bandwidth at 100 us. On a host with more ranks than cores the
- * waiter yields after every pass that moved nothing (coh_wait): 4 ranks on
- * 2 cores, 4 KiB over shared memory, 25 us against 126 us without spinning
- * (and 400-1200 us when the spin did not yield). */
+/* How long coh_wait drives the loop before sleeping. Auto (-1): 5 ms.
+ * Longer than the kernel's time slice (a 4 ms tick here): with one runnable
+ * thread more than cores (2 ranks, a busy process, 2 cores), a 2 ms spin ran
+ * out while the peer waited for the busy process's slice; the waiter slept,
+ * was woken on its peer's core, and the two stayed there (the busy process
+ * had the other core), each op then waiting for the other rank's spin to run
+ * out: 4 KiB mean 370-1470 us, p90 4 ms; spinning 5 ms, 45-105 us, p90
+ * 16-135 us, Open MPI 56-105 (docs/perf.md "Waiting under contention",
+ * tests/mp/contention.sh). It also covers ops up to a few MiB: a waiter that
+ * gives up earlier hands the op back to the loop thread mid-way, and that
+ * hand-off cost 256 KiB on 2 ranks half its bandwidth at 100 us. On a host
+ * with more ranks than cores the waiter yields after every pass that moved
+ * nothing (coh_wait): 4 ranks on 2 cores, 4 KiB over shared memory, 25 us
+ * against 126 us without spinning (and 400-1200 us when the spin did not
+ * yield). */
 int rx_config_spin_us(const coh_config_t *cfg)
 {
-    return cfg->spin_us >= 0 ? cfg->spin_us : 2000;
+    return cfg->spin_us >= 0 ? cfg->spin_us : 5000;
 }
 
 /* Each rank populates a ring per peer on its host per rail. A ring that

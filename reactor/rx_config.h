@@ -61,7 +61,7 @@ typedef enum rx_knob_kind {
       "smaller ops use one rail (chosen by the op's sequence), larger ones are striped over all")  \
     X(spin_us, RX_K_INT, "-1", "COHORT_SPIN_US", -1, 1000000,                                      \
       "coh_wait runs the request's rail loops itself this long before sleeping (yielding the CPU " \
-      "after each pass that moved nothing when there are more local ranks than cores); -1: 2000")  \
+      "after each pass that moved nothing when there are more local ranks than cores); -1: 5000")  \
     X(store_fd, RX_K_INT, "-1", "COHORT_STORE_FD", -1, INT_MAX,                                    \
       "a listening socket rank 0 adopts for its store (set by cohortrun; adopted once per "        \
       "process, and only if it is a listening TCP socket); -1: bind one")                          \
@@ -268,7 +268,7 @@ int rx_env_knob_str(const char *name, const char **out);
  * on each other (rank < world_size, coordinator < world_size, a store for
  * a world > 1). */
 int rx_config_validate(const coh_config_t *cfg);
-/* spin_us resolved: -1 (auto) becomes 2000. */
+/* spin_us resolved: -1 (auto) becomes 5000. */
 int rx_config_spin_us(const coh_config_t *cfg);
 /* shm_ring_bytes resolved: 0 (auto) sizes the rings by the ranks on the
  * host and whether they outnumber its cores (64 MiB per rank and rail, each

@@ -80,6 +80,7 @@ int main(int argc, char **argv)
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, times, o.iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
         long long wrong = 0;
         MPI_CHECK(MPI_Allreduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
+        if (rank == 0 && o.pct) pb_print_pct(nbytes, times, o.iters);
         double t_us = pb_median(times, o.iters);
         total_wrong += wrong;
         if (wrong && rank == 0)

@@ -26,6 +26,7 @@ typedef struct pb_opts {
     int iters, warmup;
     int check;
     bool csv;
+    bool pct; /* --pct: also a 'pct,...' line per size (pb_print_pct) */
     const char *op, *dtype;
     /* benchmark-specific extras (Gloo): NULL/0 when not given */
     const char *algo, *store, *host;
@@ -71,6 +72,8 @@ static inline void pb_usage(FILE *f, const char *prog, const char *extra)
             "  -d, --datatype float    element type (only float, printed as f32)\n"
             "      --csv               print op,bytes,count,dtype,nranks,time_us,algbw_GBps,"
             "busbw_GBps\n"
+            "      --pct               also print 'pct,bytes,p50_us,p90_us,p99_us,max_us,0,mean_us'"
+            " per size\n"
             "%s",
             prog, extra ? extra : "");
 }
@@ -89,6 +92,7 @@ static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extr
         {"op", required_argument, NULL, 'o'},
         {"datatype", required_argument, NULL, 'd'},
         {"csv", no_argument, NULL, 'C'},
+        {"pct", no_argument, NULL, 'P'},
         {"algo", required_argument, NULL, 'a'},
         {"store", required_argument, NULL, 'S'},
         {"host", required_argument, NULL, 'H'},
@@ -117,6 +121,7 @@ static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extr
         case 'o': o->op = optarg; break;
         case 'd': o->dtype = optarg; break;
         case 'C': o->csv = true; break;
+        case 'P': o->pct = true; break;
         case 'a': o->algo = optarg; break;
         case 'S': o->store = optarg; break;
         case 'H': o->host = optarg; break;
@@ -169,6 +174,17 @@ static inline double pb_median(double *t, int n)
 {
     qsort(t, (size_t)n, sizeof(*t), pb_cmp_double);
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* The tail, in cohort-bench's --pct layout (its 'lost' field is 0 here), plus the
+   mean: under CPU contention a median hides the ops that waited for a time slice. */
+static inline void pb_print_pct(size_t bytes, double *t, int n)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += t[i];
+    qsort(t, (size_t)n, sizeof(*t), pb_cmp_double);
+    printf("pct,%zu,%.1f,%.1f,%.1f,%.1f,0,%.1f\n", bytes, t[(n - 1) / 2], t[(int)ceil(0.9 * n) - 1],
+           t[(int)ceil(0.99 * n) - 1], t[n - 1], sum / n);
 }
 
 /* Pattern for the check: small integers, so the float sum over ranks is exact and the

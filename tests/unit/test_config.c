@@ -365,8 +365,9 @@ static void test_sizes(void **state)
     }
 }
 
-/* spin_us = -1 resolves to 2000; oversubscription (which makes the waiter
- * yield after an empty pass) comes from the local rank count. */
+/* spin_us = -1 resolves to 5000 (longer than a time slice: tests/mp/contention.sh);
+ * oversubscription (which makes the waiter yield after an empty pass) comes from the local rank
+ * count. */
 static void test_spin_auto(void **state)
 {
     (void)state;
@@ -376,10 +377,10 @@ static void test_spin_auto(void **state)
     char many[32];
     snprintf(many, sizeof(many), "%ld", cpus + 1);
     set("COHORT_LOCAL_SIZE", "1");
-    assert_int_equal(rx_config_spin_us(&cfg), 2000);
+    assert_int_equal(rx_config_spin_us(&cfg), 5000);
     assert_false(rx_config_oversubscribed());
     set("COHORT_LOCAL_SIZE", many);
-    assert_int_equal(rx_config_spin_us(&cfg), 2000);
+    assert_int_equal(rx_config_spin_us(&cfg), 5000);
     assert_true(rx_config_oversubscribed());
     unsetenv("COHORT_LOCAL_SIZE");
     assert_false(rx_config_oversubscribed());
