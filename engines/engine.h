@@ -159,8 +159,10 @@ typedef struct en_sink {
  * collectives), so stopping the connection until the receive is posted could
  * deadlock on whatever follows the frame; it is read into memory instead,
  * up to COHORT_STASH_BYTES per rail, and delivered when the receive starts. */
-#define EN_STASH_SPARE       16
-#define EN_STASH_SPARE_BYTES (32u << 20)
+#define EN_STASH_SPARE        16
+#define EN_STASH_SPARE_BYTES  (32u << 20)
+#define EN_SCRATCH_KEEP       4
+#define EN_SCRATCH_KEEP_BYTES (256u << 20)
 typedef struct en_stash {
     struct en_stash *prev, *next;
     uint32_t comm;
@@ -296,6 +298,7 @@ struct en_op {
     coh_redop redop;
     uint32_t esize;
     uint8_t *buf[SC_BUF_COUNT];
+    size_t scratch_cap; /* buf[SC_BUF_SCRATCH]'s size: the rail's scratch_spare, given back */
     sc_plan_t plan;
     uint32_t *deps_left;
     uint8_t *sstate;
@@ -494,6 +497,11 @@ struct en_rail {
     size_t spare_cap[EN_STASH_SPARE];
     int nspare;
     uint64_t spare_bytes;
+    /* The last reduce-scatter scratches (en_exec.c, scratch_take), kept
+     * for the next ops (a request's slices run at once): up to
+     * EN_SCRATCH_KEEP of them, each up to EN_SCRATCH_KEEP_BYTES. */
+    uint8_t *scratch_spare[EN_SCRATCH_KEEP];
+    size_t scratch_spare_cap[EN_SCRATCH_KEEP];
     /* Other threads wait here: for every peer at bootstrap, for the BYEs at
      * close. mu guards peers[] (writes), lost[], nready, bye_pending and
      * conn_status. */
