@@ -31,6 +31,11 @@ struct rx_member {
     uint64_t attempt;
     uint64_t last_done_ns;
     _Atomic int busy; /* a sync is outstanding (checked by coh_sync) */
+    /* The last sync's scratch, for the next (whoever holds busy): a new one
+     * per sync paged the whole model in again every step (the allocator
+     * returns blocks that large to the kernel). */
+    void *sync_spare;
+    size_t sync_spare_cap;
     _Atomic int lost; /* the coordinator is gone: syncs fail at once */
     struct sockaddr_storage coord;
     uv_timer_t beat; /* heartbeats out, the coordinator's silence checked */
@@ -130,6 +135,15 @@ static void finish(rx_member_t *m, coh_request_t *req, int status, const char *w
         memcpy(s->buf, s->scratch, s->count * coh_dtype_size(s->dtype));
     s->t_done_ns = bs_now_ns();
     if (status >= 0) count_sync(req->ctx, s);
+    /* Done with the scratch (no op of this sync runs any more): the next
+     * sync's, before busy lets it start. */
+    if (m && status >= 0 && s->scratch && s->scratch_cap &&
+        (!m->sync_spare || m->sync_spare_cap <= s->scratch_cap)) {
+        coh_free(m->sync_spare);
+        m->sync_spare = s->scratch;
+        m->sync_spare_cap = s->scratch_cap;
+        s->scratch = NULL;
+    }
     if (m) {
         m->pending = NULL;
         m->last_done_ns = s->t_done_ns;
@@ -796,6 +810,7 @@ static void handle_rplan(rx_member_t *m, const rx_ctl_rplan_t *p)
         }
         coh_free(s->scratch);
         s->scratch = m->relay_result;
+        s->scratch_cap = 0;
         s->relays = m->relay_late;
         s->nrelays = m->relay_nlate;
         s->members = m->relay_ring;
@@ -1404,6 +1419,7 @@ void rx_member_fini(struct coh_ctx *ctx)
     uv_mutex_destroy(&m->mu);
     relay_forget(m);
     coh_free(m->shrink_ranks);
+    coh_free(m->sync_spare);
     coh_free(m);
     ctx->member = NULL;
 }
@@ -1540,7 +1556,16 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
     }
     coh_request_t *req = rx_request_new(ctx, 0);
     rx_syncreq_t *s = coh_zalloc(sizeof(*s));
-    void *scratch = coh_aligned(count ? count * es : 1, 64);
+    size_t need = count ? count * es : 1, cap = need;
+    void *scratch = NULL;
+    if (m && m->sync_spare && m->sync_spare_cap >= need) { /* busy is ours */
+        scratch = m->sync_spare;
+        cap = m->sync_spare_cap;
+        m->sync_spare = NULL;
+        m->sync_spare_cap = 0;
+    } else {
+        scratch = coh_aligned(need, 64);
+    }
     ready_task_t *rt = coh_zalloc(sizeof(*rt));
     if (!req || !s || !scratch || !rt) {
         if (req) rx_request_discard(req);
@@ -1553,6 +1578,7 @@ static int sync_submit(coh_comm_t *comm, const void *sendbuf, void *buf, size_t 
     *s = (rx_syncreq_t){.buf = buf,
                         .sendbuf = sendbuf ? sendbuf : buf,
                         .scratch = scratch,
+                        .scratch_cap = cap,
                         .count = count,
                         .dtype = dtype,
                         .mode = mode,

@@ -28,6 +28,7 @@ typedef struct rx_syncreq {
     void *buf;           /* the caller's: written once at the end */
     const void *sendbuf; /* the caller's input (buf, or coh_allreduce_ex's sendbuf) */
     void *scratch;
+    size_t scratch_cap; /* its size; 0 once a relay swapped it: not kept (rx_member.c) */
     size_t count;
     coh_dtype dtype;
     coh_sync_mode mode;
