@@ -742,6 +742,9 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     c->bytes_in += (uint64_t)nread;
     atomic_fetch_add_explicit(&rail->stat_bytes_in, (uint64_t)nread, memory_order_relaxed);
+    /* The peer's ACKs travel behind its own frames: while those arrive the
+     * link moves, however long its ACKs queue (watch_cb). */
+    t->t_progress_ns = bs_now_ns();
     if (t->direct) {
         t->direct = false;
         c->sink.done += (uint64_t)nread;
@@ -1004,7 +1007,13 @@ static void watch_cb(uv_timer_t *h)
     uint64_t period = stall / 8;
     if (t->rx_off != t->ack_sent || now - t->t_ack_ns >= period) send_ack(t, true);
     bool waiting = t->tx_head && t->tx_acked < t->tx_end;
-    if (!waiting) t->t_progress_ns = now;
+    /* The peer's ACKs come behind its frames: when this side has stopped
+     * reading them (a frame waits for its receive), or they are still in
+     * flight (on_read counts every read as progress), the ACKs' silence
+     * says nothing about the link. Halving-doubling over two shaped rails
+     * sends both ways at once; judged by ACKs alone, links failed over and
+     * back 538-590 times in 70 s and the ops never came back to speed. */
+    if (!waiting || c->rstate == EN_RD_BLOCKED) t->t_progress_ns = now;
     /* Once one link of this rail failed on its interface, the interface is
      * suspect for a while: a sibling waiting on it for ACKs moves after half
      * the stall time, so a NIC that dies under several links does not cost

@@ -289,9 +289,9 @@ int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_
         bool one_host = ctx->local_n >= ctx->world;
         if (algo == SC_ALGO_AUTO && (ctx->nrails > 1 || (one_host && cfg->shm))) {
             /* Several rails: the ring, whose links all stream all the time.
-             * With hd, cluster.rails.failover's links failed over and back
-             * without end (590 moves in 70 s, the ops never back to speed);
-             * why is not known (docs/perf.md). */
+             * hd over rails works (cluster.rails.failover.hd, since reads
+             * count as a link's progress) but was not measured against the
+             * ring there (docs/perf.md). */
             algo = SC_ALGO_RING;
         } else if (algo == SC_ALGO_AUTO) {
             sc_link_model_t m = {
