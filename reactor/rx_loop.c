@@ -324,13 +324,23 @@ void rx_reactor_help_begin(rx_reactor_t *rx)
 
 void rx_reactor_help_end(rx_reactor_t *rx, bool wake)
 {
-    /* The loop thread sleeps (at most 1 ms) while helpers run the loop. When
-     * the last helper leaves with work still in flight (it gave up waiting),
-     * wake the thread now; when the work is done, let it wake on its own. */
+    /* The loop thread sleeps (up to RX_PARK_NS) while helpers run the loop.
+     * When the last helper leaves with work still in flight, wake the
+     * thread now: the helper's own (it gave up waiting), or another op of
+     * the loop (a second allreduce in flight while the caller computes:
+     * it waited up to 20 ms, mp.overlap.n2). With nothing in flight, let
+     * the thread wake on its own: the helper is likely back with its next
+     * op first. A loop someone else runs right now needs no wake-up. */
     if (!wake) atomic_store(&rx->help_left_ns, bs_now_ns());
-    if (atomic_fetch_sub(&rx->helpers, 1) == 1 && wake) {
-        atomic_fetch_add(&rx->park, 1);
-        syscall(SYS_futex, (int *)&rx->park, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    if (atomic_fetch_sub(&rx->helpers, 1) == 1) {
+        if (!wake && rx->hooks.busy && uv_mutex_trylock(&rx->run_mu) == 0) {
+            wake = atomic_load(&rx->state) == RX_RUNNING && rx->hooks.busy(rx);
+            uv_mutex_unlock(&rx->run_mu);
+        }
+        if (wake) {
+            atomic_fetch_add(&rx->park, 1);
+            syscall(SYS_futex, (int *)&rx->park, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+        }
     }
     if (help_pipe) {
         help_pipe = false;
