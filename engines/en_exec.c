@@ -272,7 +272,9 @@ static void scratch_put(en_rail_t *rail, en_op_t *op)
             (rail->scratch_spare[slot] &&
              rail->scratch_spare_cap[i] < rail->scratch_spare_cap[slot]))
             slot = i;
-    if (cap > EN_SCRATCH_KEEP_BYTES ||
+    /* Closing: en_exec_drop_stash may have run (an op failed at finalize
+     * ends when its writes drain, later). */
+    if (rail->closing || cap > EN_SCRATCH_KEEP_BYTES ||
         (rail->scratch_spare[slot] && rail->scratch_spare_cap[slot] >= cap)) {
         coh_free(p);
         return;
