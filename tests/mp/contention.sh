@@ -38,6 +38,15 @@ attempt() {
 }
 
 echo "2 ranks over TCP, $busy busy loop(s) on $ncpu CPUs, p90 limit $LIMIT_US us"
+# Sanitizer builds (COHORT_TIMING_CHECKS=0): a 64 KiB op alone takes 8x as
+# long there, and the p90 went past 7 ms; run and report, do not judge.
+if [ "${COHORT_TIMING_CHECKS:-1}" = 0 ]; then
+    attempt
+    rc=$?
+    echo "timing not judged in this build (COHORT_TIMING_CHECKS=0)"
+    [ $rc -eq 2 ] && exit 1
+    exit 0
+fi
 # One retry: the host is shared; the defect showed in every run.
 for try in 1 2; do
     attempt
