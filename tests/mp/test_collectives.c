@@ -19,8 +19,6 @@
 #include "mp_data.h"
 #include "mp_util.h"
 
-#include <sys/resource.h>
-
 static int R, N;
 static coh_comm_t *W;
 static coh_ctx_t *CTX;
@@ -203,13 +201,6 @@ static void test_big(size_t mib)
     free(buf);
 }
 
-static long minflt(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_minflt;
-}
-
 /* The same large op again and again must not page its memory in every
  * time: a buffer the op allocates and frees is handed back to the kernel by
  * the allocator and faulted in again on the next op, which made a 16 MiB
@@ -217,12 +208,6 @@ static long minflt(void)
  * buffer here is the test's and touched before; what faults while the ops
  * run is the runtime's. Budget: an eighth of a block's pages in the median
  * op. */
-static int cmp_long(const void *a, const void *b)
-{
-    long x = *(const long *)a, y = *(const long *)b;
-    return (x > y) - (x < y);
-}
-
 static void test_faults(void)
 {
     const size_t count = 1u << 20; /* per rank: a 4 MiB block */
@@ -235,7 +220,7 @@ static void test_faults(void)
         enum { WARM = 3, TIMED = 9 };
         long faults[TIMED];
         for (int it = 0; it < WARM + TIMED; it++) {
-            long f0 = minflt();
+            long f0 = mp_minflt();
             coh_request_t *req;
             switch (kind) {
             case 0: MP_OK(coh_allreduce(W, in, out, count, COH_F32, COH_SUM, &req)); break;
@@ -244,11 +229,11 @@ static void test_faults(void)
             default: MP_OK(coh_broadcast(W, out, count, COH_F32, 0, &req)); break;
             }
             mp_wait(req);
-            if (it >= WARM) faults[it - WARM] = minflt() - f0;
+            if (it >= WARM) faults[it - WARM] = mp_minflt() - f0;
         }
         /* The median op: a rank that gets further ahead than before stashes
          * its peers' frames in new buffers once (a burst in one op). */
-        qsort(faults, TIMED, sizeof(long), cmp_long);
+        qsort(faults, TIMED, sizeof(long), mp_cmp_long);
         long med = faults[TIMED / 2];
         printf("rank %d: %s of %zu floats per rank: %ld page faults in the median op, %ld in the "
                "worst (budget %ld)\n",

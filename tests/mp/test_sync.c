@@ -19,7 +19,6 @@
  *       was paged in again every step).
  */
 #include <math.h>
-#include <sys/resource.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,19 +50,6 @@ static int min_p(void)
     return p > N ? N : p;
 }
 
-static long minflt(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_minflt;
-}
-
-static int cmp_long(const void *a, const void *b)
-{
-    long x = *(const long *)a, y = *(const long *)b;
-    return (x > y) - (x < y);
-}
-
 static int faults(int iters)
 {
     const size_t count = 1u << 20; /* doubles: 8 MiB */
@@ -72,14 +58,14 @@ static int faults(int iters)
     if (!x || !f || iters < 4) MP_FAIL("faults: out of memory or fewer than 4 syncs");
     for (size_t j = 0; j < count; j++) x[j] = val(R, j % 1000);
     for (int it = 0; it < iters; it++) {
-        long f0 = minflt();
+        long f0 = mp_minflt();
         coh_request_t *req;
         MP_OK(coh_sync_ex(W, x, count, COH_F64, (uint64_t)it, 1.0, COH_SYNC_ALLREDUCE, &req));
         mp_wait(req);
-        f[it] = minflt() - f0;
+        f[it] = mp_minflt() - f0;
     }
     /* The first two warm up (the rails' buffers, the kept scratch). */
-    qsort(f + 2, (size_t)iters - 2, sizeof(long), cmp_long);
+    qsort(f + 2, (size_t)iters - 2, sizeof(long), mp_cmp_long);
     long med = f[2 + (iters - 2) / 2], budget = (long)(count * sizeof(double) / 4096 / 8);
     printf("rank %d: %ld page faults in the median sync of 8 MiB (first %ld, budget %ld)\n", R, med,
            f[0], budget);
