@@ -237,6 +237,45 @@ static void test_stream_order(size_t count, bool pageable_out)
         D->host_free(out);
 }
 
+/* A stream ordered after an op on buffers never used before, at once, and
+ * the caller in coh_wait: the IPC path maps the peers' new allocations
+ * while that stream waits for the op. On the H200 the mapping goes through
+ * then; it waits only while a thread synchronizes such a stream
+ * (gpu-lockprobe; docs/gpu.md "Not done"). 32 MiB each: an allocation of
+ * its own (small ones share a block that earlier ops mapped already). */
+static void test_stream_wait_fresh(void)
+{
+    const size_t count = 8u << 20;
+    size_t n = count * sizeof(float);
+    void *s1, *s2;
+    if (D->stream_new(&s1) < 0 || D->stream_new(&s2) < 0)
+        MP_FAIL("stream_new: %s", D->last_error());
+    float *h, *d = dalloc(n);
+    if (D->host_alloc((void **)&h, n) < 0) MP_FAIL("host_alloc: %s", D->last_error());
+    for (size_t i = 0; i < count; i++) h[i] = (float)(R + 1) * (float)(i % 89);
+    if (D->copy(d, h, n, s1) < 0) MP_FAIL("copy: %s", D->last_error());
+    coh_allreduce_opts_t o = {.mem = COH_MEM_DEVICE, .stream = s1};
+    coh_request_t *req;
+    MP_OK(coh_allreduce_ex(W, d, d, count, COH_F32, COH_SUM, &o, &req));
+    MP_OK(coh_request_stream_wait(req, s2));
+    int st = coh_wait(req, 20000);
+    if (st != 0)
+        MP_FAIL("fresh buffers with a stream waiting: %s: %s", coh_status_name(st),
+                coh_request_error(req));
+    coh_request_free(req);
+    if (D->copy(h, d, n, s2) < 0 || D->stream_sync(s2) < 0)
+        MP_FAIL("copy back: %s", D->last_error());
+    float tri = (float)N * (float)(N + 1) / 2;
+    for (size_t i = 0; i < count; i++)
+        if (h[i] != tri * (float)(i % 89))
+            MP_FAIL("fresh buffers: element %zu is %g, expected %g", i, h[i],
+                    tri * (float)(i % 89));
+    D->stream_free(s1);
+    D->stream_free(s2);
+    D->dev_free(d);
+    D->host_free(h);
+}
+
 /* A training loop's shape: the same buffers op after op. After the first
  * op the IPC path maps no more of the peers' memory (map_get's cache), and
  * the staged path maps none. */
@@ -391,6 +430,7 @@ int main(int argc, char **argv)
     bool ipc = !getenv("COHORT_GPU_IPC") || atoi(getenv("COHORT_GPU_IPC")) != 0;
     test_stream_order(100003, false);
     if (!ipc) test_stream_order(100003, true);
+    test_stream_wait_fresh();
     if (R == 0) printf("stream order: ok\n");
     for (int i = 0; i < 5; i++) test_interleaved(200003);
     if (R == 0) printf("interleaved: ok\n");

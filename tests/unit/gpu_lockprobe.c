@@ -11,10 +11,14 @@
  *   sync   the main thread in stream_sync of the held stream
  *   hostfn the held stream runs a host function that waits for the flag
  *          (what coh_request_stream_wait did before)
+ *   none   nothing held: the call's own time, to tell a slow call from one
+ *          that waited
  *
  * A helper thread makes the call, then sets the flag; a watchdog sets it
  * after 1.5 s if the helper has not: "blocked" then means the call waited
- * for the flag.
+ * for the flag. The ipc_open and ipc_close rows map allocations of a child
+ * process (forked before the device is touched: CUDA does not survive a
+ * fork), since a process cannot open its own handles.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -22,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpu/gpu.h"
@@ -30,8 +35,16 @@
 static const gpu_dev_t *D;
 static volatile uint32_t *flag;
 static _Atomic int helper_done, released_by_watchdog;
+static double call_s; /* the helper's call, start to end */
 static void *other_stream, *dbuf, *dsrc, *pinned, *spare_ev;
 static int action;
+/* The child's allocations: one fresh handle per ipc_open cell, one opened
+ * in set-up per ipc_close cell. */
+#define NCHILD 8
+static gpu_ipc_t child_h[NCHILD];
+static int child_next;
+static void *opened; /* ipc_close's mapping */
+static volatile uint32_t *flag2;
 
 static double now_s(void)
 {
@@ -40,11 +53,16 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static const char *const NAMES[] = {"event_new",  "event_record", "event_query", "event_free",
-                                    "stream_new", "stream_free",  "copy_pinned", "reduce",
-                                    "dev_alloc",  "dev_free",     "host_alloc",  "host_free",
-                                    "ipc_get"};
+static const char *const NAMES[] = {
+    "event_new",   "event_record", "event_query", "event_free", "stream_new",  "stream_free",
+    "copy_pinned", "reduce",       "dev_alloc",   "dev_free",   "host_alloc",  "host_free",
+    "ipc_get",     "ipc_open",     "ipc_close",   "wait_value", "stream_wait", "host_fn"};
 #define NACTIONS ((int)(sizeof(NAMES) / sizeof(NAMES[0])))
+
+static void noop_fn(void *arg)
+{
+    (void)arg;
+}
 
 static void do_action(int a)
 {
@@ -69,6 +87,13 @@ static void do_action(int a)
     case 10: D->host_alloc(&p, 1 << 20); break;
     case 11: D->host_free(pinned), pinned = NULL; break;
     case 12: D->ipc_get(dbuf, &h); break;
+    case 13:
+        if (D->ipc_open(&child_h[child_next++], &p) == 0) D->ipc_close(p); /* after the flag */
+        break;
+    case 14: D->ipc_close(opened), opened = NULL; break;
+    case 15: D->wait_value(other_stream, flag2, 0); break;
+    case 16: D->stream_wait(other_stream, spare_ev); break;
+    case 17: D->host_fn(other_stream, noop_fn, NULL); break;
     }
 }
 
@@ -81,7 +106,9 @@ static void *helper(void *arg)
 {
     (void)arg;
     usleep(30000); /* the main thread is in its wait by now */
+    double t = now_s();
     do_action(action);
+    call_s = now_s() - t;
     atomic_store(&helper_done, 1);
     release();
     return NULL;
@@ -105,7 +132,8 @@ static void hold_fn(void *arg)
     while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) < 1) usleep(100);
 }
 
-/* One cell: 0 the call went through, 1 it waited for the flag. */
+/* One cell: 0 the call went through, 1 it waited for the flag (call_s:
+ * how long it took). */
 static int cell(int how, int a)
 {
     void *s;
@@ -116,10 +144,15 @@ static int cell(int how, int a)
         exit(1);
     }
     memset(pinned, 0, 1 << 20);
+    if (a == 14 && D->ipc_open(&child_h[child_next++], &opened) < 0) {
+        fprintf(stderr, "set-up: ipc_open: %s\n", D->last_error());
+        exit(1);
+    }
     *flag = 0;
     atomic_store(&helper_done, 0);
     atomic_store(&released_by_watchdog, 0);
     action = a;
+    if (how == 3) *flag = 1; /* nothing held */
     int st = how == 2 ? D->host_fn(s, hold_fn, NULL) : D->wait_value(s, flag, 1);
     if (st < 0) {
         fprintf(stderr, "hold: %s\n", D->last_error());
@@ -141,27 +174,76 @@ static int cell(int how, int a)
     D->dev_free(dsrc);
     if (pinned) D->host_free(pinned);
     if (spare_ev) D->event_free(spare_ev);
+    if (opened) D->ipc_close(opened), opened = NULL;
     return atomic_load(&released_by_watchdog);
+}
+
+/* The child: NCHILD allocations, their handles down the pipe, then it
+ * waits for the parent to close its end. */
+static void child_main(const char *mode, int wr, int done_rd)
+{
+    const char *why = "";
+    const gpu_dev_t *d = gpu_dev_pick(mode, &why);
+    gpu_ipc_t h[NCHILD];
+    memset(h, 0, sizeof(h));
+    for (int i = 0; d && i < NCHILD; i++) {
+        void *p;
+        if (d->dev_alloc(&p, 1 << 20) < 0 || d->ipc_get(p, &h[i]) < 0) break;
+    }
+    if (write(wr, h, sizeof(h)) != (ssize_t)sizeof(h)) _exit(1);
+    char c;
+    while (read(done_rd, &c, 1) > 0) {
+    }
+    _exit(0);
 }
 
 int main(int argc, char **argv)
 {
+    const char *mode = argc > 1 ? argv[1] : "cuda";
+    int hp[2], dp[2];
+    if (pipe(hp) != 0 || pipe(dp) != 0) return 1;
+    pid_t kid = fork();
+    if (kid == 0) {
+        close(hp[0]);
+        close(dp[1]);
+        child_main(mode, hp[1], dp[0]);
+    }
+    close(hp[1]);
+    close(dp[0]);
     const char *why = "";
-    D = gpu_dev_pick(argc > 1 ? argv[1] : "cuda", &why);
+    D = gpu_dev_pick(mode, &why);
     if (!D) {
         printf("SKIP: %s\n", why);
+        close(dp[1]);
+        waitpid(kid, NULL, 0);
         return 77;
+    }
+    if (read(hp[0], child_h, sizeof(child_h)) != (ssize_t)sizeof(child_h) ||
+        !child_h[NCHILD - 1].size) {
+        fprintf(stderr, "the child's allocations failed\n");
+        return 1;
     }
     void *f;
     if (D->host_alloc(&f, 64) < 0) return 1;
     flag = f;
+    if (D->host_alloc(&f, 64) < 0) return 1;
+    flag2 = f;
+    *flag2 = 0;
     printf("# %s: may another thread make the call while a stream is held?\n", D->name);
-    printf("%-14s %-8s %-8s %-8s\n", "call", "copy", "sync", "hostfn");
+    printf("# each cell: ok or BLOCKED, and how long the call took (ms)\n");
+    printf("%-14s %-16s %-16s %-16s %-16s\n", "call", "copy", "sync", "hostfn", "none");
     for (int a = 0; a < NACTIONS; a++) {
         printf("%-14s", NAMES[a]);
-        for (int how = 0; how < 3; how++) printf(" %-8s", cell(how, a) ? "BLOCKED" : "ok");
+        for (int how = 0; how < 4; how++) {
+            char c[32];
+            int b = cell(how, a);
+            snprintf(c, sizeof(c), "%s %.1f", b ? "BLOCKED" : "ok", call_s * 1e3);
+            printf(" %-16s", c);
+        }
         printf("\n");
         fflush(stdout);
     }
+    close(dp[1]);
+    waitpid(kid, NULL, 0);
     return 0;
 }
