@@ -636,7 +636,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         }
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
         ff_pack_str(&pk, "stats");
-        msgpack_pack_map(&pk, 40);
+        msgpack_pack_map(&pk, 41);
         ff_pack_kv_uint(&pk, "bytes_sent", s.bytes_sent);
         ff_pack_kv_uint(&pk, "bytes_received", s.bytes_received);
         ff_pack_kv_uint(&pk, "requests_completed", s.requests_completed);
@@ -674,6 +674,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_uint(&pk, "gpu_ops_ipc", s.gpu_ops_ipc);
         ff_pack_kv_uint(&pk, "gpu_staged_bytes", s.gpu_staged_bytes);
         ff_pack_kv_uint(&pk, "gpu_ipc_maps", s.gpu_ipc_maps);
+        ff_pack_kv_uint(&pk, "gpu_ops_unmapped", s.gpu_ops_unmapped);
         ff_pack_kv_uint(&pk, "zcopy_bytes_sent", s.zcopy_bytes_sent);
         ff_pack_kv_uint(&pk, "mem_registrations", s.mem_registrations);
         /* the per-peer link estimates (the latest probe's: coh_ctx_links) */

@@ -20,7 +20,10 @@
  * - the driver's lock, as gpu-lockprobe measured it on an H200: a thread in
  *   a copy into pageable memory holds it until the copy is done, and
  *   making or destroying streams, events, memory and mappings, and
- *   launching kernels, wait for it; freeing memory waits for every stream.
+ *   launching kernels, wait for it; freeing memory waits for every stream;
+ *   mapping or unmapping a peer's allocation waits while any thread is in
+ *   stream_sync or a host function runs (measured 2026-11-28), and so does
+ *   enqueuing a host function behind a pageable copy.
  */
 #include "gpu/gpu_dev.h"
 
@@ -50,6 +53,19 @@ static void drv_gate(void)
 {
     pthread_rwlock_wrlock(&drv_lock);
     pthread_rwlock_unlock(&drv_lock);
+}
+
+/* Threads in stream_sync and host functions running: IPC (un)mapping waits
+ * for them all to be out. */
+static _Atomic int syncing;
+
+static void ipc_gate(void)
+{
+    drv_gate();
+    while (atomic_load(&syncing) > 0) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 static void device_sync(void);
@@ -226,7 +242,7 @@ static int h_ipc_get(const void *p, gpu_ipc_t *h)
 
 static int h_ipc_open(const gpu_ipc_t *h, void **base)
 {
-    drv_gate();
+    ipc_gate();
     int32_t fd;
     uint64_t ino;
     memcpy(&fd, h->handle, sizeof(fd));
@@ -256,7 +272,7 @@ static int h_ipc_open(const gpu_ipc_t *h, void **base)
 
 static void h_ipc_close(void *base)
 {
-    drv_gate();
+    ipc_gate();
     reg_remove(base, true);
 }
 
@@ -381,7 +397,11 @@ static void run_work(hstream_t *s, work_t *w)
             nanosleep(&ts, NULL);
         }
         break;
-    case W_FN: w->fn(w->arg); break;
+    case W_FN:
+        atomic_fetch_add(&syncing, 1);
+        w->fn(w->arg);
+        atomic_fetch_sub(&syncing, 1);
+        break;
     }
 }
 
@@ -593,6 +613,7 @@ static int h_div(coh_dtype dt, void *buf, size_t n, double divisor, void *stream
 
 static int h_host_fn(void *stream, void (*fn)(void *), void *arg)
 {
+    drv_gate();
     work_t *w = work_new(W_FN);
     if (!w) return fail(COH_ENOMEM, "out of memory");
     w->fn = fn;
@@ -610,6 +631,15 @@ static int h_stream_sync(void *stream)
         nanosleep(&ts, NULL);
     }
     return atomic_load(&stream_of(stream)->failed) ? fail(COH_EINVAL, "a kernel failed") : 0;
+}
+
+/* The interface's stream_sync: counted (ipc_gate). */
+static int h_stream_sync_api(void *stream)
+{
+    atomic_fetch_add(&syncing, 1);
+    int st = h_stream_sync(stream);
+    atomic_fetch_sub(&syncing, 1);
+    return st;
 }
 
 /* cudaFree's: every stream's work queued so far is done. */
@@ -657,7 +687,7 @@ static const gpu_dev_t host_dev = {
     .ipc_close = h_ipc_close,
     .host_fn = h_host_fn,
     .wait_value = h_wait_value,
-    .stream_sync = h_stream_sync,
+    .stream_sync = h_stream_sync_api,
     .last_error = h_last_error,
 };
 

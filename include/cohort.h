@@ -381,6 +381,10 @@ typedef struct coh_stats {
     /* Peers' device allocations this rank mapped for the IPC path (CUDA
      * IPC; kept for later ops, so a training loop's count stops growing). */
     uint64_t gpu_ipc_maps;
+    /* Of the device ops whose members are all on this host, those staged
+     * because some member had not mapped the others' buffers yet (their
+     * first use: the mapping is made meanwhile, for the next op). */
+    uint64_t gpu_ops_unmapped;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went

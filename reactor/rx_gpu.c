@@ -22,6 +22,15 @@
  *
  * Allreduce and broadcast are cut into COHORT_GPU_CHUNK_BYTES chunks;
  * allgather and reduce-scatter go as one chunk (their layout is strided).
+ *
+ * Every member on this host (the IPC path): the buffers' IPC handles are
+ * allgathered (op seq0), then a vote (seq0 + 1) says whether every member
+ * has the others' buffers mapped already; if so each member reduces its
+ * shard from the others' memory and a barrier (seq0 + 2) ends the op, else
+ * the op is staged as above on its numbers from seq0 + 2. Mappings are
+ * opened and closed by the mapper thread, never the loop: opening one
+ * waits while any thread synchronizes a stream (gpu-lockprobe), and that
+ * stream may be waiting for the very op that needs the mapping.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -64,17 +73,31 @@ typedef struct gop {
     size_t nchunks, next_out, ndone, chunk_elems, es;
     gslot_t slot[GPU_SLOTS];
     /* Every member on this host (COHORT_GPU_IPC): op numbers seq0 (the
-     * buffers' IPC handles, allgathered) and seq0 + 1 (a barrier once every
-     * member's device work is done); nchunks is 2, next_out and ndone count
-     * them as for chunks. */
+     * buffers' IPC handles, allgathered), seq0 + 1 (the vote) and seq0 + 2
+     * (a barrier once every member's device work is done); nchunks is 3,
+     * next_out and ndone count them as for chunks. */
     bool local;
-    coh_request_t *lsub; /* the exchange or the barrier, while it runs */
+    bool fallback;       /* was local, staged: a member lacked a mapping */
+    size_t staged_n;     /* the chunks if staged; a local op reserves 2 more numbers */
+    int32_t vote;        /* 1: some member lacks a mapping of this op's buffers */
+    coh_request_t *lsub; /* the exchange, the vote or the barrier, while it runs */
     bool ldev;           /* device work issued, its event (slot[0].ev) pending */
     gpu_ipc_t *tab;      /* [size][2]: every member's input and output */
     struct gipc **held;  /* [size * 2]: the peers' mappings this op holds */
     int status;
     char why[BS_ERR_LEN];
 } gop_t;
+
+/* A job of the mapper thread: map a peer's allocation here, or unmap one. */
+typedef struct mjob {
+    struct mjob *next;
+    bool close;
+    int peer, dev;
+    gpu_ipc_t h;
+    void *base; /* close: what to unmap; open: the mapping made */
+    int st;     /* open: 0, or < 0 failed (why) */
+    char why[96];
+} mjob_t;
 
 /* A peer's allocation mapped here (CUDA IPC), kept for the next ops. */
 typedef struct gipc {
@@ -103,8 +126,14 @@ struct rx_gpu {
     gipc_t **maps; /* loop thread only */
     int nmaps, capmaps;
     uint64_t uses;
-    _Atomic uint64_t n_ops, n_ipc, staged, n_maps; /* coh_stats_t's gpu_* */
-    uv_mutex_t mu;                                 /* the cache, the events, the flags */
+    _Atomic uint64_t n_ops, n_ipc, staged, n_maps, n_unmapped; /* coh_stats_t's gpu_* */
+    /* The mapper thread's queue (under mu): jobs to do in order, the one
+     * being done, and the opens done that the loop thread has not taken. */
+    uv_thread_t mapper;
+    bool mapper_on, mstop;
+    uv_cond_t mcv;
+    mjob_t *mq, **mq_tail, *mbusy, *mdone;
+    uv_mutex_t mu; /* the cache, the events, the flags */
     void *cache[GPU_CACHE];
     size_t cache_n[GPU_CACHE];
     void *events[GPU_EVENTS];
@@ -125,7 +154,7 @@ struct rx_gpu {
 
 enum { FW_FREE = 0, FW_ARMING, FW_ARMED };
 
-typedef enum { GRAVE_HOST, GRAVE_EVENT, GRAVE_IPC } grave_kind;
+typedef enum { GRAVE_HOST, GRAVE_EVENT } grave_kind;
 typedef struct grave {
     grave_kind kind;
     void *p;
@@ -135,7 +164,6 @@ static void grave_release(const gpu_dev_t *d, grave_kind k, void *p)
 {
     if (k == GRAVE_HOST) d->host_free(p);
     if (k == GRAVE_EVENT) d->event_free(p);
-    if (k == GRAVE_IPC) d->ipc_close(p);
 }
 
 /* Any thread: release p once no op runs (at once if memory is short). */
@@ -437,7 +465,7 @@ static void advance(struct rx_gpu *g, gop_t *op, bool *devwait)
     if (g->dev->set_device(op->dev, NULL) < 0) dev_fail(op, g, "set device");
     if (op->local) {
         advance_local(g, op, devwait);
-        return;
+        if (op->local) return; /* else staged from here (fallback) */
     }
     for (bool again = true; again;) {
         again = false;
@@ -493,8 +521,9 @@ static void advance(struct rx_gpu *g, gop_t *op, bool *devwait)
 
 #define GPU_MAPS_KEEP 64 /* peers' allocations kept mapped when unused */
 
-/* The mapping of peer's allocation h, opened or reused, held by the caller. */
-static gipc_t *map_get(struct rx_gpu *g, int peer, const gpu_ipc_t *h)
+/* The mapping of peer's allocation h if this rank has it (held by the
+ * caller then), else NULL. */
+static gipc_t *map_find(struct rx_gpu *g, int peer, const gpu_ipc_t *h)
 {
     for (int i = 0; i < g->nmaps; i++) {
         gipc_t *m = g->maps[i];
@@ -505,37 +534,136 @@ static gipc_t *map_get(struct rx_gpu *g, int peer, const gpu_ipc_t *h)
             return m;
         }
     }
-    /* Unused ones beyond the keep go first, the least recently used. */
-    if (g->nmaps >= GPU_MAPS_KEEP) {
-        int lru = -1;
-        for (int i = 0; i < g->nmaps; i++)
-            if (!g->maps[i]->busy && (lru < 0 || g->maps[i]->used < g->maps[lru]->used)) lru = i;
-        if (lru >= 0) {
-            grave_add(g, GRAVE_IPC, g->maps[lru]->base);
-            coh_free(g->maps[lru]);
-            g->maps[lru] = g->maps[--g->nmaps];
+    return NULL;
+}
+
+static bool same_open(const mjob_t *j, int peer, const gpu_ipc_t *h)
+{
+    return j && !j->close && j->peer == peer && j->h.pid == h->pid &&
+           !memcmp(j->h.handle, h->handle, GPU_IPC_BYTES);
+}
+
+static void mjob_push(struct rx_gpu *g, mjob_t *j)
+{
+    j->next = NULL;
+    *g->mq_tail = j;
+    g->mq_tail = &j->next;
+    uv_cond_signal(&g->mcv);
+}
+
+/* Ask the mapper for peer's allocation h (once: not if asked already). */
+static void map_want(struct rx_gpu *g, int peer, int dev, const gpu_ipc_t *h)
+{
+    uv_mutex_lock(&g->mu);
+    bool asked = same_open(g->mbusy, peer, h);
+    for (mjob_t *j = g->mq; j && !asked; j = j->next) asked = same_open(j, peer, h);
+    for (mjob_t *j = g->mdone; j && !asked; j = j->next) asked = same_open(j, peer, h);
+    mjob_t *j = asked || g->mstop ? NULL : coh_zalloc(sizeof(*j));
+    if (j) {
+        *j = (mjob_t){.peer = peer, .dev = dev, .h = *h};
+        mjob_push(g, j);
+    }
+    uv_mutex_unlock(&g->mu);
+}
+
+/* Unmap base on the mapper thread. */
+static void map_drop(struct rx_gpu *g, void *base)
+{
+    uv_mutex_lock(&g->mu);
+    mjob_t *j = g->mstop ? NULL : coh_zalloc(sizeof(*j));
+    if (j) {
+        *j = (mjob_t){.close = true, .base = base};
+        mjob_push(g, j);
+    }
+    uv_mutex_unlock(&g->mu);
+    if (!j) g->dev->ipc_close(base); /* finalizing (or no memory): no op runs */
+}
+
+/* Loop thread: take the mapper's new mappings into the cache, making room
+ * (the least recently used unused ones beyond GPU_MAPS_KEEP go). */
+static void maps_collect(struct rx_gpu *g)
+{
+    uv_mutex_lock(&g->mu);
+    mjob_t *d = g->mdone;
+    g->mdone = NULL;
+    uv_mutex_unlock(&g->mu);
+    while (d) {
+        mjob_t *j = d;
+        d = d->next;
+        if (j->st < 0) {
+            bs_log(COH_LOG_WARN, "GPU: cannot map rank %d's device memory (%s): staged instead",
+                   j->peer, j->why);
+            coh_free(j);
+            continue;
+        }
+        if (g->nmaps >= GPU_MAPS_KEEP) {
+            int lru = -1;
+            for (int i = 0; i < g->nmaps; i++)
+                if (!g->maps[i]->busy && (lru < 0 || g->maps[i]->used < g->maps[lru]->used))
+                    lru = i;
+            if (lru >= 0) {
+                map_drop(g, g->maps[lru]->base);
+                coh_free(g->maps[lru]);
+                g->maps[lru] = g->maps[--g->nmaps];
+            }
+        }
+        gipc_t *m = NULL;
+        if (g->nmaps == g->capmaps) {
+            int cap = g->capmaps ? g->capmaps * 2 : 16;
+            gipc_t **nm = coh_realloc(g->maps, sizeof(*nm) * (size_t)cap);
+            if (nm) {
+                g->maps = nm;
+                g->capmaps = cap;
+            }
+        }
+        if (g->nmaps < g->capmaps) m = coh_zalloc(sizeof(*m));
+        if (!m) {
+            map_drop(g, j->base);
+        } else {
+            *m = (gipc_t){.peer = j->peer, .h = j->h, .base = j->base};
+            g->maps[g->nmaps++] = m;
+            atomic_fetch_add_explicit(&g->n_maps, 1, memory_order_relaxed);
+        }
+        coh_free(j);
+    }
+}
+
+/* The mapper thread: opens and closes mappings in order. Both wait while
+ * any thread of the process synchronizes a stream (or a host function
+ * runs): here that holds up no op, since an op only uses mappings already
+ * made (the vote), and takes the staged path meanwhile. */
+static void mapper_main(void *arg)
+{
+    struct rx_gpu *g = arg;
+    uv_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->mq && !g->mstop) uv_cond_wait(&g->mcv, &g->mu);
+        mjob_t *j = g->mq;
+        if (!j) break; /* stopping, nothing left */
+        g->mq = j->next;
+        if (!g->mq) g->mq_tail = &g->mq;
+        g->mbusy = j;
+        bool stop = g->mstop;
+        uv_mutex_unlock(&g->mu);
+        if (j->close) {
+            g->dev->ipc_close(j->base);
+        } else if (stop) {
+            j->st = COH_ECANCELED;
+        } else {
+            j->st = g->dev->set_device(j->dev, NULL);
+            if (j->st == 0) j->st = g->dev->ipc_open(&j->h, &j->base);
+            if (j->st < 0) snprintf(j->why, sizeof(j->why), "%s", g->dev->last_error());
+        }
+        uv_mutex_lock(&g->mu);
+        g->mbusy = NULL;
+        if (j->close) {
+            coh_free(j);
+        } else {
+            j->next = g->mdone;
+            g->mdone = j;
         }
     }
-    if (g->nmaps == g->capmaps) {
-        int cap = g->capmaps ? g->capmaps * 2 : 16;
-        gipc_t **nm = coh_realloc(g->maps, sizeof(*nm) * (size_t)cap);
-        if (!nm) return NULL;
-        g->maps = nm;
-        g->capmaps = cap;
-    }
-    gipc_t *m = coh_zalloc(sizeof(*m));
-    if (!m) return NULL;
-    if (g->dev->ipc_open(h, &m->base) < 0) {
-        coh_free(m);
-        return NULL;
-    }
-    atomic_fetch_add_explicit(&g->n_maps, 1, memory_order_relaxed);
-    m->peer = peer;
-    m->h = *h;
-    m->busy = 1;
-    m->used = ++g->uses;
-    g->maps[g->nmaps++] = m;
-    return m;
+    uv_mutex_unlock(&g->mu);
 }
 
 /* The op's input (which 0) or output (1) pointer on comm rank q. */
@@ -616,10 +744,19 @@ static int issue_local(struct rx_gpu *g, gop_t *op)
     return 0;
 }
 
-/* Launch reserved op number seq0 + k: the exchange (0) or the barrier (1). */
+/* Launch reserved op number seq0 + k: the exchange (0), the vote (1) or
+ * the barrier (2). */
 static void launch_local(struct rx_gpu *g, gop_t *op, int k)
 {
     rx_coll_args_t a = {.kind = SC_BARRIER, .on_done = kick, .on_done_arg = g};
+    if (k == 1)
+        a = (rx_coll_args_t){.kind = SC_ALLREDUCE,
+                             .recvbuf = &op->vote,
+                             .count = 1,
+                             .dtype = COH_I32,
+                             .op = COH_MAX,
+                             .on_done = kick,
+                             .on_done_arg = g};
     if (k == 0) {
         size_t n = 2 * sizeof(gpu_ipc_t);
         a = (rx_coll_args_t){.kind = SC_ALLGATHER,
@@ -635,6 +772,29 @@ static void launch_local(struct rx_gpu *g, gop_t *op, int k)
     if (st < 0) {
         op->lsub = NULL;
         op_fail(op, st, coh_last_error());
+    }
+}
+
+/* Some member lacks a mapping of this op's buffers (the vote): the op is
+ * staged instead, as op numbers seq0 + 2 on, reserved for this at
+ * submission. Its slots come from the pinned cache; neither that nor a
+ * new event waits while a caller synchronizes a stream (gpu-lockprobe). */
+static void fallback(struct rx_gpu *g, gop_t *op)
+{
+    for (int i = 0; op->held && i < op->comm->size * 2; i++)
+        if (op->held[i]) op->held[i]->busy--, op->held[i] = NULL;
+    op->local = false;
+    op->fallback = true;
+    op->seq0 += 2;
+    op->nchunks = op->staged_n;
+    op->next_out = op->ndone = 0;
+    size_t need = slot_need(op);
+    int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
+    for (int i = 0; i < nslots && op->status == 0; i++) {
+        op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
+        if (!op->slot[i].host) dev_fail(op, g, "pinned staging");
+        if (op->status == 0 && !op->slot[i].ev && ev_get(g, &op->slot[i].ev) < 0)
+            dev_fail(op, g, "event");
     }
 }
 
@@ -654,14 +814,30 @@ static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait)
         op->lsub = NULL;
         if (op->status < 0) return;
         op->ndone++;
-        if (op->ndone == 2) return; /* the barrier: done */
-        /* The handles are in: map the peers' memory, then do my part. */
-        for (int q = 0; q < N && op->status == 0; q++)
-            for (int w = 0; w < 2 && q != me; w++) {
-                op->held[q * 2 + w] = map_get(g, world_of(op->comm, q), &op->tab[q * 2 + w]);
-                if (!op->held[q * 2 + w]) dev_fail(op, g, "mapping a peer's device memory");
-            }
-        if (op->status == 0) issue_local(g, op);
+        if (op->ndone == 1) {
+            /* The handles are in: does this rank have the peers' memory
+             * mapped? What it lacks, the mapper maps for later ops. */
+            int32_t miss = 0;
+            for (int q = 0; q < N; q++)
+                for (int w = 0; w < 2 && q != me; w++) {
+                    int peer = world_of(op->comm, q);
+                    gipc_t *m = map_find(g, peer, &op->tab[q * 2 + w]);
+                    op->held[q * 2 + w] = m;
+                    if (!m) {
+                        miss = 1;
+                        map_want(g, peer, op->dev, &op->tab[q * 2 + w]);
+                    }
+                }
+            op->vote = miss;
+            launch_local(g, op, 1);
+            return;
+        }
+        if (op->ndone == 3) return; /* the barrier: done */
+        if (op->vote) {             /* the vote's maximum: somebody lacks a mapping */
+            fallback(g, op);
+            return;
+        }
+        issue_local(g, op);
     }
     if (op->ldev) {
         int q = slot_event(g, op, &op->slot[0]);
@@ -670,7 +846,7 @@ static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait)
             return;
         }
         op->ldev = false;
-        if (q > 0 && op->status == 0) launch_local(g, op, 1);
+        if (q > 0 && op->status == 0) launch_local(g, op, 2);
     }
 }
 
@@ -710,6 +886,7 @@ static void finish(struct rx_gpu *g, gop_t *op)
     if (op->status == 0) {
         atomic_fetch_add_explicit(&g->n_ops, 1, memory_order_relaxed);
         if (op->local) atomic_fetch_add_explicit(&g->n_ipc, 1, memory_order_relaxed);
+        if (op->fallback) atomic_fetch_add_explicit(&g->n_unmapped, 1, memory_order_relaxed);
     }
     /* Complete first: a stream ordered after the op goes on, and a caller
      * waiting behind it releases whatever driver lock it holds before the
@@ -725,6 +902,7 @@ static void arm(struct rx_gpu *g, bool devwait);
 static void run_all(struct rx_gpu *g)
 {
     bool devwait = false;
+    if (g->mapper_on) maps_collect(g);
     for (gop_t **pp = &g->ops; *pp;) {
         gop_t *op = *pp;
         advance(g, op, &devwait);
@@ -834,6 +1012,17 @@ int rx_gpu_init(struct coh_ctx *ctx)
     g->chunk_bytes = chunk;
     g->ipc = ipc && dev->ipc_get && dev->ipc_open && dev->ipc_close;
     uv_mutex_init(&g->mu);
+    uv_cond_init(&g->mcv);
+    g->mq_tail = &g->mq;
+    if (g->ipc) {
+        if (uv_thread_create(&g->mapper, mapper_main, g) != 0) {
+            uv_cond_destroy(&g->mcv);
+            uv_mutex_destroy(&g->mu);
+            coh_free(g);
+            return bs_fail(COH_ENOMEM, "coh_init: cannot start the GPU mapper thread");
+        }
+        g->mapper_on = true;
+    }
     int st = rx_reactor_start(&g->rx, "cohort-gpu", gpu_on_stop, g);
     if (st == 0) {
         g->started = true;
@@ -876,6 +1065,20 @@ void rx_gpu_fini(struct coh_ctx *ctx)
     if (!g) return;
     rx_gpu_stop(ctx);
     rx_reactor_fini(&g->rx);
+    if (g->mapper_on) { /* it closes what it was asked to, opens nothing more */
+        uv_mutex_lock(&g->mu);
+        g->mstop = true;
+        uv_cond_signal(&g->mcv);
+        uv_mutex_unlock(&g->mu);
+        uv_thread_join(&g->mapper);
+        g->mapper_on = false;
+    }
+    for (mjob_t *j = g->mdone; j;) {
+        mjob_t *next = j->next;
+        if (j->st == 0) g->dev->ipc_close(j->base);
+        coh_free(j);
+        j = next;
+    }
     for (int d = 0; d < GPU_MAX_DEV; d++)
         if (g->stream[d]) g->dev->stream_free(g->stream[d]);
     for (int i = 0; i < GPU_CACHE; i++)
@@ -897,6 +1100,7 @@ void rx_gpu_fini(struct coh_ctx *ctx)
         coh_free(g->maps[i]);
     }
     coh_free(g->maps);
+    uv_cond_destroy(&g->mcv);
     uv_mutex_destroy(&g->mu);
     coh_free(g);
     ctx->gpu = NULL;
@@ -940,6 +1144,7 @@ void rx_gpu_stats(struct coh_ctx *ctx, coh_stats_t *s)
     s->gpu_ops_ipc = atomic_load_explicit(&g->n_ipc, memory_order_relaxed);
     s->gpu_staged_bytes = atomic_load_explicit(&g->staged, memory_order_relaxed);
     s->gpu_ipc_maps = atomic_load_explicit(&g->n_maps, memory_order_relaxed);
+    s->gpu_ops_unmapped = atomic_load_explicit(&g->n_unmapped, memory_order_relaxed);
 }
 
 const char *rx_gpu_name(const struct coh_ctx *ctx)
@@ -985,7 +1190,8 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     bool chunked = a->kind == SC_ALLREDUCE || a->kind == SC_BROADCAST;
     if (!chunked || a->count <= op->chunk_elems) op->chunk_elems = a->count ? a->count : 1;
     op->nchunks = chunked && a->count ? (a->count + op->chunk_elems - 1) / op->chunk_elems : 1;
-    if (op->local) op->nchunks = 2; /* the exchange and the barrier */
+    op->staged_n = op->nchunks;
+    if (op->local) op->nchunks = 3; /* the exchange, the vote, the barrier */
     /* On the caller's thread: its current device is put back afterwards. */
     int prev = -1;
     int st = g->dev->set_device(dev, &prev);
@@ -1038,9 +1244,12 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     op->req->bytes = (uint64_t)a->count * op->es;
     op->req->deferred = true; /* no slices for a waiter to drive */
     op->req->spin_us = 0;
-    /* The chunks' numbers now, in the caller's order of submissions. */
-    op->seq0 = atomic_fetch_add(&comm->next_seq, op->nchunks);
-    if (comm == &ctx->world_comm) rx_lb_reserve(ctx, op->seq0, op->nchunks);
+    /* The chunks' numbers now, in the caller's order of submissions; a
+     * local op's also for its staged fallback (after the exchange and the
+     * vote). Numbers nobody launches cost nothing. */
+    uint64_t nres = op->local ? 2 + op->staged_n : op->nchunks;
+    op->seq0 = atomic_fetch_add(&comm->next_seq, nres);
+    if (comm == &ctx->world_comm) rx_lb_reserve(ctx, op->seq0, nres);
     coh_request_t *req = op->req;
     op->task.run = submit_run;
     if (!rx_reactor_post(&g->rx, &op->task)) {
