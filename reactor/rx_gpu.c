@@ -47,6 +47,7 @@
 #define GPU_CACHE     6          /* pinned buffers kept for reuse */
 #define GPU_EVENTS    64         /* events kept for reuse */
 #define GPU_FLAGS     1024       /* streams waiting for requests at once */
+#define GPU_SEEN      128        /* own allocations remembered as mapped by the peers */
 
 typedef enum { SLOT_FREE = 0, SLOT_OUT, SLOT_NET, SLOT_IN } slot_state;
 
@@ -97,11 +98,13 @@ typedef struct mjob {
     void *base; /* close: what to unmap; open: the mapping made */
     int st;     /* open: 0, or < 0 failed (why) */
     char why[96];
+    void *owner; /* freed with the job once done (a gipc_t's own close), else the job */
 } mjob_t;
 
 /* A peer's allocation mapped here (CUDA IPC), kept for the next ops. */
 typedef struct gipc {
-    int peer; /* world rank */
+    mjob_t unmap; /* its close, made ready: evicting it needs no memory */
+    int peer;     /* world rank */
     gpu_ipc_t h;
     void *base;
     int busy;      /* ops using it now */
@@ -133,6 +136,15 @@ struct rx_gpu {
     bool mapper_on, mstop;
     uv_cond_t mcv;
     mjob_t *mq, **mq_tail, *mbusy, *mdone;
+    int mqlen;       /* jobs queued (mu) */
+    mjob_t *mfailed; /* opens that failed, not asked again (loop thread) */
+    int nfailed;
+    /* This rank's allocations that went through the IPC path (mu): an op
+     * on others likely falls back to staging, so its slots are taken at
+     * submission, where taking them cannot wait for a caller's pageable
+     * copy (the loop thread could). */
+    uint8_t seen[GPU_SEEN][GPU_IPC_BYTES];
+    int nseen, seen_next;
     uv_mutex_t mu; /* the cache, the events, the flags */
     void *cache[GPU_CACHE];
     size_t cache_n[GPU_CACHE];
@@ -543,19 +555,45 @@ static bool same_open(const mjob_t *j, int peer, const gpu_ipc_t *h)
            !memcmp(j->h.handle, h->handle, GPU_IPC_BYTES);
 }
 
+#define GPU_MQ_MAX     256 /* opens queued at most: beyond, ops stay staged */
+#define GPU_FAILED_MAX 64  /* failed opens remembered */
+
+/* Under mu: was this rank's allocation h used through IPC before? */
+static bool seen_has(const struct rx_gpu *g, const gpu_ipc_t *h)
+{
+    for (int i = 0; i < g->nseen; i++)
+        if (!memcmp(g->seen[i], h->handle, GPU_IPC_BYTES)) return true;
+    return false;
+}
+
+static void seen_add(struct rx_gpu *g, const gpu_ipc_t *h)
+{
+    uv_mutex_lock(&g->mu);
+    if (!seen_has(g, h)) {
+        memcpy(g->seen[g->seen_next], h->handle, GPU_IPC_BYTES);
+        g->seen_next = (g->seen_next + 1) % GPU_SEEN;
+        if (g->nseen < GPU_SEEN) g->nseen++;
+    }
+    uv_mutex_unlock(&g->mu);
+}
+
 static void mjob_push(struct rx_gpu *g, mjob_t *j)
 {
     j->next = NULL;
     *g->mq_tail = j;
     g->mq_tail = &j->next;
+    g->mqlen++;
     uv_cond_signal(&g->mcv);
 }
 
-/* Ask the mapper for peer's allocation h (once: not if asked already). */
+/* Ask the mapper for peer's allocation h (once: not if asked already, nor
+ * if it failed before; such buffers stay staged). Loop thread. */
 static void map_want(struct rx_gpu *g, int peer, int dev, const gpu_ipc_t *h)
 {
+    for (mjob_t *j = g->mfailed; j; j = j->next)
+        if (same_open(j, peer, h)) return;
     uv_mutex_lock(&g->mu);
-    bool asked = same_open(g->mbusy, peer, h);
+    bool asked = same_open(g->mbusy, peer, h) || g->mqlen >= GPU_MQ_MAX;
     for (mjob_t *j = g->mq; j && !asked; j = j->next) asked = same_open(j, peer, h);
     for (mjob_t *j = g->mdone; j && !asked; j = j->next) asked = same_open(j, peer, h);
     mjob_t *j = asked || g->mstop ? NULL : coh_zalloc(sizeof(*j));
@@ -566,17 +604,19 @@ static void map_want(struct rx_gpu *g, int peer, int dev, const gpu_ipc_t *h)
     uv_mutex_unlock(&g->mu);
 }
 
-/* Unmap base on the mapper thread. */
-static void map_drop(struct rx_gpu *g, void *base)
+/* Unmap base on the mapper thread, through job j (no allocation), which is
+ * freed with owner there. */
+static void map_drop(struct rx_gpu *g, mjob_t *j, void *base, void *owner)
 {
+    *j = (mjob_t){.close = true, .base = base, .owner = owner};
     uv_mutex_lock(&g->mu);
-    mjob_t *j = g->mstop ? NULL : coh_zalloc(sizeof(*j));
-    if (j) {
-        *j = (mjob_t){.close = true, .base = base};
-        mjob_push(g, j);
-    }
+    bool queued = !g->mstop;
+    if (queued) mjob_push(g, j);
     uv_mutex_unlock(&g->mu);
-    if (!j) g->dev->ipc_close(base); /* finalizing (or no memory): no op runs */
+    if (!queued) { /* finalizing: no op runs */
+        g->dev->ipc_close(base);
+        coh_free(owner);
+    }
 }
 
 /* Loop thread: take the mapper's new mappings into the cache, making room
@@ -590,10 +630,20 @@ static void maps_collect(struct rx_gpu *g)
     while (d) {
         mjob_t *j = d;
         d = d->next;
-        if (j->st < 0) {
-            bs_log(COH_LOG_WARN, "GPU: cannot map rank %d's device memory (%s): staged instead",
-                   j->peer, j->why);
-            coh_free(j);
+        if (j->st < 0) { /* remembered (the oldest forgotten): not asked again */
+            if (j->st != COH_ECANCELED)
+                bs_log(COH_LOG_WARN,
+                       "GPU: cannot map rank %d's device memory (%s): ops on it are staged",
+                       j->peer, j->why);
+            j->next = g->mfailed;
+            g->mfailed = j;
+            if (++g->nfailed > GPU_FAILED_MAX) {
+                mjob_t **pp = &g->mfailed;
+                while ((*pp)->next) pp = &(*pp)->next;
+                coh_free(*pp);
+                *pp = NULL;
+                g->nfailed--;
+            }
             continue;
         }
         if (g->nmaps >= GPU_MAPS_KEEP) {
@@ -602,9 +652,9 @@ static void maps_collect(struct rx_gpu *g)
                 if (!g->maps[i]->busy && (lru < 0 || g->maps[i]->used < g->maps[lru]->used))
                     lru = i;
             if (lru >= 0) {
-                map_drop(g, g->maps[lru]->base);
-                coh_free(g->maps[lru]);
+                gipc_t *old = g->maps[lru];
                 g->maps[lru] = g->maps[--g->nmaps];
+                map_drop(g, &old->unmap, old->base, old);
             }
         }
         gipc_t *m = NULL;
@@ -617,13 +667,13 @@ static void maps_collect(struct rx_gpu *g)
             }
         }
         if (g->nmaps < g->capmaps) m = coh_zalloc(sizeof(*m));
-        if (!m) {
-            map_drop(g, j->base);
-        } else {
-            *m = (gipc_t){.peer = j->peer, .h = j->h, .base = j->base};
-            g->maps[g->nmaps++] = m;
-            atomic_fetch_add_explicit(&g->n_maps, 1, memory_order_relaxed);
+        if (!m) { /* out of memory: the job itself unmaps it */
+            map_drop(g, j, j->base, j);
+            continue;
         }
+        *m = (gipc_t){.peer = j->peer, .h = j->h, .base = j->base};
+        g->maps[g->nmaps++] = m;
+        atomic_fetch_add_explicit(&g->n_maps, 1, memory_order_relaxed);
         coh_free(j);
     }
 }
@@ -642,6 +692,7 @@ static void mapper_main(void *arg)
         if (!j) break; /* stopping, nothing left */
         g->mq = j->next;
         if (!g->mq) g->mq_tail = &g->mq;
+        g->mqlen--;
         g->mbusy = j;
         bool stop = g->mstop;
         uv_mutex_unlock(&g->mu);
@@ -657,7 +708,7 @@ static void mapper_main(void *arg)
         uv_mutex_lock(&g->mu);
         g->mbusy = NULL;
         if (j->close) {
-            coh_free(j);
+            coh_free(j->owner);
         } else {
             j->next = g->mdone;
             g->mdone = j;
@@ -767,18 +818,21 @@ static void launch_local(struct rx_gpu *g, gop_t *op, int k)
                              .on_done = kick,
                              .on_done_arg = g};
     }
-    op->next_out = (size_t)k + 1;
     int st = rx_coll_submit(op->comm, &a, op->seq0 + (uint64_t)k, &op->lsub, op->req->what);
     if (st < 0) {
         op->lsub = NULL;
-        op_fail(op, st, coh_last_error());
+        op_fail(op, st, coh_last_error()); /* seq0 + k on is aborted at finish */
+        return;
     }
+    op->next_out = (size_t)k + 1;
 }
 
 /* Some member lacks a mapping of this op's buffers (the vote): the op is
  * staged instead, as op numbers seq0 + 2 on, reserved for this at
- * submission. Its slots come from the pinned cache; neither that nor a
- * new event waits while a caller synchronizes a stream (gpu-lockprobe). */
+ * submission. Its slots were taken at submission when this rank's own
+ * buffers were new (the likely case); else here, from the pinned cache or
+ * new: that waits behind a caller's pageable copy (gpu-lockprobe), as the
+ * IPC path's kernels would. */
 static void fallback(struct rx_gpu *g, gop_t *op)
 {
     for (int i = 0; op->held && i < op->comm->size * 2; i++)
@@ -791,7 +845,7 @@ static void fallback(struct rx_gpu *g, gop_t *op)
     size_t need = slot_need(op);
     int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
     for (int i = 0; i < nslots && op->status == 0; i++) {
-        op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
+        if (!op->slot[i].host) op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
         if (!op->slot[i].host) dev_fail(op, g, "pinned staging");
         if (op->status == 0 && !op->slot[i].ev && ev_get(g, &op->slot[i].ev) < 0)
             dev_fail(op, g, "event");
@@ -880,12 +934,19 @@ static void finish(struct rx_gpu *g, gop_t *op)
     if (op->status == 0 && op->ndone < op->nchunks)
         op_fail(op, COH_EINTERNAL, "device op ended with chunks missing");
     if (op->status < 0) {
-        for (size_t k = op->next_out; k < op->nchunks; k++) abort_unlaunched(g, op, k);
+        /* A local op: every number it reserved, the fallback's too (the
+         * peers may have staged it). */
+        size_t end = op->local ? 2 + op->staged_n : op->nchunks;
+        for (size_t k = op->next_out; k < end; k++) abort_unlaunched(g, op, k);
         rx_request_set_error(op->req, op->status, op->why);
     }
     if (op->status == 0) {
         atomic_fetch_add_explicit(&g->n_ops, 1, memory_order_relaxed);
-        if (op->local) atomic_fetch_add_explicit(&g->n_ipc, 1, memory_order_relaxed);
+        if (op->local) {
+            atomic_fetch_add_explicit(&g->n_ipc, 1, memory_order_relaxed);
+            seen_add(g, &op->tab[op->comm->rank * 2]);
+            seen_add(g, &op->tab[op->comm->rank * 2 + 1]);
+        }
         if (op->fallback) atomic_fetch_add_explicit(&g->n_unmapped, 1, memory_order_relaxed);
     }
     /* Complete first: a stream ordered after the op goes on, and a caller
@@ -1015,13 +1076,10 @@ int rx_gpu_init(struct coh_ctx *ctx)
     uv_cond_init(&g->mcv);
     g->mq_tail = &g->mq;
     if (g->ipc) {
-        if (uv_thread_create(&g->mapper, mapper_main, g) != 0) {
-            uv_cond_destroy(&g->mcv);
-            uv_mutex_destroy(&g->mu);
-            coh_free(g);
-            return bs_fail(COH_ENOMEM, "coh_init: cannot start the GPU mapper thread");
-        }
-        g->mapper_on = true;
+        if (uv_thread_create(&g->mapper, mapper_main, g) == 0)
+            g->mapper_on = true;
+        else /* staged, as with COHORT_GPU_IPC=0 */
+            g->ipc = false;
     }
     int st = rx_reactor_start(&g->rx, "cohort-gpu", gpu_on_stop, g);
     if (st == 0) {
@@ -1076,6 +1134,11 @@ void rx_gpu_fini(struct coh_ctx *ctx)
     for (mjob_t *j = g->mdone; j;) {
         mjob_t *next = j->next;
         if (j->st == 0) g->dev->ipc_close(j->base);
+        coh_free(j);
+        j = next;
+    }
+    for (mjob_t *j = g->mfailed; j;) {
+        mjob_t *next = j->next;
         coh_free(j);
         j = next;
     }
@@ -1207,7 +1270,6 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     size_t need = slot_need(op);
     int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
     if (op->local) {
-        nslots = 0;
         op->tab = coh_calloc((size_t)comm->size * 2, sizeof(gpu_ipc_t));
         op->held = coh_calloc((size_t)comm->size * 2, sizeof(gipc_t *));
         if (!op->tab || !op->held) st = COH_ENOMEM;
@@ -1226,11 +1288,16 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
                            "(%s); COHORT_GPU_IPC=0 stages it through host memory",
                            fn, why);
         }
+        /* Buffers of mine the peers never mapped: this op will be staged. */
+        uv_mutex_lock(&g->mu);
+        bool known = st == 0 && seen_has(g, &mine[0]) && seen_has(g, &mine[1]);
+        uv_mutex_unlock(&g->mu);
+        nslots = known ? 0 : (int)(op->staged_n < GPU_SLOTS ? op->staged_n : GPU_SLOTS);
     }
     for (int i = 0; i < nslots && st == 0; i++) {
         op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
         if (!op->slot[i].host) st = COH_ENOMEM;
-        if (st == 0) st = ev_get(g, &op->slot[i].ev);
+        if (st == 0 && !op->slot[i].ev) st = ev_get(g, &op->slot[i].ev);
     }
     if (prev >= 0 && prev != dev) g->dev->set_device(prev, NULL);
     op->req = st == 0 ? rx_request_new(ctx, 0) : NULL;
