@@ -68,10 +68,6 @@ recovered() { # T BASE: the last 3 ops that started after T took <= 1.3 x BASE
   awk -F, -v t="$1" -v b="$2" '/^\[0\] op,/ && $4 > t { n++; a[n] = $6 }
     END { if (n < 3) exit 1; for (i = n - 2; i <= n; i++) if (a[i] > 1.3 * b) exit 1 }' "$log"
 }
-busy() { # BASE: the last 3 ops took <= 1.3 x BASE (both rails carry their shares)
-  awk -F, -v b="$1" '/^\[0\] op,/ { n++; a[n] = $6 }
-    END { if (n < 3) exit 1; for (i = n - 2; i <= n; i++) if (a[i] > 1.3 * b) exit 1 }' "$log"
-}
 count() { grep -cE -- "$1" "$log" || true; }
 # The engine logs "failed over" / "is back"; with the reactor's observer the
 # lines read "link to rank P: failover (now via ..." / "...: return (now via".
@@ -138,7 +134,7 @@ for p in "${plan[@]}"; do
   # that moved no link is made once more (a second miss fails).
   for try in 1 2; do
     sleep 0.7
-    for ((i = 0; i < 100; i++)); do busy "$base" && break; sleep 0.1; done
+    for ((i = 0; i < 100; i++)); do recovered 0 "$base" && break; sleep 0.1; done
     t=$(mono)
     echo "cut $ncut at $t: rank $r ${devs// /+} down for 1 s ($([ "$hard" = 1 ] && echo 'hard: sockets killed' || echo soft))"
     # shellcheck disable=SC2086
