@@ -153,6 +153,28 @@ static int c_div(coh_dtype dt, void *buf, size_t n, double d, void *s)
     return check(cudaGetLastError(), "division kernel launch");
 }
 
+static int c_reduce_ref(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref_t dst, gpu_ref_t a,
+                        gpu_ref_t b, size_t n, void *s)
+{
+    int r = gpu_cuda_reduce_ref(dt, op, tab, dst, a, b, n, s);
+    if (r < 0) return r;
+    return check(cudaGetLastError(), "reduction kernel launch");
+}
+
+static int c_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n, void *s)
+{
+    int r = gpu_cuda_copy_ref(tab, dst, src, n, s);
+    if (r < 0) return r;
+    return check(cudaGetLastError(), "copy kernel launch");
+}
+
+static int c_div_ref(coh_dtype dt, const uint64_t *tab, gpu_ref_t buf, size_t n, double d, void *s)
+{
+    int r = gpu_cuda_div_ref(dt, tab, buf, n, d, s);
+    if (r < 0) return r;
+    return check(cudaGetLastError(), "division kernel launch");
+}
+
 /* The driver's calls need a context current on the thread, which the
  * runtime's calls make only as they need it (a thread whose first CUDA call
  * is to the driver has none: the H200 showed it): the current device's
@@ -275,6 +297,9 @@ static const gpu_dev_t cuda_dev = {
     .copy = c_copy,
     .reduce = c_reduce,
     .div = c_div,
+    .reduce_ref = c_reduce_ref,
+    .copy_ref = c_copy_ref,
+    .div_ref = c_div_ref,
     .ipc_get = c_ipc_get,
     .ipc_open = c_ipc_open,
     .ipc_close = c_ipc_close,

@@ -33,6 +33,18 @@ typedef struct gpu_ipc {
     int32_t dev;
 } gpu_ipc_t;
 
+/* An operand read when the work runs, not when it is queued: tab[i] + off,
+ * tab being device memory (a pointer table that a copy queued before the
+ * work fills). Work on such operands does nothing when tab[0] != 0. The IPC
+ * path queues its kernels at submission this way, before it knows the
+ * peers' addresses: launched later from the GPU reactor, a kernel waited
+ * for a caller's copy into pageable memory ordered after the op (the
+ * driver's lock, gpu-lockprobe), and the op never ended. */
+typedef struct gpu_ref {
+    uint32_t i;
+    uint64_t off;
+} gpu_ref_t;
+
 typedef struct gpu_dev {
     const char *name;
     /* 1: p is device memory (of device *dev), 0: host memory, < 0: error. */
@@ -65,6 +77,12 @@ typedef struct gpu_dev {
                   void *stream);
     /* buf[i] /= divisor in stream order (gpu_cpu_div's rules). */
     int (*div)(coh_dtype dt, void *buf, size_t n, double divisor, void *stream);
+    /* reduce, copy (n bytes) and div on gpu_ref_t operands of table tab. */
+    int (*reduce_ref)(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref_t dst, gpu_ref_t a,
+                      gpu_ref_t b, size_t n, void *stream);
+    int (*copy_ref)(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n, void *stream);
+    int (*div_ref)(coh_dtype dt, const uint64_t *tab, gpu_ref_t buf, size_t n, double divisor,
+                   void *stream);
     /* IPC: the handle of the allocation holding p; map a peer's allocation
      * (*base: its start here; add h->offset); unmap it. NULL: not offered. */
     int (*ipc_get)(const void *p, gpu_ipc_t *h);
@@ -94,5 +112,10 @@ const gpu_dev_t *gpu_dev_pick(const char *mode, const char **why);
 int gpu_cuda_reduce(coh_dtype dt, coh_redop op, void *dst, const void *a, const void *b, size_t n,
                     void *stream);
 int gpu_cuda_div(coh_dtype dt, void *buf, size_t n, double divisor, void *stream);
+int gpu_cuda_reduce_ref(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref_t dst, gpu_ref_t a,
+                        gpu_ref_t b, size_t n, void *stream);
+int gpu_cuda_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n, void *stream);
+int gpu_cuda_div_ref(coh_dtype dt, const uint64_t *tab, gpu_ref_t buf, size_t n, double divisor,
+                     void *stream);
 
 #endif

@@ -343,7 +343,18 @@ typedef struct hevent {
     _Atomic uint64_t completed; /* the newest record its stream reached */
 } hevent_t;
 
-typedef enum { W_COPY, W_REDUCE, W_DIV, W_RECORD, W_WAIT, W_WAITV, W_FN } work_kind;
+typedef enum {
+    W_COPY,
+    W_REDUCE,
+    W_DIV,
+    W_RECORD,
+    W_WAIT,
+    W_WAITV,
+    W_FN,
+    W_COPY_REF, /* the same three on gpu_ref_t operands, resolved when run */
+    W_REDUCE_REF,
+    W_DIV_REF
+} work_kind;
 
 typedef struct work {
     struct work *next;
@@ -359,6 +370,8 @@ typedef struct work {
     void (*fn)(void *);
     void *arg;
     volatile uint32_t *flag; /* W_WAITV: until *flag >= gen */
+    const uint64_t *tab;     /* W_*_REF: the device table, and dst, a, b in it */
+    gpu_ref_t ref[3];
 } work_t;
 
 typedef struct hstream {
@@ -370,6 +383,30 @@ typedef struct hstream {
     bool stop;
     _Atomic int failed; /* a copy or kernel failed: later events fail too */
 } hstream_t;
+
+/* A W_*_REF's operands into dst, a, b (host addresses of n bytes each);
+ * false when the table says skip (tab[0] != 0) or an operand is not
+ * device memory. */
+static bool resolve(hstream_t *s, const work_t *w, size_t n, void **out)
+{
+    const uint64_t *tab = xlate(w->tab, sizeof(uint64_t));
+    if (!tab) {
+        atomic_store(&s->failed, 1);
+        return false;
+    }
+    if (tab[0]) return false;
+    int nops = w->kind == W_DIV_REF ? 1 : w->kind == W_COPY_REF ? 2 : 3;
+    for (int k = 0; k < nops; k++) {
+        const gpu_ref_t *r = &w->ref[k];
+        const uint64_t *e = xlate(w->tab + r->i, sizeof(uint64_t));
+        out[k] = e ? xlate((const char *)(uintptr_t)*e + r->off, n) : NULL;
+        if (!out[k]) {
+            atomic_store(&s->failed, 1);
+            return false;
+        }
+    }
+    return true;
+}
 
 static void run_work(hstream_t *s, work_t *w)
 {
@@ -397,6 +434,19 @@ static void run_work(hstream_t *s, work_t *w)
             nanosleep(&ts, NULL);
         }
         break;
+    case W_COPY_REF:
+    case W_REDUCE_REF:
+    case W_DIV_REF: {
+        void *p[3];
+        size_t bytes = w->kind == W_COPY_REF ? w->n : w->n * coh_dtype_size(w->dt);
+        if (!resolve(s, w, bytes, p)) break;
+        int r = 0;
+        if (w->kind == W_COPY_REF) memmove(p[0], p[1], w->n);
+        if (w->kind == W_REDUCE_REF) r = gpu_cpu_reduce(w->dt, w->op, p[0], p[1], p[2], w->n);
+        if (w->kind == W_DIV_REF) r = gpu_cpu_div(w->dt, p[0], w->n, w->divisor);
+        if (r < 0) atomic_store(&s->failed, 1);
+        break;
+    }
     case W_FN:
         atomic_fetch_add(&syncing, 1);
         w->fn(w->arg);
@@ -611,6 +661,45 @@ static int h_div(coh_dtype dt, void *buf, size_t n, double divisor, void *stream
     return push(stream, w);
 }
 
+/* Kernels on table operands: launched (the driver's lock) now, resolved
+ * when the stream runs them. */
+static int push_ref(work_kind k, const uint64_t *tab, const gpu_ref_t *refs, int nrefs, size_t n,
+                    coh_dtype dt, coh_redop op, double divisor, void *stream)
+{
+    drv_gate();
+    if (k != W_COPY_REF && !coh_dtype_size(dt)) return fail(COH_EINVAL, "unknown dtype");
+    if (k == W_REDUCE_REF && (unsigned)op >= COH_REDOP_COUNT) return fail(COH_EINVAL, "unknown op");
+    if (k == W_DIV_REF && gpu_div_check(dt, divisor) < 0) return fail(COH_EINVAL, "bad divisor");
+    work_t *w = work_new(k);
+    if (!w) return fail(COH_ENOMEM, "out of memory");
+    w->tab = tab;
+    for (int i = 0; i < nrefs; i++) w->ref[i] = refs[i];
+    w->n = n;
+    w->dt = dt;
+    w->op = op;
+    w->divisor = divisor;
+    return push(stream, w);
+}
+
+static int h_reduce_ref(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref_t dst, gpu_ref_t a,
+                        gpu_ref_t b, size_t n, void *stream)
+{
+    gpu_ref_t r[3] = {dst, a, b};
+    return push_ref(W_REDUCE_REF, tab, r, 3, n, dt, op, 0, stream);
+}
+
+static int h_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n, void *stream)
+{
+    gpu_ref_t r[2] = {dst, src};
+    return push_ref(W_COPY_REF, tab, r, 2, n, COH_U8, COH_SUM, 0, stream);
+}
+
+static int h_div_ref(coh_dtype dt, const uint64_t *tab, gpu_ref_t buf, size_t n, double divisor,
+                     void *stream)
+{
+    return push_ref(W_DIV_REF, tab, &buf, 1, n, dt, COH_SUM, divisor, stream);
+}
+
 static int h_host_fn(void *stream, void (*fn)(void *), void *arg)
 {
     drv_gate();
@@ -682,6 +771,9 @@ static const gpu_dev_t host_dev = {
     .copy = h_copy,
     .reduce = h_reduce,
     .div = h_div,
+    .reduce_ref = h_reduce_ref,
+    .copy_ref = h_copy_ref,
+    .div_ref = h_div_ref,
     .ipc_get = h_ipc_get,
     .ipc_open = h_ipc_open,
     .ipc_close = h_ipc_close,

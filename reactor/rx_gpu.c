@@ -27,7 +27,12 @@
  * allgathered (op seq0), then a vote (seq0 + 1) says whether every member
  * has the others' buffers mapped already; if so each member reduces its
  * shard from the others' memory and a barrier (seq0 + 2) ends the op, else
- * the op is staged as above on its numbers from seq0 + 2. Mappings are
+ * the op is staged as above on its numbers from seq0 + 2. The kernels are
+ * queued at submission, on the caller's thread, behind a flag (the gate):
+ * they read every member's buffers from a table that the loop fills, and
+ * then sets the flag, once the vote says go (else the table says skip).
+ * Launched by the loop, they waited for a caller's copy into pageable
+ * memory ordered after the op (the driver's lock). Mappings are
  * opened and closed by the mapper thread, never the loop: opening one
  * waits while any thread synchronizes a stream (gpu-lockprobe), and that
  * stream may be waiting for the very op that needs the mapping.
@@ -82,9 +87,11 @@ typedef struct gop {
     size_t staged_n;     /* the chunks if staged; a local op reserves 2 more numbers */
     int32_t vote;        /* 1: some member lacks a mapping of this op's buffers */
     coh_request_t *lsub; /* the exchange, the vote or the barrier, while it runs */
-    bool ldev;           /* device work issued, its event (slot[0].ev) pending */
-    gpu_ipc_t *tab;      /* [size][2]: every member's input and output */
-    struct gipc **held;  /* [size * 2]: the peers' mappings this op holds */
+    bool ldev;           /* device work let go (the gate), its event (slot[0].ev) pending */
+    struct ggate *gate;  /* the kernels' table and flag, queued at submission */
+    bool gate_queued, gate_open;
+    gpu_ipc_t *tab;     /* [size][2]: every member's input and output */
+    struct gipc **held; /* [size * 2]: the peers' mappings this op holds */
     int status;
     char why[BS_ERR_LEN];
 } gop_t;
@@ -110,6 +117,25 @@ typedef struct gipc {
     int busy;      /* ops using it now */
     uint64_t used; /* for eviction */
 } gipc_t;
+
+/* The IPC path's gate: a pointer table (tab[0]: skip; tab[1 + 2q + w]:
+ * member q's input (w 0) or output (1)) and the flag cohort's stream waits
+ * on before copying the table to the device, where the op's kernels read
+ * it. Reused once the stream got past the event recorded after the
+ * kernels: a flag reset before the stream reached its wait would hold the
+ * stream for good. */
+typedef struct ggate {
+    struct ggate *next;
+    char *host;     /* pinned: the flag (uint32_t), then the table at GATE_TAB */
+    uint64_t *dtab; /* device */
+    void *ev;
+    int dev;
+    size_t cap; /* table entries */
+    bool busy;  /* an op holds it */
+    bool armed; /* ev recorded after its work: free once that completes */
+} ggate_t;
+
+#define GATE_TAB 64
 
 struct rx_gpu {
     struct coh_ctx *ctx;
@@ -150,6 +176,7 @@ struct rx_gpu {
     size_t cache_n[GPU_CACHE];
     void *events[GPU_EVENTS];
     int nevents;
+    ggate_t *gates; /* (mu) */
     /* Releases that can block in the CUDA driver while a caller's stream
      * waits for an op (pinned frees synchronize the device): made on the
      * loop thread only once no op runs (graves_drain). */
@@ -274,6 +301,82 @@ static void ev_put(struct rx_gpu *g, void *e)
     if (kept) g->events[g->nevents++] = e;
     uv_mutex_unlock(&g->mu);
     if (!kept) grave_add(g, GRAVE_EVENT, e);
+}
+
+/* ---- the IPC path's gates ---- */
+
+static uint32_t *gate_flag(const ggate_t *e)
+{
+    return (uint32_t *)(void *)e->host;
+}
+
+static uint64_t *gate_tab(const ggate_t *e)
+{
+    return (uint64_t *)(void *)(e->host + GATE_TAB);
+}
+
+static void gate_release(const gpu_dev_t *d, ggate_t *e)
+{
+    d->host_free(e->host);
+    d->dev_free(e->dtab);
+    if (e->ev) d->event_free(e->ev);
+    coh_free(e);
+}
+
+/* Caller's thread, dev current: a gate of n entries or more, its flag 0. */
+static ggate_t *gate_get(struct rx_gpu *g, int dev, size_t n)
+{
+    uv_mutex_lock(&g->mu);
+    ggate_t *e = g->gates;
+    for (; e; e = e->next)
+        if (!e->busy && e->dev == dev && e->cap >= n &&
+            (!e->armed || g->dev->event_query(e->ev) == 1))
+            break;
+    if (e) e->busy = true, e->armed = false;
+    uv_mutex_unlock(&g->mu);
+    if (!e) {
+        e = coh_zalloc(sizeof(*e));
+        if (!e) return NULL;
+        e->dev = dev;
+        e->cap = n < 32 ? 32 : n; /* 15 members and fewer share sizes */
+        e->busy = true;
+        void *h = NULL, *d = NULL;
+        int st = g->dev->host_alloc(&h, GATE_TAB + e->cap * sizeof(uint64_t));
+        e->host = h;
+        if (st == 0) st = g->dev->dev_alloc(&d, e->cap * sizeof(uint64_t));
+        e->dtab = d;
+        if (st == 0) st = g->dev->event_new(&e->ev);
+        if (st < 0) {
+            gate_release(g->dev, e);
+            return NULL;
+        }
+        uv_mutex_lock(&g->mu);
+        e->next = g->gates;
+        g->gates = e;
+        uv_mutex_unlock(&g->mu);
+    }
+    __atomic_store_n(gate_flag(e), 0u, __ATOMIC_RELAXED);
+    return e;
+}
+
+/* Let the op's queued work go: with its table filled (go), or as no-ops.
+ * Any thread that owns the op, once. */
+static void gate_open(gop_t *op, bool go)
+{
+    if (!op->gate || op->gate_open) return;
+    gate_tab(op->gate)[0] = go ? 0 : 1;
+    __atomic_store_n(gate_flag(op->gate), 1u, __ATOMIC_RELEASE);
+    op->gate_open = true;
+}
+
+static void gate_put(struct rx_gpu *g, gop_t *op)
+{
+    if (!op->gate) return;
+    gate_open(op, false);
+    uv_mutex_lock(&g->mu);
+    op->gate->busy = op->gate_queued && !op->gate->armed; /* never reused if unsure */
+    uv_mutex_unlock(&g->mu);
+    op->gate = NULL;
 }
 
 /* ---- chunks ---- */
@@ -735,64 +838,97 @@ static int world_of(const coh_comm_t *c, int q)
     return c->ranks ? c->ranks[q] : q;
 }
 
-/* dst = op over every member's src + off (n elements), own first: dst may
- * be this member's own input there (the reduction reads it first). */
-static int reduce_all(struct rx_gpu *g, gop_t *op, char *dst, size_t off, size_t n, void *st)
+/* Operand (member q's input, which 0, or output, 1) + off bytes in the
+ * gate's table. */
+static gpu_ref_t ref(int q, int which, size_t off)
+{
+    return (gpu_ref_t){(uint32_t)(1 + 2 * q + which), off};
+}
+
+/* This member's output + dst_off = op over every member's input + off (n
+ * elements), own first: the output may be this member's input there (the
+ * reduction reads it first). */
+static int reduce_all(struct rx_gpu *g, gop_t *op, size_t dst_off, size_t off, size_t n, void *st)
 {
     int N = op->comm->size, me = op->comm->rank, r = 0;
     const rx_coll_args_t *a = &op->a;
-    char *own = lbuf(op, me, 0) + off;
+    const uint64_t *t = op->gate->dtab;
+    gpu_ref_t dst = ref(me, 1, dst_off);
     if (N == 1) {
-        if (dst != own) r = g->dev->copy(dst, own, n * op->es, st);
+        if (lbuf(op, me, 1) + dst_off != lbuf(op, me, 0) + off)
+            r = g->dev->copy_ref(t, dst, ref(me, 0, off), n * op->es, st);
     } else {
-        r = g->dev->reduce(a->dtype, a->op, dst, own, lbuf(op, (me + 1) % N, 0) + off, n, st);
+        r = g->dev->reduce_ref(a->dtype, a->op, t, dst, ref(me, 0, off), ref((me + 1) % N, 0, off),
+                               n, st);
         for (int k = 2; k < N && r == 0; k++)
-            r = g->dev->reduce(a->dtype, a->op, dst, dst, lbuf(op, (me + k) % N, 0) + off, n, st);
+            r = g->dev->reduce_ref(a->dtype, a->op, t, dst, dst, ref((me + k) % N, 0, off), n, st);
     }
-    if (r == 0 && a->op == COH_AVG) r = g->dev->div(a->dtype, dst, n, (double)N, st);
+    if (r == 0 && a->op == COH_AVG) r = g->dev->div_ref(a->dtype, t, dst, n, (double)N, st);
     return r;
 }
 
-/* This member's part, on cohort's stream, then its event. */
+/* Caller's thread, at submission: this member's part on cohort's stream,
+ * behind the gate (its flag, then its table copied to the device), then
+ * slot[0]'s event and the gate's. Every member's pointers are read from
+ * the table when the kernels run. */
 static int issue_local(struct rx_gpu *g, gop_t *op)
 {
     int N = op->comm->size, me = op->comm->rank, r = 0;
     const rx_coll_args_t *a = &op->a;
-    size_t es = op->es;
+    size_t es = op->es, nt = 1 + 2 * (size_t)N;
     void *st = g->stream[op->dev];
-    switch (a->kind) {
+    op->gate = gate_get(g, op->dev, nt);
+    if (!op->gate) return COH_ENOMEM;
+    ggate_t *e = op->gate;
+    const uint64_t *t = e->dtab;
+    op->gate_queued = true;
+    r = g->dev->wait_value(st, gate_flag(e), 1);
+    if (r == 0) r = g->dev->copy(e->dtab, gate_tab(e), nt * sizeof(uint64_t), st);
+    switch (r ? -1 : (int)a->kind) {
+    case -1: break;
     case SC_ALLREDUCE: { /* reduce my shard, then write it into every output */
         size_t lo = a->count * (size_t)me / (size_t)N, hi = a->count * (size_t)(me + 1) / (size_t)N;
-        char *acc = lbuf(op, me, 1) + lo * es;
-        if (hi > lo) r = reduce_all(g, op, acc, lo * es, hi - lo, st);
+        if (hi > lo) r = reduce_all(g, op, lo * es, lo * es, hi - lo, st);
         for (int q = 0; q < N && r == 0 && hi > lo; q++)
-            if (q != me) r = g->dev->copy(lbuf(op, q, 1) + lo * es, acc, (hi - lo) * es, st);
+            if (q != me)
+                r = g->dev->copy_ref(t, ref(q, 1, lo * es), ref(me, 1, lo * es), (hi - lo) * es,
+                                     st);
         break;
     }
     case SC_REDUCE_SCATTER: {
-        char *out = lbuf(op, me, 1) + (a->rs_in_place ? (size_t)me * a->count * es : 0);
+        size_t out = a->rs_in_place ? (size_t)me * a->count * es : 0;
         r = reduce_all(g, op, out, (size_t)me * a->count * es, a->count, st);
         break;
     }
-    case SC_ALLGATHER: { /* my block into every output */
-        const char *mine = lbuf(op, me, 0);
+    case SC_ALLGATHER: /* my block into every output */
         for (int q = 0; q < N && r == 0; q++) {
-            char *dst = lbuf(op, q, 1) + (size_t)me * a->count * es;
-            if (dst != mine) r = g->dev->copy(dst, mine, a->count * es, st);
+            size_t at = (size_t)me * a->count * es;
+            if (q != me || lbuf(op, me, 1) + at != lbuf(op, me, 0))
+                r = g->dev->copy_ref(t, ref(q, 1, at), ref(me, 0, 0), a->count * es, st);
         }
         break;
-    }
     case SC_BROADCAST: /* the root's buffer into mine */
-        if (me != a->root) r = g->dev->copy(a->recvbuf, lbuf(op, a->root, 1), a->count * es, st);
+        if (me != a->root)
+            r = g->dev->copy_ref(t, ref(me, 1, 0), ref(a->root, 1, 0), a->count * es, st);
         break;
     default: r = COH_EINVAL;
     }
     if (r == 0) r = g->dev->event_record(op->slot[0].ev, st);
+    if (r == 0 && g->dev->event_record(e->ev, st) == 0) e->armed = true;
+    return r;
+}
+
+/* The vote said go: every member's pointers into the table, and the
+ * kernels queued at submission run. */
+static void gate_go(struct rx_gpu *g, gop_t *op)
+{
+    uint64_t *t = gate_tab(op->gate);
+    for (int q = 0; q < op->comm->size; q++)
+        for (int w = 0; w < 2; w++) t[1 + 2 * q + w] = (uint64_t)(uintptr_t)lbuf(op, q, w);
+    gate_open(op, true);
     op->slot[0].t_ev = bs_now_ns();
-    if (r < 0) return dev_fail(op, g, "device work"), r;
-    expect_soon(g, a->count * es);
+    expect_soon(g, op->a.count * op->es);
     op->ldev = true;
-    return 0;
 }
 
 /* Launch reserved op number seq0 + k: the exchange (0), the vote (1) or
@@ -888,10 +1024,11 @@ static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait)
         }
         if (op->ndone == 3) return; /* the barrier: done */
         if (op->vote) {             /* the vote's maximum: somebody lacks a mapping */
+            gate_open(op, false);   /* the kernels pass as no-ops; the staged copies follow */
             fallback(g, op);
             return;
         }
-        issue_local(g, op);
+        gate_go(g, op);
     }
     if (op->ldev) {
         int q = slot_event(g, op, &op->slot[0]);
@@ -914,6 +1051,7 @@ static bool op_busy(const gop_t *op)
 
 static void op_free(struct rx_gpu *g, gop_t *op)
 {
+    gate_put(g, op);
     for (int i = 0; i < GPU_SLOTS; i++) {
         stage_put(g, op->slot[i].host, op->slot[i].bytes);
         ev_put(g, op->slot[i].ev);
@@ -1094,6 +1232,7 @@ int rx_gpu_init(struct coh_ctx *ctx)
 static int fail_all_fn(rx_reactor_t *rx, void *arg)
 {
     struct rx_gpu *g = arg;
+    for (gop_t *op = g->ops; op; op = op->next) gate_open(op, false); /* else the syncs hang */
     for (int d = 0; d < GPU_MAX_DEV; d++)
         if (g->stream[d]) g->dev->stream_sync(g->stream[d]); /* copies into slots end */
     while (g->ops) {
@@ -1149,6 +1288,11 @@ void rx_gpu_fini(struct coh_ctx *ctx)
     graves_drain(g);
     coh_free(g->graves);
     for (int i = 0; i < g->nevents; i++) g->dev->event_free(g->events[i]);
+    while (g->gates) { /* kept (not freed) if a stream may still read one */
+        ggate_t *e = g->gates;
+        g->gates = e->next;
+        if (!e->busy && (!e->armed || g->dev->event_query(e->ev) == 1)) gate_release(g->dev, e);
+    }
     /* The flags stay if a stream has not got past one yet (it reads them). */
     bool passed = true;
     for (int i = 0; i < GPU_FLAGS; i++) {
@@ -1293,6 +1437,10 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
         bool known = st == 0 && seen_has(g, &mine[0]) && seen_has(g, &mine[1]);
         uv_mutex_unlock(&g->mu);
         nslots = known ? 0 : (int)(op->staged_n < GPU_SLOTS ? op->staged_n : GPU_SLOTS);
+        /* The kernels now, behind the gate: from the loop, a launch could
+         * wait for this caller's next call, a copy into pageable memory
+         * ordered after the op (gpu-lockprobe). */
+        if (st == 0) st = issue_local(g, op);
     }
     for (int i = 0; i < nslots && st == 0; i++) {
         op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);

@@ -9,8 +9,8 @@
  * stream gets there, a stream runs its work in order, stream_wait orders
  * one stream after another's event, wait_value holds a stream until the
  * host sets a flag, is_device tells device from host
- * memory, and the device reduction equals the CPU kernel bit for bit for
- * every dtype and op (random bit patterns: NaN, infinities, subnormals,
+ * memory, work on table operands reads the table when it runs, and the device reduction equals the
+ * CPU kernel bit for bit for every dtype and op (random bit patterns: NaN, infinities, subnormals,
  * integer overflow), a NaN result matching any NaN (IEEE leaves payloads
  * open; a GPU gives its canonical NaN).
  */
@@ -292,6 +292,98 @@ static void test_div_matches_cpu(void **state)
         }
 }
 
+/* Work on table operands (gpu_ref_t), queued before the table holds the
+ * addresses, as the IPC path queues its kernels at submission: behind a
+ * flag, then the table copied from pinned memory to the device. The host
+ * fills the table and sets the flag later. Each dtype with SUM and MAX, at
+ * aligned and odd offsets; a copy; a division; and a table that says skip
+ * leaves everything as it was. */
+static void test_ref_ops(void **state)
+{
+    (void)state;
+    static const coh_dtype dts[] = {COH_F32, COH_F64, COH_F16, COH_BF16, COH_I32, COH_I64, COH_U8};
+    static const coh_redop ops[] = {COH_SUM, COH_MAX};
+    const size_t n = 70001;
+    unsigned seed = 13;
+    void *s, *f, *ht, *dt;
+    OK(D->stream_new(&s));
+    OK(D->host_alloc(&f, 64));
+    OK(D->host_alloc(&ht, 8 * sizeof(uint64_t)));
+    OK(D->dev_alloc(&dt, 8 * sizeof(uint64_t)));
+    volatile uint32_t *flag = f;
+    uint64_t *tab = ht;
+    for (size_t t = 0; t < sizeof(dts) / sizeof(dts[0]); t++)
+        for (size_t o = 0; o < 2; o++)
+            for (int skip = 0; skip < 2; skip++) {
+                size_t es = coh_dtype_size(dts[t]), bytes = n * es;
+                size_t off = (o + (size_t)skip) % 2 ? es : 0; /* odd: the element-wise path */
+                size_t m = n - off / es;
+                unsigned char *a = malloc(bytes), *b = malloc(bytes), *want = malloc(bytes),
+                              *got = malloc(bytes), *c = malloc(bytes);
+                void *da, *db, *dd, *dc;
+                OK(D->dev_alloc(&da, bytes));
+                OK(D->dev_alloc(&db, bytes));
+                OK(D->dev_alloc(&dd, bytes));
+                OK(D->dev_alloc(&dc, bytes));
+                fill_random(a, bytes, &seed);
+                fill_random(b, bytes, &seed);
+                fill_random(c, bytes, &seed);
+                OK(D->copy(da, a, bytes, NULL));
+                OK(D->copy(db, b, bytes, NULL));
+                OK(D->copy(dd, c, bytes, NULL));
+                OK(D->copy(dc, c, bytes, NULL));
+                OK(D->stream_sync(NULL));
+                *flag = 0;
+                memset(tab, 0, 8 * sizeof(uint64_t));
+                OK(D->wait_value(s, flag, 1));
+                OK(D->copy(dt, tab, 8 * sizeof(uint64_t), s));
+                /* dd = a op b; dc = dd (bytes); dc /= 3 where the dtype allows */
+                gpu_ref_t rd = {1, off}, ra = {2, off}, rb = {3, off}, rc = {4, off};
+                OK(D->reduce_ref(dts[t], ops[o], dt, rd, ra, rb, m, s));
+                OK(D->copy_ref(dt, rc, rd, m * es, s));
+                bool div = gpu_div_check(dts[t], 3) == 0;
+                if (div) OK(D->div_ref(dts[t], dt, rc, m, 3, s));
+                usleep(10000); /* the work is queued, the table not yet filled */
+                tab[0] = (uint64_t)skip;
+                tab[1] = (uint64_t)(uintptr_t)dd;
+                tab[2] = (uint64_t)(uintptr_t)da;
+                tab[3] = (uint64_t)(uintptr_t)db;
+                tab[4] = (uint64_t)(uintptr_t)dc;
+                __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);
+                OK(D->stream_sync(s));
+                if (skip) {
+                    memcpy(want, c, bytes);
+                } else {
+                    memcpy(want, c, off);
+                    OK(gpu_cpu_reduce(dts[t], ops[o], want + off, a + off, b + off, m));
+                }
+                OK(D->copy(got, dd, bytes, NULL));
+                OK(D->stream_sync(NULL));
+                if (first_diff(dts[t], want, got, n) < n)
+                    fail_msg("%s %s at %zu (skip %d): the reduction differs",
+                             coh_dtype_name(dts[t]), coh_redop_name(ops[o]), off, skip);
+                if (div && !skip) OK(gpu_cpu_div(dts[t], want + off, m, 3));
+                OK(D->copy(got, dc, bytes, NULL));
+                OK(D->stream_sync(NULL));
+                if (first_diff(dts[t], want, got, n) < n)
+                    fail_msg("%s %s at %zu (skip %d): the copy or division differs",
+                             coh_dtype_name(dts[t]), coh_redop_name(ops[o]), off, skip);
+                D->dev_free(da);
+                D->dev_free(db);
+                D->dev_free(dd);
+                D->dev_free(dc);
+                free(a);
+                free(b);
+                free(c);
+                free(want);
+                free(got);
+            }
+    D->dev_free(dt);
+    D->host_free(ht);
+    D->host_free(f);
+    D->stream_free(s);
+}
+
 /* The emulation's IPC within one process (CUDA refuses a process its own
  * handles; mp.gpu.cuda runs it across processes): a second mapping of the
  * same allocation sees what the first wrote, at the handle's offset. */
@@ -351,6 +443,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_is_device),
         cmocka_unit_test(test_reduce_matches_cpu),
         cmocka_unit_test(test_div_matches_cpu),
+        cmocka_unit_test(test_ref_ops),
         cmocka_unit_test(test_ipc_emulated),
         cmocka_unit_test(test_bad_arguments),
     };
