@@ -161,6 +161,16 @@ static int c_reduce_ref(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref
     return check(cudaGetLastError(), "reduction kernel launch");
 }
 
+static int c_copy_mapped(void *dst, const void *src, size_t n, void *s)
+{
+    void *dp = NULL;
+    int r =
+        check(cudaHostGetDevicePointer(&dp, (void *)(uintptr_t)src, 0), "cudaHostGetDevicePointer");
+    if (r == 0) r = gpu_cuda_copy(dst, dp, n, s);
+    if (r < 0) return r;
+    return check(cudaGetLastError(), "copy kernel launch");
+}
+
 static int c_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n, void *s)
 {
     int r = gpu_cuda_copy_ref(tab, dst, src, n, s);
@@ -297,6 +307,7 @@ static const gpu_dev_t cuda_dev = {
     .copy = c_copy,
     .reduce = c_reduce,
     .div = c_div,
+    .copy_mapped = c_copy_mapped,
     .reduce_ref = c_reduce_ref,
     .copy_ref = c_copy_ref,
     .div_ref = c_div_ref,

@@ -77,6 +77,10 @@ typedef struct gpu_dev {
                   void *stream);
     /* buf[i] /= divisor in stream order (gpu_cpu_div's rules). */
     int (*div)(coh_dtype dt, void *buf, size_t n, double divisor, void *stream);
+    /* Copy n bytes from host_alloc memory to the device, reading the source
+     * when the copy runs, not when it is queued (CUDA: a kernel reading it
+     * through its mapping): a pointer table filled after the copy was queued. */
+    int (*copy_mapped)(void *dst, const void *src, size_t n, void *stream);
     /* reduce, copy (n bytes) and div on gpu_ref_t operands of table tab. */
     int (*reduce_ref)(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref_t dst, gpu_ref_t a,
                       gpu_ref_t b, size_t n, void *stream);
@@ -114,6 +118,7 @@ int gpu_cuda_reduce(coh_dtype dt, coh_redop op, void *dst, const void *a, const 
 int gpu_cuda_div(coh_dtype dt, void *buf, size_t n, double divisor, void *stream);
 int gpu_cuda_reduce_ref(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref_t dst, gpu_ref_t a,
                         gpu_ref_t b, size_t n, void *stream);
+int gpu_cuda_copy(void *dst, const void *src, size_t n, void *stream);
 int gpu_cuda_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n, void *stream);
 int gpu_cuda_div_ref(coh_dtype dt, const uint64_t *tab, gpu_ref_t buf, size_t n, double divisor,
                      void *stream);

@@ -385,8 +385,8 @@ typedef struct hstream {
 } hstream_t;
 
 /* A W_*_REF's operands into dst, a, b (host addresses of n bytes each);
- * false when the table says skip (tab[0] != 0) or an operand is not
- * device memory. */
+ * false when the table says skip (tab[0] != 0) or an operand leaves its
+ * emulated allocation (the stream fails, as a kernel's fault would). */
 static bool resolve(hstream_t *s, const work_t *w, size_t n, void **out)
 {
     const uint64_t *tab = xlate(w->tab, sizeof(uint64_t));
@@ -421,7 +421,13 @@ static void run_work(hstream_t *s, work_t *w)
     case W_DIV:
         if (gpu_cpu_div(w->dt, w->dst, w->n, w->divisor) < 0) atomic_store(&s->failed, 1);
         break;
-    case W_RECORD: atomic_store(&w->ev->completed, w->gen); break;
+    case W_RECORD: { /* CUDA's event is its newest record: an older one ending later changes nothing
+                      */
+        uint64_t c = atomic_load(&w->ev->completed);
+        while (c < w->gen && !atomic_compare_exchange_weak(&w->ev->completed, &c, w->gen)) {
+        }
+        break;
+    }
     case W_WAIT:
         while (atomic_load(&w->ev->completed) < w->gen) {
             struct timespec ts = {0, 20000};
@@ -661,6 +667,15 @@ static int h_div(coh_dtype dt, void *buf, size_t n, double divisor, void *stream
     return push(stream, w);
 }
 
+/* CUDA's is a kernel (the driver's lock); a pinned source is read when
+ * the copy runs here anyway. */
+static int h_copy_mapped(void *dst, const void *src, size_t n, void *stream)
+{
+    drv_gate();
+    if (!dev_or_pinned(src, n)) return fail(COH_EINVAL, "copy_mapped: not host_alloc memory");
+    return h_copy(dst, src, n, stream);
+}
+
 /* Kernels on table operands: launched (the driver's lock) now, resolved
  * when the stream runs them. */
 static int push_ref(work_kind k, const uint64_t *tab, const gpu_ref_t *refs, int nrefs, size_t n,
@@ -771,6 +786,7 @@ static const gpu_dev_t host_dev = {
     .copy = h_copy,
     .reduce = h_reduce,
     .div = h_div,
+    .copy_mapped = h_copy_mapped,
     .reduce_ref = h_reduce_ref,
     .copy_ref = h_copy_ref,
     .div_ref = h_div_ref,

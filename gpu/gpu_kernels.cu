@@ -139,9 +139,10 @@ unsigned grid_for(size_t n)
     return (unsigned)(g < 4096 ? (g ? g : 1) : 4096);
 }
 
-/* Threads for n elements: one per 16 bytes where the kernel may vectorise
- * (always for table operands: their alignment is known only when they run;
- * the loops stride over whatever the grid is). */
+/* Threads for n elements: one per 16 bytes where the kernel vectorises;
+ * one per element for table operands, whose alignment is known only when
+ * they run (a shard's offset often is not; the loops stride over whatever
+ * the grid is). */
 template <typename T> unsigned grid_of(const Direct3 &p, size_t n)
 {
     bool vec = (((uintptr_t)p.d | (uintptr_t)p.a | (uintptr_t)p.b) & 15) == 0;
@@ -149,7 +150,7 @@ template <typename T> unsigned grid_of(const Direct3 &p, size_t n)
 }
 template <typename T> unsigned grid_of(const Ref3 &, size_t n)
 {
-    return grid_for(n >= 16 / sizeof(T) ? n / (16 / sizeof(T)) : n);
+    return grid_for(n);
 }
 
 template <typename T, typename P, typename F> int launch(const P &p, size_t n, cudaStream_t s, F f)
@@ -287,6 +288,12 @@ extern "C" int gpu_cuda_reduce_ref(coh_dtype dt, coh_redop op, const uint64_t *t
                                    gpu_ref_t a, gpu_ref_t b, size_t n, void *stream)
 {
     return reduce_any(dt, op, Ref3{tab, dst, a, b}, n, (cudaStream_t)stream);
+}
+
+extern "C" int gpu_cuda_copy(void *dst, const void *src, size_t n, void *stream)
+{
+    if (n) copy_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(Direct3{dst, src, src}, n);
+    return 0;
 }
 
 extern "C" int gpu_cuda_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n,

@@ -87,7 +87,7 @@ typedef struct gop {
     size_t staged_n;     /* the chunks if staged; a local op reserves 2 more numbers */
     int32_t vote;        /* 1: some member lacks a mapping of this op's buffers */
     coh_request_t *lsub; /* the exchange, the vote or the barrier, while it runs */
-    bool ldev;           /* device work let go (the gate), its event (slot[0].ev) pending */
+    bool ldev;           /* device work let go (the gate), the gate's event pending */
     struct ggate *gate;  /* the kernels' table and flag, queued at submission */
     bool gate_queued, gate_open;
     gpu_ipc_t *tab;     /* [size][2]: every member's input and output */
@@ -119,15 +119,19 @@ typedef struct gipc {
 } gipc_t;
 
 /* The IPC path's gate: a pointer table (tab[0]: skip; tab[1 + 2q + w]:
- * member q's input (w 0) or output (1)) and the flag cohort's stream waits
- * on before copying the table to the device, where the op's kernels read
- * it. Reused once the stream got past the event recorded after the
- * kernels: a flag reset before the stream reached its wait would hold the
- * stream for good. */
+ * member q's input (w 0) or output (1)) and the flag its stream waits on
+ * before copying the table to the device, where the op's kernels read it.
+ * A stream of its own: work queued behind a closed gate waits for the
+ * op's vote, and the staged path's copies on cohort's stream must not (an
+ * op ordered after a staged one through the caller's stream would wait
+ * for itself). Reused once the stream got past the event recorded after
+ * the kernels: a flag reset before the stream reached its wait would hold
+ * the stream for good. */
 typedef struct ggate {
     struct ggate *next;
     char *host;     /* pinned: the flag (uint32_t), then the table at GATE_TAB */
     uint64_t *dtab; /* device */
+    void *stream;
     void *ev;
     int dev;
     size_t cap; /* table entries */
@@ -177,6 +181,13 @@ struct rx_gpu {
     void *events[GPU_EVENTS];
     int nevents;
     ggate_t *gates; /* (mu) */
+    /* The gate whose kernels were queued last on each device (mu): the
+     * next op's wait for them keeps the IPC path's ops in order, as on one
+     * stream. */
+    ggate_t *last_gate[GPU_MAX_DEV];
+    /* Gates queued and not open: the device may not be synchronized (a free
+     * of pinned memory) until the loop opens them. */
+    _Atomic int closed;
     /* Releases that can block in the CUDA driver while a caller's stream
      * waits for an op (pinned frees synchronize the device): made on the
      * loop thread only once no op runs (graves_drain). */
@@ -193,7 +204,7 @@ struct rx_gpu {
 
 enum { FW_FREE = 0, FW_ARMING, FW_ARMED };
 
-typedef enum { GRAVE_HOST, GRAVE_EVENT } grave_kind;
+typedef enum { GRAVE_HOST, GRAVE_EVENT, GRAVE_DEV, GRAVE_STREAM } grave_kind;
 typedef struct grave {
     grave_kind kind;
     void *p;
@@ -203,6 +214,8 @@ static void grave_release(const gpu_dev_t *d, grave_kind k, void *p)
 {
     if (k == GRAVE_HOST) d->host_free(p);
     if (k == GRAVE_EVENT) d->event_free(p);
+    if (k == GRAVE_DEV) d->dev_free(p);
+    if (k == GRAVE_STREAM) d->stream_free(p);
 }
 
 /* Any thread: release p once no op runs (at once if memory is short). */
@@ -239,7 +252,8 @@ static void graves_drain(struct rx_gpu *g)
 
 /* ---- pinned staging, reused: pinning costs milliseconds ---- */
 
-static char *stage_get(struct rx_gpu *g, size_t n, size_t *got)
+/* From the cache only (never waits in the driver), or NULL. */
+static char *stage_cached(struct rx_gpu *g, size_t n, size_t *got)
 {
     uv_mutex_lock(&g->mu);
     int best = -1;
@@ -253,6 +267,12 @@ static char *stage_get(struct rx_gpu *g, size_t n, size_t *got)
         g->cache[best] = NULL;
     }
     uv_mutex_unlock(&g->mu);
+    return p;
+}
+
+static char *stage_get(struct rx_gpu *g, size_t n, size_t *got)
+{
+    void *p = stage_cached(g, n, got);
     if (p) return p;
     if (g->dev->host_alloc(&p, n) < 0) return NULL;
     *got = n;
@@ -320,8 +340,11 @@ static void gate_release(const gpu_dev_t *d, ggate_t *e)
     d->host_free(e->host);
     d->dev_free(e->dtab);
     if (e->ev) d->event_free(e->ev);
+    if (e->stream) d->stream_free(e->stream);
     coh_free(e);
 }
+
+static void grave_add(struct rx_gpu *g, grave_kind k, void *p);
 
 /* Caller's thread, dev current: a gate of n entries or more, its flag 0. */
 static ggate_t *gate_get(struct rx_gpu *g, int dev, size_t n)
@@ -346,8 +369,12 @@ static ggate_t *gate_get(struct rx_gpu *g, int dev, size_t n)
         if (st == 0) st = g->dev->dev_alloc(&d, e->cap * sizeof(uint64_t));
         e->dtab = d;
         if (st == 0) st = g->dev->event_new(&e->ev);
-        if (st < 0) {
-            gate_release(g->dev, e);
+        if (st == 0) st = g->dev->stream_new(&e->stream);
+        if (st < 0) { /* frees can synchronize the device: other gates may be closed */
+            if (e->host) grave_add(g, GRAVE_HOST, e->host);
+            if (e->dtab) grave_add(g, GRAVE_DEV, e->dtab);
+            if (e->ev) grave_add(g, GRAVE_EVENT, e->ev);
+            coh_free(e);
             return NULL;
         }
         uv_mutex_lock(&g->mu);
@@ -361,18 +388,19 @@ static ggate_t *gate_get(struct rx_gpu *g, int dev, size_t n)
 
 /* Let the op's queued work go: with its table filled (go), or as no-ops.
  * Any thread that owns the op, once. */
-static void gate_open(gop_t *op, bool go)
+static void gate_open(struct rx_gpu *g, gop_t *op, bool go)
 {
     if (!op->gate || op->gate_open) return;
     gate_tab(op->gate)[0] = go ? 0 : 1;
     __atomic_store_n(gate_flag(op->gate), 1u, __ATOMIC_RELEASE);
     op->gate_open = true;
+    if (op->gate_queued) atomic_fetch_sub(&g->closed, 1);
 }
 
 static void gate_put(struct rx_gpu *g, gop_t *op)
 {
     if (!op->gate) return;
-    gate_open(op, false);
+    gate_open(g, op, false);
     uv_mutex_lock(&g->mu);
     op->gate->busy = op->gate_queued && !op->gate->armed; /* never reused if unsure */
     uv_mutex_unlock(&g->mu);
@@ -543,17 +571,23 @@ static int issue_in(struct rx_gpu *g, gop_t *op, gslot_t *s)
     return 0;
 }
 
-/* 1: the slot's event completed; 0: pending; < 0: the device failed. */
-static int slot_event(struct rx_gpu *g, gop_t *op, gslot_t *s)
+/* 1: ev (recorded at *t_ev) completed; 0: pending; < 0: the device
+ * failed. */
+static int ev_done(struct rx_gpu *g, gop_t *op, void *ev, uint64_t *t_ev)
 {
-    int q = g->dev->event_query(s->ev);
+    int q = g->dev->event_query(ev);
     if (q < 0) dev_fail(op, g, "event");
-    if (q > 0 && s->t_ev) { /* seen now: an average over the last few */
-        uint64_t w = bs_now_ns() - s->t_ev;
+    if (q > 0 && *t_ev) { /* seen now: an average over the last few */
+        uint64_t w = bs_now_ns() - *t_ev;
         g->lat_ns = g->lat_ns ? (g->lat_ns * 7 + w) / 8 : w;
-        s->t_ev = 0;
+        *t_ev = 0;
     }
     return q;
+}
+
+static int slot_event(struct rx_gpu *g, gop_t *op, gslot_t *s)
+{
+    return ev_done(g, op, s->ev, &s->t_ev);
 }
 
 /* Chunks never launched: their peers must not wait for them. */
@@ -867,23 +901,31 @@ static int reduce_all(struct rx_gpu *g, gop_t *op, size_t dst_off, size_t off, s
     return r;
 }
 
-/* Caller's thread, at submission: this member's part on cohort's stream,
- * behind the gate (its flag, then its table copied to the device), then
- * slot[0]'s event and the gate's. Every member's pointers are read from
- * the table when the kernels run. */
+/* Caller's thread, at submission: this member's part on the gate's
+ * stream, after the IPC path's previous op on the device, behind the gate
+ * (its flag, then its table copied to the device), then the gate's
+ * event (not a slot's: the staged fallback records those on cohort's
+ * stream). Every member's pointers are read from the table when the
+ * kernels run. */
 static int issue_local(struct rx_gpu *g, gop_t *op)
 {
     int N = op->comm->size, me = op->comm->rank, r = 0;
     const rx_coll_args_t *a = &op->a;
     size_t es = op->es, nt = 1 + 2 * (size_t)N;
-    void *st = g->stream[op->dev];
     op->gate = gate_get(g, op->dev, nt);
     if (!op->gate) return COH_ENOMEM;
     ggate_t *e = op->gate;
+    void *st = e->stream;
     const uint64_t *t = e->dtab;
     op->gate_queued = true;
-    r = g->dev->wait_value(st, gate_flag(e), 1);
-    if (r == 0) r = g->dev->copy(e->dtab, gate_tab(e), nt * sizeof(uint64_t), st);
+    atomic_fetch_add(&g->closed, 1);
+    uv_mutex_lock(&g->mu); /* the previous op's event as recorded now (CUDA's rule) */
+    ggate_t *prev = g->last_gate[op->dev];
+    if (prev && prev->armed) r = g->dev->stream_wait(st, prev->ev);
+    g->last_gate[op->dev] = e;
+    uv_mutex_unlock(&g->mu);
+    if (r == 0) r = g->dev->wait_value(st, gate_flag(e), 1);
+    if (r == 0) r = g->dev->copy_mapped(e->dtab, gate_tab(e), nt * sizeof(uint64_t), st);
     switch (r ? -1 : (int)a->kind) {
     case -1: break;
     case SC_ALLREDUCE: { /* reduce my shard, then write it into every output */
@@ -913,8 +955,10 @@ static int issue_local(struct rx_gpu *g, gop_t *op)
         break;
     default: r = COH_EINVAL;
     }
-    if (r == 0) r = g->dev->event_record(op->slot[0].ev, st);
-    if (r == 0 && g->dev->event_record(e->ev, st) == 0) e->armed = true;
+    uv_mutex_lock(&g->mu);
+    if (r == 0) r = g->dev->event_record(e->ev, st);
+    if (r == 0) e->armed = true;
+    uv_mutex_unlock(&g->mu);
     return r;
 }
 
@@ -925,7 +969,7 @@ static void gate_go(struct rx_gpu *g, gop_t *op)
     uint64_t *t = gate_tab(op->gate);
     for (int q = 0; q < op->comm->size; q++)
         for (int w = 0; w < 2; w++) t[1 + 2 * q + w] = (uint64_t)(uintptr_t)lbuf(op, q, w);
-    gate_open(op, true);
+    gate_open(g, op, true);
     op->slot[0].t_ev = bs_now_ns();
     expect_soon(g, op->a.count * op->es);
     op->ldev = true;
@@ -965,10 +1009,10 @@ static void launch_local(struct rx_gpu *g, gop_t *op, int k)
 
 /* Some member lacks a mapping of this op's buffers (the vote): the op is
  * staged instead, as op numbers seq0 + 2 on, reserved for this at
- * submission. Its slots were taken at submission when this rank's own
- * buffers were new (the likely case); else here, from the pinned cache or
- * new: that waits behind a caller's pageable copy (gpu-lockprobe), as the
- * IPC path's kernels would. */
+ * submission. Its slots were taken at submission: new ones when this
+ * rank's own buffers were new (the likely case), else what the pinned
+ * cache had. What it lacks is pinned here, which waits behind a caller's
+ * pageable copy (gpu-lockprobe). */
 static void fallback(struct rx_gpu *g, gop_t *op)
 {
     for (int i = 0; op->held && i < op->comm->size * 2; i++)
@@ -1022,16 +1066,16 @@ static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait)
             launch_local(g, op, 1);
             return;
         }
-        if (op->ndone == 3) return; /* the barrier: done */
-        if (op->vote) {             /* the vote's maximum: somebody lacks a mapping */
-            gate_open(op, false);   /* the kernels pass as no-ops; the staged copies follow */
+        if (op->ndone == 3) return;  /* the barrier: done */
+        if (op->vote) {              /* the vote's maximum: somebody lacks a mapping */
+            gate_open(g, op, false); /* the kernels pass as no-ops */
             fallback(g, op);
             return;
         }
         gate_go(g, op);
     }
     if (op->ldev) {
-        int q = slot_event(g, op, &op->slot[0]);
+        int q = ev_done(g, op, op->gate->ev, &op->slot[0].t_ev);
         if (q == 0) {
             *devwait = true;
             return;
@@ -1113,7 +1157,9 @@ static void run_all(struct rx_gpu *g)
             pp = &op->next;
         }
     }
-    if (!g->ops) graves_drain(g);
+    /* A grave's free may synchronize the device: not while a gate that only
+     * this loop opens is closed (an op submitted, not yet posted here). */
+    if (!g->ops && atomic_load(&g->closed) == 0) graves_drain(g);
     arm(g, devwait);
 }
 
@@ -1232,7 +1278,7 @@ int rx_gpu_init(struct coh_ctx *ctx)
 static int fail_all_fn(rx_reactor_t *rx, void *arg)
 {
     struct rx_gpu *g = arg;
-    for (gop_t *op = g->ops; op; op = op->next) gate_open(op, false); /* else the syncs hang */
+    for (gop_t *op = g->ops; op; op = op->next) gate_open(g, op, false); /* else the syncs hang */
     for (int d = 0; d < GPU_MAX_DEV; d++)
         if (g->stream[d]) g->dev->stream_sync(g->stream[d]); /* copies into slots end */
     while (g->ops) {
@@ -1291,7 +1337,10 @@ void rx_gpu_fini(struct coh_ctx *ctx)
     while (g->gates) { /* kept (not freed) if a stream may still read one */
         ggate_t *e = g->gates;
         g->gates = e->next;
-        if (!e->busy && (!e->armed || g->dev->event_query(e->ev) == 1)) gate_release(g->dev, e);
+        if (!e->busy && (!e->armed || g->dev->event_query(e->ev) == 1))
+            gate_release(g->dev, e);
+        else if (e->stream)
+            g->dev->stream_free(e->stream);
     }
     /* The flags stay if a stream has not got past one yet (it reads them). */
     bool passed = true;
@@ -1436,7 +1485,15 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
         uv_mutex_lock(&g->mu);
         bool known = st == 0 && seen_has(g, &mine[0]) && seen_has(g, &mine[1]);
         uv_mutex_unlock(&g->mu);
-        nslots = known ? 0 : (int)(op->staged_n < GPU_SLOTS ? op->staged_n : GPU_SLOTS);
+        int fb = (int)(op->staged_n < GPU_SLOTS ? op->staged_n : GPU_SLOTS);
+        nslots = known ? 0 : fb;
+        /* Known: likely through IPC, but staged if a peer's buffers are
+         * new. Its fallback's slots from the cache (pinning could wait for
+         * this caller's pageable copy), and events, now. */
+        for (int i = 0; known && i < fb; i++) {
+            op->slot[i].host = stage_cached(g, need ? need : 1, &op->slot[i].bytes);
+            if (st == 0 && !op->slot[i].ev) st = ev_get(g, &op->slot[i].ev);
+        }
         /* The kernels now, behind the gate: from the loop, a launch could
          * wait for this caller's next call, a copy into pageable memory
          * ordered after the op (gpu-lockprobe). */

@@ -343,6 +343,58 @@ static void test_fresh_buffers(coh_ctx_t *ctx, bool ipc, bool pageable)
         D->host_free(out);
 }
 
+/* Two ops, the second ordered after the first through the caller's
+ * stream and submitted before the first ended: A on buffers new to the
+ * peers (staged for want of a mapping), then B on d and o, which went
+ * through IPC already. With B's kernels and A's staged copies on one stream,
+ * A's copies waited behind B's gate, which opens at B's vote, which waited
+ * for A through the caller's stream: neither ended. */
+static void test_chained(coh_ctx_t *ctx, float *d, float *o, size_t count)
+{
+    const size_t na = 2u << 20;
+    void *s1, *s2;
+    if (D->stream_new(&s1) < 0 || D->stream_new(&s2) < 0)
+        MP_FAIL("stream_new: %s", D->last_error());
+    float *h = xmalloc(na * 4), *da;
+    if (D->dev_alloc((void **)&da, na * 4) < 0) MP_FAIL("dev_alloc: %s", D->last_error());
+    for (size_t k = 0; k < na; k++) h[k] = (float)(R + 1) * (float)(k % 31);
+    to_dev(da, h, na * 4);
+    for (size_t k = 0; k < count; k++) h[k] = (float)R - (float)(k % 7);
+    to_dev(d, h, count * 4);
+    coh_stats_t prev;
+    MP_OK(coh_ctx_stats(ctx, &prev));
+    coh_allreduce_opts_t oa = {.mem = COH_MEM_DEVICE, .stream = s1};
+    coh_request_t *ra, *rb;
+    MP_OK(coh_allreduce_ex(W, da, da, na, COH_F32, COH_SUM, &oa, &ra));
+    MP_OK(coh_request_stream_wait(ra, s1));
+    MP_OK(coh_allreduce_ex(W, d, o, count, COH_F32, COH_SUM, &oa, &rb));
+    MP_OK(coh_request_stream_wait(rb, s2));
+    if (D->stream_sync(s2) < 0) MP_FAIL("sync: %s", D->last_error());
+    mp_wait(ra);
+    mp_wait(rb);
+    coh_stats_t now;
+    MP_OK(coh_ctx_stats(ctx, &now));
+    if (now.gpu_ops_unmapped - prev.gpu_ops_unmapped != 1 ||
+        now.gpu_ops_ipc - prev.gpu_ops_ipc != 1)
+        MP_FAIL("chained: %llu ops staged for want of a mapping and %llu through IPC, expected 1 "
+                "and 1",
+                (unsigned long long)(now.gpu_ops_unmapped - prev.gpu_ops_unmapped),
+                (unsigned long long)(now.gpu_ops_ipc - prev.gpu_ops_ipc));
+    float tri = (float)N * (float)(N + 1) / 2;
+    from_dev(h, da, na * 4);
+    for (size_t k = 0; k < na; k++)
+        if (h[k] != tri * (float)(k % 31)) MP_FAIL("chained A: element %zu is %g", k, h[k]);
+    from_dev(h, o, count * 4);
+    for (size_t k = 0; k < count; k++) {
+        float want = (float)(N * (N - 1) / 2) - (float)N * (float)(k % 7);
+        if (h[k] != want) MP_FAIL("chained B: element %zu is %g, expected %g", k, h[k], want);
+    }
+    D->dev_free(da);
+    D->stream_free(s1);
+    D->stream_free(s2);
+    free(h);
+}
+
 /* A training loop's shape: the same buffers op after op. Through IPC: the
  * first op is staged (the buffers are new), the next ones too until the
  * mapper has mapped them, then every op goes through IPC and no more of
@@ -384,6 +436,7 @@ static void test_same_buffers(coh_ctx_t *ctx, bool ipc)
         MP_FAIL("peer mappings: %llu at the first op through IPC, %llu four ops later (IPC: %d)",
                 ipc ? (unsigned long long)at_first.gpu_ipc_maps : 0ull,
                 (unsigned long long)prev.gpu_ipc_maps, ipc);
+    if (ipc) test_chained(ctx, d, o, count);
     D->dev_free(d);
     D->dev_free(o);
     free(h);

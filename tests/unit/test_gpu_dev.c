@@ -294,8 +294,9 @@ static void test_div_matches_cpu(void **state)
 
 /* Work on table operands (gpu_ref_t), queued before the table holds the
  * addresses, as the IPC path queues its kernels at submission: behind a
- * flag, then the table copied from pinned memory to the device. The host
- * fills the table and sets the flag later. Each dtype with SUM and MAX, at
+ * flag, then the table copied from pinned memory to the device
+ * (copy_mapped: read when it runs). The host fills the table and sets the
+ * flag later. Each dtype with SUM and MAX, at
  * aligned and odd offsets; a copy; a division; and a table that says skip
  * leaves everything as it was. */
 static void test_ref_ops(void **state)
@@ -336,7 +337,7 @@ static void test_ref_ops(void **state)
                 *flag = 0;
                 memset(tab, 0, 8 * sizeof(uint64_t));
                 OK(D->wait_value(s, flag, 1));
-                OK(D->copy(dt, tab, 8 * sizeof(uint64_t), s));
+                OK(D->copy_mapped(dt, tab, 8 * sizeof(uint64_t), s));
                 /* dd = a op b; dc = dd (bytes); dc /= 3 where the dtype allows */
                 gpu_ref_t rd = {1, off}, ra = {2, off}, rb = {3, off}, rc = {4, off};
                 OK(D->reduce_ref(dts[t], ops[o], dt, rd, ra, rb, m, s));
