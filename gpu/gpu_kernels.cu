@@ -299,8 +299,6 @@ extern "C" int gpu_cuda_copy(void *dst, const void *src, size_t n, void *stream)
 extern "C" int gpu_cuda_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n,
                                  void *stream)
 {
-    if (n)
-        copy_kernel<<<grid_for(n >= 16 ? n / 16 : n), 256, 0, (cudaStream_t)stream>>>(
-            Ref3{tab, dst, src, src}, n);
+    if (n) copy_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(Ref3{tab, dst, src, src}, n);
     return 0;
 }

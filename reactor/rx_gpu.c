@@ -181,13 +181,12 @@ struct rx_gpu {
     void *events[GPU_EVENTS];
     int nevents;
     ggate_t *gates; /* (mu) */
-    /* The gate whose kernels were queued last on each device (mu): the
-     * next op's wait for them keeps the IPC path's ops in order, as on one
-     * stream. */
-    ggate_t *last_gate[GPU_MAX_DEV];
     /* Gates queued and not open: the device may not be synchronized (a free
-     * of pinned memory) until the loop opens them. */
+     * of pinned memory) until the loop opens them. A grave is released, and
+     * a gate counted, under drain_mu: else a gate queued during the release
+     * would hold the release, and the loop with it, for good. */
     _Atomic int closed;
+    uv_mutex_t drain_mu;
     /* Releases that can block in the CUDA driver while a caller's stream
      * waits for an op (pinned frees synchronize the device): made on the
      * loop thread only once no op runs (graves_drain). */
@@ -204,7 +203,7 @@ struct rx_gpu {
 
 enum { FW_FREE = 0, FW_ARMING, FW_ARMED };
 
-typedef enum { GRAVE_HOST, GRAVE_EVENT, GRAVE_DEV, GRAVE_STREAM } grave_kind;
+typedef enum { GRAVE_HOST, GRAVE_EVENT, GRAVE_DEV } grave_kind;
 typedef struct grave {
     grave_kind kind;
     void *p;
@@ -215,7 +214,6 @@ static void grave_release(const gpu_dev_t *d, grave_kind k, void *p)
     if (k == GRAVE_HOST) d->host_free(p);
     if (k == GRAVE_EVENT) d->event_free(p);
     if (k == GRAVE_DEV) d->dev_free(p);
-    if (k == GRAVE_STREAM) d->stream_free(p);
 }
 
 /* Any thread: release p once no op runs (at once if memory is short). */
@@ -239,14 +237,15 @@ static void grave_add(struct rx_gpu *g, grave_kind k, void *p)
 /* Loop thread, no op running (or finalizing): the deferred releases. */
 static void graves_drain(struct rx_gpu *g)
 {
-    for (;;) {
+    for (bool any = true; any;) {
+        uv_mutex_lock(&g->drain_mu);
         uv_mutex_lock(&g->mu);
         grave_t t = {0};
-        bool any = g->ngraves > 0;
+        any = g->ngraves > 0 && atomic_load(&g->closed) == 0;
         if (any) t = g->graves[--g->ngraves];
         uv_mutex_unlock(&g->mu);
-        if (!any) return;
-        grave_release(g->dev, t.kind, t.p);
+        if (any) grave_release(g->dev, t.kind, t.p);
+        uv_mutex_unlock(&g->drain_mu);
     }
 }
 
@@ -902,7 +901,8 @@ static int reduce_all(struct rx_gpu *g, gop_t *op, size_t dst_off, size_t off, s
 }
 
 /* Caller's thread, at submission: this member's part on the gate's
- * stream, after the IPC path's previous op on the device, behind the gate
+ * stream (ops are ordered by the callers' streams: an op's gate opens only
+ * after its inputs are ready on every member), behind the gate
  * (its flag, then its table copied to the device), then the gate's
  * event (not a slot's: the staged fallback records those on cohort's
  * stream). Every member's pointers are read from the table when the
@@ -918,13 +918,10 @@ static int issue_local(struct rx_gpu *g, gop_t *op)
     void *st = e->stream;
     const uint64_t *t = e->dtab;
     op->gate_queued = true;
+    uv_mutex_lock(&g->drain_mu);
     atomic_fetch_add(&g->closed, 1);
-    uv_mutex_lock(&g->mu); /* the previous op's event as recorded now (CUDA's rule) */
-    ggate_t *prev = g->last_gate[op->dev];
-    if (prev && prev->armed) r = g->dev->stream_wait(st, prev->ev);
-    g->last_gate[op->dev] = e;
-    uv_mutex_unlock(&g->mu);
-    if (r == 0) r = g->dev->wait_value(st, gate_flag(e), 1);
+    uv_mutex_unlock(&g->drain_mu);
+    r = g->dev->wait_value(st, gate_flag(e), 1);
     if (r == 0) r = g->dev->copy_mapped(e->dtab, gate_tab(e), nt * sizeof(uint64_t), st);
     switch (r ? -1 : (int)a->kind) {
     case -1: break;
@@ -1009,10 +1006,10 @@ static void launch_local(struct rx_gpu *g, gop_t *op, int k)
 
 /* Some member lacks a mapping of this op's buffers (the vote): the op is
  * staged instead, as op numbers seq0 + 2 on, reserved for this at
- * submission. Its slots were taken at submission: new ones when this
- * rank's own buffers were new (the likely case), else what the pinned
- * cache had. What it lacks is pinned here, which waits behind a caller's
- * pageable copy (gpu-lockprobe). */
+ * submission. Its slots were taken at submission: all when this rank's own
+ * buffers were new (the likely case), else one and what the pinned cache
+ * had. It stages through those; nothing is pinned here, which could wait
+ * behind a caller's pageable copy (gpu-lockprobe). */
 static void fallback(struct rx_gpu *g, gop_t *op)
 {
     for (int i = 0; op->held && i < op->comm->size * 2; i++)
@@ -1025,10 +1022,16 @@ static void fallback(struct rx_gpu *g, gop_t *op)
     size_t need = slot_need(op);
     int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
     for (int i = 0; i < nslots && op->status == 0; i++) {
-        if (!op->slot[i].host) op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
-        if (!op->slot[i].host) dev_fail(op, g, "pinned staging");
-        if (op->status == 0 && !op->slot[i].ev && ev_get(g, &op->slot[i].ev) < 0)
-            dev_fail(op, g, "event");
+        /* Slot 0 was taken at submission (else the op failed there); the
+         * others only from the cache: pinning here could wait for a caller's
+         * pageable copy ordered after this op. */
+        if (!op->slot[i].host && i > 0)
+            op->slot[i].host = stage_cached(g, need ? need : 1, &op->slot[i].bytes);
+        if (!op->slot[i].host) {
+            if (i == 0) dev_fail(op, g, "pinned staging");
+            continue;
+        }
+        if (!op->slot[i].ev && ev_get(g, &op->slot[i].ev) < 0) dev_fail(op, g, "event");
     }
 }
 
@@ -1157,9 +1160,10 @@ static void run_all(struct rx_gpu *g)
             pp = &op->next;
         }
     }
-    /* A grave's free may synchronize the device: not while a gate that only
-     * this loop opens is closed (an op submitted, not yet posted here). */
-    if (!g->ops && atomic_load(&g->closed) == 0) graves_drain(g);
+    /* A grave's free may synchronize the device: graves_drain stops while
+     * a gate that only this loop opens is closed (an op submitted, not yet
+     * posted here). */
+    if (!g->ops) graves_drain(g);
     arm(g, devwait);
 }
 
@@ -1225,9 +1229,14 @@ static int start_handles(rx_reactor_t *rx, void *arg)
     return 0;
 }
 
+static void fail_ops(struct rx_gpu *g);
+
 static void gpu_on_stop(rx_reactor_t *rx)
 {
     struct rx_gpu *g = rx->owner;
+    /* Ops posted after fail_all_fn ran (the reactor runs what was queued
+     * before it stops): their gates would stay closed. */
+    if (g->ops) fail_ops(g);
     if (!g->handles) return;
     uv_close((uv_handle_t *)&g->timer, NULL);
     uv_close((uv_handle_t *)&g->idle, NULL);
@@ -1257,6 +1266,7 @@ int rx_gpu_init(struct coh_ctx *ctx)
     g->chunk_bytes = chunk;
     g->ipc = ipc && dev->ipc_get && dev->ipc_open && dev->ipc_close;
     uv_mutex_init(&g->mu);
+    uv_mutex_init(&g->drain_mu);
     uv_cond_init(&g->mcv);
     g->mq_tail = &g->mq;
     if (g->ipc) {
@@ -1275,12 +1285,16 @@ int rx_gpu_init(struct coh_ctx *ctx)
     return 0;
 }
 
-static int fail_all_fn(rx_reactor_t *rx, void *arg)
+/* Fail every op, once its device work has ended: gates open first (else
+ * the syncs hang), then cohort's streams (copies into slots) and the
+ * gates' (kernels that were let go) synchronized. */
+static void fail_ops(struct rx_gpu *g)
 {
-    struct rx_gpu *g = arg;
-    for (gop_t *op = g->ops; op; op = op->next) gate_open(g, op, false); /* else the syncs hang */
+    for (gop_t *op = g->ops; op; op = op->next) gate_open(g, op, false);
+    for (gop_t *op = g->ops; op; op = op->next)
+        if (op->gate) g->dev->stream_sync(op->gate->stream);
     for (int d = 0; d < GPU_MAX_DEV; d++)
-        if (g->stream[d]) g->dev->stream_sync(g->stream[d]); /* copies into slots end */
+        if (g->stream[d]) g->dev->stream_sync(g->stream[d]);
     while (g->ops) {
         gop_t *op = g->ops;
         g->ops = op->next;
@@ -1289,6 +1303,12 @@ static int fail_all_fn(rx_reactor_t *rx, void *arg)
         op_fail(op, COH_ESTATE, "the context was finalized while the device op ran");
         finish(g, op);
     }
+}
+
+static int fail_all_fn(rx_reactor_t *rx, void *arg)
+{
+    struct rx_gpu *g = arg;
+    fail_ops(g);
     arm(g, false);
     return 0;
 }
@@ -1358,6 +1378,7 @@ void rx_gpu_fini(struct coh_ctx *ctx)
     coh_free(g->maps);
     uv_cond_destroy(&g->mcv);
     uv_mutex_destroy(&g->mu);
+    uv_mutex_destroy(&g->drain_mu);
     coh_free(g);
     ctx->gpu = NULL;
 }
@@ -1488,10 +1509,14 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
         int fb = (int)(op->staged_n < GPU_SLOTS ? op->staged_n : GPU_SLOTS);
         nslots = known ? 0 : fb;
         /* Known: likely through IPC, but staged if a peer's buffers are
-         * new. Its fallback's slots from the cache (pinning could wait for
-         * this caller's pageable copy), and events, now. */
-        for (int i = 0; known && i < fb; i++) {
-            op->slot[i].host = stage_cached(g, need ? need : 1, &op->slot[i].bytes);
+         * new. Its fallback's slots now, on this thread (pinning on the
+         * loop could wait for this caller's pageable copy): one, pinned if
+         * the cache has none, and the others if the cache has them; the
+         * fallback stages through what it has. And the events. */
+        for (int i = 0; known && i < fb && st == 0; i++) {
+            op->slot[i].host = i == 0 ? stage_get(g, need ? need : 1, &op->slot[i].bytes)
+                                      : stage_cached(g, need ? need : 1, &op->slot[i].bytes);
+            if (i == 0 && !op->slot[i].host) st = COH_ENOMEM;
             if (st == 0 && !op->slot[i].ev) st = ev_get(g, &op->slot[i].ev);
         }
         /* The kernels now, behind the gate: from the loop, a launch could

@@ -395,6 +395,68 @@ static void test_chained(coh_ctx_t *ctx, float *d, float *o, size_t count)
     free(h);
 }
 
+/* Rank 0's buffers went through IPC already, the others' are new: the
+ * vote stages the op, on rank 0 too, whose buffers looked known at
+ * submission. Its fallback's slot is pinned at submission: pinned by the
+ * GPU reactor (nothing cached is as large as this allgather's N MiB), it
+ * waited for rank 0's copy into pageable memory ordered after the op,
+ * which waited for the op. */
+static void test_known_new(coh_ctx_t *ctx)
+{
+    const size_t count = 1u << 18, n = count * 4, nout = n * (size_t)N;
+    float *in0, *out0, *in, *out, *h, *back = xmalloc(nout);
+    if (D->dev_alloc((void **)&in0, n) < 0 || D->dev_alloc((void **)&out0, nout) < 0 ||
+        D->host_alloc((void **)&h, n) < 0)
+        MP_FAIL("alloc: %s", D->last_error());
+    for (size_t k = 0; k < count; k++) h[k] = (float)(R * 7) + (float)(k % 13);
+    to_dev(in0, h, n);
+    coh_stats_t prev;
+    MP_OK(coh_ctx_stats(ctx, &prev));
+    bool via = false;
+    for (int it = 0; it < 200 && !via; it++) { /* until the peers have mapped in0, out0 */
+        coh_request_t *req;
+        /* Half the count: the staged ones leave slots of half the size in
+         * the cache. */
+        MP_OK(coh_allgather(W, in0, out0, count / 2, COH_F32, &req));
+        mp_wait(req);
+        via = path_of(ctx, &prev).ipc;
+        MP_OK(coh_allreduce_sync(W, NULL, &via, 1, COH_U8, COH_MIN)); /* every rank's */
+        if (!via) usleep(2000);
+    }
+    if (!via) MP_FAIL("known and new: no allgather through IPC in 200");
+    in = in0, out = out0;
+    if (R != 0 && (D->dev_alloc((void **)&in, n) < 0 || D->dev_alloc((void **)&out, nout) < 0))
+        MP_FAIL("dev_alloc: %s", D->last_error());
+    void *s1, *s2;
+    if (D->stream_new(&s1) < 0 || D->stream_new(&s2) < 0)
+        MP_FAIL("stream_new: %s", D->last_error());
+    if (D->copy(in, h, n, s1) < 0) MP_FAIL("copy: %s", D->last_error());
+    coh_coll_opts_t o = {.mem = COH_MEM_DEVICE, .stream = s1};
+    coh_request_t *req;
+    MP_OK(coh_allgather_ex(W, in, out, count, COH_F32, &o, &req));
+    MP_OK(coh_request_stream_wait(req, s2));
+    if (D->copy(back, out, nout, s2) < 0 || D->stream_sync(s2) < 0)
+        MP_FAIL("copy back: %s", D->last_error());
+    mp_wait(req);
+    path_t p = path_of(ctx, &prev);
+    if (p.ipc || !p.unmapped) MP_FAIL("known and new: the op was not staged for want of a mapping");
+    for (int q = 0; q < N; q++)
+        for (size_t k = 0; k < count; k++)
+            if (back[(size_t)q * count + k] != (float)(q * 7) + (float)(k % 13))
+                MP_FAIL("known and new: rank %d's element %zu is %g", q, k,
+                        back[(size_t)q * count + k]);
+    if (R != 0) {
+        D->dev_free(in);
+        D->dev_free(out);
+    }
+    D->dev_free(in0);
+    D->dev_free(out0);
+    D->host_free(h);
+    D->stream_free(s1);
+    D->stream_free(s2);
+    free(back);
+}
+
 /* A training loop's shape: the same buffers op after op. Through IPC: the
  * first op is staged (the buffers are new), the next ones too until the
  * mapper has mapped them, then every op goes through IPC and no more of
@@ -437,6 +499,7 @@ static void test_same_buffers(coh_ctx_t *ctx, bool ipc)
                 ipc ? (unsigned long long)at_first.gpu_ipc_maps : 0ull,
                 (unsigned long long)prev.gpu_ipc_maps, ipc);
     if (ipc) test_chained(ctx, d, o, count);
+    if (ipc) test_known_new(ctx);
     D->dev_free(d);
     D->dev_free(o);
     free(h);
