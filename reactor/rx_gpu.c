@@ -1474,10 +1474,19 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     int st = g->dev->set_device(dev, &prev);
     /* cohort's stream on this device, made on first use here rather than on
      * the loop thread, where making it could wait for the driver's lock. */
-    if (st == 0) {
+    /* Not under mu: making it can wait for the driver's lock, which a
+     * caller's pageable copy may hold until an op ends that the loop,
+     * needing mu, would end. */
+    uv_mutex_lock(&g->mu);
+    bool have = g->stream[dev] != NULL;
+    uv_mutex_unlock(&g->mu);
+    if (st == 0 && !have) {
+        void *made = NULL;
+        st = g->dev->stream_new(&made);
         uv_mutex_lock(&g->mu);
-        if (!g->stream[dev]) st = g->dev->stream_new(&g->stream[dev]);
+        if (st == 0 && !g->stream[dev]) g->stream[dev] = made, made = NULL;
         uv_mutex_unlock(&g->mu);
+        if (made) g->dev->stream_free(made); /* another thread's came first */
     }
     if (st == 0) st = ev_get(g, &op->user_ev);
     if (st == 0) st = g->dev->event_record(op->user_ev, stream);
@@ -1559,15 +1568,28 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     return 0;
 }
 
-/* A free flag slot (its flag 0), or NULL with g->dev's error or none. */
+/* A free flag slot (its flag 0), or NULL: *idx -1 none free, else the
+ * device's error. */
 static rx_flagwait_t *flag_get(struct rx_gpu *g, int *idx)
 {
+    /* The allocations outside mu: they can wait for the driver's lock,
+     * which a caller's pageable copy may hold until an op ends that the
+     * loop, needing mu, would end. */
     uv_mutex_lock(&g->mu);
-    if (!g->flags) {
+    bool have = g->flags != NULL;
+    uv_mutex_unlock(&g->mu);
+    if (!have) {
         void *p = NULL;
-        if (g->dev->host_alloc(&p, GPU_FLAGS * sizeof(uint32_t)) == 0) g->flags = p;
-        for (int i = 0; g->flags && i < GPU_FLAGS; i++) g->fw[i].flag = &g->flags[i];
+        if (g->dev->host_alloc(&p, GPU_FLAGS * sizeof(uint32_t)) < 0) p = NULL;
+        uv_mutex_lock(&g->mu);
+        if (p && !g->flags) {
+            g->flags = p, p = NULL;
+            for (int i = 0; i < GPU_FLAGS; i++) g->fw[i].flag = &g->flags[i];
+        }
+        uv_mutex_unlock(&g->mu);
+        if (p) grave_add(g, GRAVE_HOST, p); /* another thread's came first */
     }
+    uv_mutex_lock(&g->mu);
     int got = -1;
     for (int i = 0; g->flags && i < GPU_FLAGS && got < 0; i++) {
         /* Armed (its event recorded after the wait), set, and its stream got
@@ -1576,15 +1598,24 @@ static rx_flagwait_t *flag_get(struct rx_gpu *g, int *idx)
         if (g->fw_state[i] == FW_ARMED && __atomic_load_n(&g->flags[i], __ATOMIC_ACQUIRE) &&
             g->dev->event_query(g->fw_ev[i]) == 1)
             g->fw_state[i] = FW_FREE;
-        if (g->fw_state[i] == FW_FREE && (g->fw_ev[i] || g->dev->event_new(&g->fw_ev[i]) == 0))
-            got = i;
+        if (g->fw_state[i] == FW_FREE) got = i;
     }
     if (got >= 0) {
-        g->fw_state[got] = FW_ARMING;
+        g->fw_state[got] = FW_ARMING; /* this thread's until armed */
         g->fw[got].next = NULL;
         __atomic_store_n(&g->flags[got], 0u, __ATOMIC_RELAXED);
     }
+    bool need_ev = got >= 0 && !g->fw_ev[got];
     uv_mutex_unlock(&g->mu);
+    if (need_ev) {
+        void *e = NULL;
+        if (g->dev->event_new(&e) < 0) e = NULL;
+        uv_mutex_lock(&g->mu);
+        g->fw_ev[got] = e;
+        if (!e) g->fw_state[got] = FW_FREE;
+        uv_mutex_unlock(&g->mu);
+        if (!e) got = -2; /* the device's error */
+    }
     *idx = got;
     return got >= 0 ? &g->fw[got] : NULL;
 }
@@ -1604,8 +1635,8 @@ COH_API int coh_request_stream_wait(coh_request_t *req, void *stream)
     rx_flagwait_t *w = flag_get(g, &i);
     if (!w)
         return bs_fail(COH_ENOMEM, "coh_request_stream_wait: %s",
-                       g->flags ? "too many streams waiting for requests (1024)"
-                                : g->dev->last_error());
+                       g->flags && i == -1 ? "too many streams waiting for requests (1024)"
+                                           : g->dev->last_error());
     int st = g->dev->wait_value(stream, w->flag, 1);
     if (st < 0) {
         uv_mutex_lock(&g->mu);
