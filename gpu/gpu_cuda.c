@@ -138,27 +138,28 @@ static int c_copy(void *dst, const void *src, size_t n, void *s)
                  "cudaMemcpyAsync");
 }
 
+/* r from a kernel's launcher (gpu_kernels.cu), then whether the launch
+ * itself failed. */
+static int launched(int r, const char *what)
+{
+    return r < 0 ? r : check(cudaGetLastError(), what);
+}
+
 static int c_reduce(coh_dtype dt, coh_redop op, void *dst, const void *a, const void *b, size_t n,
                     void *s)
 {
-    int r = gpu_cuda_reduce(dt, op, dst, a, b, n, s);
-    if (r < 0) return r;
-    return check(cudaGetLastError(), "reduction kernel launch");
+    return launched(gpu_cuda_reduce(dt, op, dst, a, b, n, s), "reduction kernel launch");
 }
 
 static int c_div(coh_dtype dt, void *buf, size_t n, double d, void *s)
 {
-    int r = gpu_cuda_div(dt, buf, n, d, s);
-    if (r < 0) return r;
-    return check(cudaGetLastError(), "division kernel launch");
+    return launched(gpu_cuda_div(dt, buf, n, d, s), "division kernel launch");
 }
 
 static int c_reduce_ref(coh_dtype dt, coh_redop op, const uint64_t *tab, gpu_ref_t dst, gpu_ref_t a,
                         gpu_ref_t b, size_t n, void *s)
 {
-    int r = gpu_cuda_reduce_ref(dt, op, tab, dst, a, b, n, s);
-    if (r < 0) return r;
-    return check(cudaGetLastError(), "reduction kernel launch");
+    return launched(gpu_cuda_reduce_ref(dt, op, tab, dst, a, b, n, s), "reduction kernel launch");
 }
 
 static int c_copy_mapped(void *dst, const void *src, size_t n, void *s)
@@ -166,23 +167,17 @@ static int c_copy_mapped(void *dst, const void *src, size_t n, void *s)
     void *dp = NULL;
     int r =
         check(cudaHostGetDevicePointer(&dp, (void *)(uintptr_t)src, 0), "cudaHostGetDevicePointer");
-    if (r == 0) r = gpu_cuda_copy(dst, dp, n, s);
-    if (r < 0) return r;
-    return check(cudaGetLastError(), "copy kernel launch");
+    return r < 0 ? r : launched(gpu_cuda_copy(dst, dp, n, s), "copy kernel launch");
 }
 
 static int c_copy_ref(const uint64_t *tab, gpu_ref_t dst, gpu_ref_t src, size_t n, void *s)
 {
-    int r = gpu_cuda_copy_ref(tab, dst, src, n, s);
-    if (r < 0) return r;
-    return check(cudaGetLastError(), "copy kernel launch");
+    return launched(gpu_cuda_copy_ref(tab, dst, src, n, s), "copy kernel launch");
 }
 
 static int c_div_ref(coh_dtype dt, const uint64_t *tab, gpu_ref_t buf, size_t n, double d, void *s)
 {
-    int r = gpu_cuda_div_ref(dt, tab, buf, n, d, s);
-    if (r < 0) return r;
-    return check(cudaGetLastError(), "division kernel launch");
+    return launched(gpu_cuda_div_ref(dt, tab, buf, n, d, s), "division kernel launch");
 }
 
 /* The driver's calls need a context current on the thread, which the

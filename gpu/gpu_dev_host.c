@@ -421,8 +421,9 @@ static void run_work(hstream_t *s, work_t *w)
     case W_DIV:
         if (gpu_cpu_div(w->dt, w->dst, w->n, w->divisor) < 0) atomic_store(&s->failed, 1);
         break;
-    case W_RECORD: { /* CUDA's event is its newest record: an older one ending later changes nothing
-                      */
+    case W_RECORD: {
+        /* CUDA's event is its newest record: an older one ending later
+         * changes nothing. */
         uint64_t c = atomic_load(&w->ev->completed);
         while (c < w->gen && !atomic_compare_exchange_weak(&w->ev->completed, &c, w->gen)) {
         }
@@ -442,15 +443,13 @@ static void run_work(hstream_t *s, work_t *w)
         break;
     case W_COPY_REF:
     case W_REDUCE_REF:
-    case W_DIV_REF: {
-        void *p[3];
+    case W_DIV_REF: { /* resolved, it runs as the direct kind */
+        void *p[3] = {0};
         size_t bytes = w->kind == W_COPY_REF ? w->n : w->n * coh_dtype_size(w->dt);
         if (!resolve(s, w, bytes, p)) break;
-        int r = 0;
-        if (w->kind == W_COPY_REF) memmove(p[0], p[1], w->n);
-        if (w->kind == W_REDUCE_REF) r = gpu_cpu_reduce(w->dt, w->op, p[0], p[1], p[2], w->n);
-        if (w->kind == W_DIV_REF) r = gpu_cpu_div(w->dt, p[0], w->n, w->divisor);
-        if (r < 0) atomic_store(&s->failed, 1);
+        w->kind = w->kind == W_COPY_REF ? W_COPY : w->kind == W_REDUCE_REF ? W_REDUCE : W_DIV;
+        w->dst = p[0], w->a = p[1], w->b = p[2];
+        run_work(s, w);
         break;
     }
     case W_FN:

@@ -88,8 +88,8 @@ typedef struct gop {
     int32_t vote;        /* 1: some member lacks a mapping of this op's buffers */
     coh_request_t *lsub; /* the exchange, the vote or the barrier, while it runs */
     bool ldev;           /* device work let go (the gate), the gate's event pending */
-    struct ggate *gate;  /* the kernels' table and flag, queued at submission */
-    bool gate_queued, gate_open;
+    struct ggate *gate;  /* the kernels' table and flag, queued (and counted) at submission */
+    bool gate_open;
     gpu_ipc_t *tab;     /* [size][2]: every member's input and output */
     struct gipc **held; /* [size * 2]: the peers' mappings this op holds */
     int status;
@@ -393,7 +393,7 @@ static void gate_open(struct rx_gpu *g, gop_t *op, bool go)
     gate_tab(op->gate)[0] = go ? 0 : 1;
     __atomic_store_n(gate_flag(op->gate), 1u, __ATOMIC_RELEASE);
     op->gate_open = true;
-    if (op->gate_queued) atomic_fetch_sub(&g->closed, 1);
+    atomic_fetch_sub(&g->closed, 1);
 }
 
 static void gate_put(struct rx_gpu *g, gop_t *op)
@@ -401,7 +401,7 @@ static void gate_put(struct rx_gpu *g, gop_t *op)
     if (!op->gate) return;
     gate_open(g, op, false);
     uv_mutex_lock(&g->mu);
-    op->gate->busy = op->gate_queued && !op->gate->armed; /* never reused if unsure */
+    op->gate->busy = !op->gate->armed; /* never reused if unsure */
     uv_mutex_unlock(&g->mu);
     op->gate = NULL;
 }
@@ -426,6 +426,24 @@ static size_t slot_need(const gop_t *op)
     case SC_REDUCE_SCATTER: return op->a.count * op->es * size;
     default: return op->chunk_elems * op->es;
     }
+}
+
+/* Staging slots 0..n-1 and their events, where missing: slots below npin
+ * from the cache or pinned new (which fails the call), the others from
+ * the cache only (staging goes through the slots it has). */
+static int slots_take(struct rx_gpu *g, gop_t *op, int n, int npin)
+{
+    size_t need = slot_need(op);
+    for (int i = 0; i < n; i++) {
+        gslot_t *s = &op->slot[i];
+        if (!s->host)
+            s->host = i < npin ? stage_get(g, need ? need : 1, &s->bytes)
+                               : stage_cached(g, need ? need : 1, &s->bytes);
+        if (!s->host && i < npin) return COH_ENOMEM;
+        int st = s->ev ? 0 : ev_get(g, &s->ev);
+        if (st < 0) return st;
+    }
+    return 0;
 }
 
 /* Device work of n bytes was just queued: poll closely until it may be done. */
@@ -917,7 +935,6 @@ static int issue_local(struct rx_gpu *g, gop_t *op)
     ggate_t *e = op->gate;
     void *st = e->stream;
     const uint64_t *t = e->dtab;
-    op->gate_queued = true;
     uv_mutex_lock(&g->drain_mu);
     atomic_fetch_add(&g->closed, 1);
     uv_mutex_unlock(&g->drain_mu);
@@ -1019,20 +1036,11 @@ static void fallback(struct rx_gpu *g, gop_t *op)
     op->seq0 += 2;
     op->nchunks = op->staged_n;
     op->next_out = op->ndone = 0;
-    size_t need = slot_need(op);
     int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
-    for (int i = 0; i < nslots && op->status == 0; i++) {
-        /* Slot 0 was taken at submission (else the op failed there); the
-         * others only from the cache: pinning here could wait for a caller's
-         * pageable copy ordered after this op. */
-        if (!op->slot[i].host && i > 0)
-            op->slot[i].host = stage_cached(g, need ? need : 1, &op->slot[i].bytes);
-        if (!op->slot[i].host) {
-            if (i == 0) dev_fail(op, g, "pinned staging");
-            continue;
-        }
-        if (!op->slot[i].ev && ev_get(g, &op->slot[i].ev) < 0) dev_fail(op, g, "event");
-    }
+    /* Slot 0 and the events were taken at submission (else the op failed
+     * there); the others only from the cache: pinning here could wait for a
+     * caller's pageable copy ordered after this op. */
+    if (op->status == 0 && slots_take(g, op, nslots, 1) < 0) dev_fail(op, g, "staging slots");
 }
 
 /* The local op as far as it goes (it has started). */
@@ -1490,13 +1498,11 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
     }
     if (st == 0) st = ev_get(g, &op->user_ev);
     if (st == 0) st = g->dev->event_record(op->user_ev, stream);
-    size_t need = slot_need(op);
     int nslots = op->nchunks < GPU_SLOTS ? (int)op->nchunks : GPU_SLOTS;
     if (op->local) {
         op->tab = coh_calloc((size_t)comm->size * 2, sizeof(gpu_ipc_t));
         op->held = coh_calloc((size_t)comm->size * 2, sizeof(gipc_t *));
         if (!op->tab || !op->held) st = COH_ENOMEM;
-        if (st == 0) st = ev_get(g, &op->slot[0].ev);
         /* My input's and output's handles, for the others: on the caller's
          * thread, whose context holds the memory. */
         gpu_ipc_t *mine = op->tab ? op->tab + comm->rank * 2 : NULL;
@@ -1515,29 +1521,19 @@ int rx_gpu_submit(coh_comm_t *comm, const rx_coll_args_t *a, void *stream, int d
         uv_mutex_lock(&g->mu);
         bool known = st == 0 && seen_has(g, &mine[0]) && seen_has(g, &mine[1]);
         uv_mutex_unlock(&g->mu);
-        int fb = (int)(op->staged_n < GPU_SLOTS ? op->staged_n : GPU_SLOTS);
-        nslots = known ? 0 : fb;
-        /* Known: likely through IPC, but staged if a peer's buffers are
-         * new. Its fallback's slots now, on this thread (pinning on the
-         * loop could wait for this caller's pageable copy): one, pinned if
-         * the cache has none, and the others if the cache has them; the
-         * fallback stages through what it has. And the events. */
-        for (int i = 0; known && i < fb && st == 0; i++) {
-            op->slot[i].host = i == 0 ? stage_get(g, need ? need : 1, &op->slot[i].bytes)
-                                      : stage_cached(g, need ? need : 1, &op->slot[i].bytes);
-            if (i == 0 && !op->slot[i].host) st = COH_ENOMEM;
-            if (st == 0 && !op->slot[i].ev) st = ev_get(g, &op->slot[i].ev);
-        }
+        nslots = (int)(op->staged_n < GPU_SLOTS ? op->staged_n : GPU_SLOTS);
+        /* The fallback's slots and events now, on this thread (pinning on
+         * the loop could wait for this caller's pageable copy): all of them
+         * when this op will be staged; when known (likely through IPC, but
+         * staged if a peer's buffers are new) one, pinned if the cache has
+         * none, and the others if the cache has them. */
+        if (st == 0) st = slots_take(g, op, nslots, known ? 1 : nslots);
         /* The kernels now, behind the gate: from the loop, a launch could
          * wait for this caller's next call, a copy into pageable memory
          * ordered after the op (gpu-lockprobe). */
         if (st == 0) st = issue_local(g, op);
     }
-    for (int i = 0; i < nslots && st == 0; i++) {
-        op->slot[i].host = stage_get(g, need ? need : 1, &op->slot[i].bytes);
-        if (!op->slot[i].host) st = COH_ENOMEM;
-        if (st == 0 && !op->slot[i].ev) st = ev_get(g, &op->slot[i].ev);
-    }
+    if (st == 0 && !op->local) st = slots_take(g, op, nslots, nslots);
     if (prev >= 0 && prev != dev) g->dev->set_device(prev, NULL);
     op->req = st == 0 ? rx_request_new(ctx, 0) : NULL;
     if (st < 0 || !op->req) {
