@@ -969,7 +969,8 @@ COH_API int coh_finalize(coh_ctx_t *ctx)
     if (!reg_take(ctx))
         return bs_fail(COH_ESTATE, "coh_finalize: not a live context (finalized twice?)");
     atomic_store(&ctx->state, RX_CTX_FINALIZING);
-    rx_lb_finalize(ctx); /* world ops still waiting for a rail table fail */
+    rx_lb_finalize(ctx);    /* world ops still waiting for a rail table fail */
+    rx_gpu_finalizing(ctx); /* device ops fail; their peers hear while the rails carry it */
     /* close: what still runs ends now, cancelled (not after its timeout),
      * and every peer hears BYE. */
     for (int r = 0; r < ctx->nrails; r++) rx_rail_close(&ctx->rails[r]);

@@ -154,6 +154,7 @@ void rx_comm_abort_seq(struct coh_ctx *ctx, const coh_comm_t *comm, uint64_t seq
 /* Device buffers (rx_gpu.c). init picks the device runtime (COHORT_GPU)
  * and starts the GPU reactor; stop (after the rails) fails what still runs. */
 int rx_gpu_init(struct coh_ctx *ctx);
+void rx_gpu_finalizing(struct coh_ctx *ctx); /* fail the ops, tell the peers (rails still up) */
 void rx_gpu_stop(struct coh_ctx *ctx);
 void rx_gpu_fini(struct coh_ctx *ctx);
 const char *rx_gpu_name(const struct coh_ctx *ctx);     /* "cuda", "host", or NULL */

@@ -90,6 +90,7 @@ typedef struct gop {
     bool ldev;           /* device work let go (the gate), the gate's event pending */
     struct ggate *gate;  /* the kernels' table and flag, queued (and counted) at submission */
     bool gate_open;
+    bool told;          /* the peers were told of every number it will not launch */
     gpu_ipc_t *tab;     /* [size][2]: every member's input and output */
     struct gipc **held; /* [size * 2]: the peers' mappings this op holds */
     int status;
@@ -610,8 +611,11 @@ static int slot_event(struct rx_gpu *g, gop_t *op, gslot_t *s)
 /* Chunks never launched: their peers must not wait for them. */
 static void abort_unlaunched(struct rx_gpu *g, gop_t *op, size_t k)
 {
-    rx_comm_abort_seq(g->ctx, op->comm, op->seq0 + k, op->status < 0 ? op->status : COH_ESTATE,
-                      op->why, -1);
+    if (op->told) return;
+    char why[BS_ERR_LEN]; /* "aborted by rank r: ..." there, as the rails' aborts read */
+    snprintf(why, sizeof(why), "rank %d: %s", g->ctx->rank, op->why);
+    rx_comm_abort_seq(g->ctx, op->comm, op->seq0 + k, op->status < 0 ? op->status : COH_ESTATE, why,
+                      -1);
 }
 
 static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait);
@@ -1308,9 +1312,38 @@ static void fail_ops(struct rx_gpu *g)
         g->ops = op->next;
         for (int i = 0; i < GPU_SLOTS; i++) /* the rails have stopped: every sub-op ended */
             op->slot[i].state = SLOT_FREE;
-        op_fail(op, COH_ESTATE, "the context was finalized while the device op ran");
+        op_fail(op, COH_ECANCELED, "the context was finalized while the device op ran");
         finish(g, op);
     }
+}
+
+/* Finalize, before the rails close: every op fails, and the peers hear now,
+ * while the rails still carry ABORT, of each number it will not launch
+ * (chunks not yet copied out or not yet handed to the rails; a local op's
+ * vote and barrier). Told after the rails had closed, they never heard:
+ * their op waited for this rank until its timeout (5 min), and the
+ * coordinator's rank waited as long in finalize for them to leave. The ops
+ * end at rx_gpu_stop, once the rails have cancelled what runs on them. */
+static int abort_all_fn(rx_reactor_t *rx, void *arg)
+{
+    (void)rx;
+    struct rx_gpu *g = arg;
+    for (gop_t *op = g->ops; op; op = op->next) {
+        op_fail(op, COH_ECANCELED, "the context was finalized while the device op ran");
+        if (!op->local) /* staged: chunks copied out, not yet on the rails */
+            for (int i = 0; i < GPU_SLOTS; i++)
+                if (op->slot[i].state == SLOT_OUT) abort_unlaunched(g, op, op->slot[i].chunk);
+        size_t end = op->local ? 2 + op->staged_n : op->nchunks;
+        for (size_t k = op->next_out; k < end; k++) abort_unlaunched(g, op, k);
+        op->told = true;
+    }
+    return 0;
+}
+
+void rx_gpu_finalizing(struct coh_ctx *ctx)
+{
+    struct rx_gpu *g = ctx->gpu;
+    if (g && g->started) rx_reactor_call(&g->rx, abort_all_fn, g);
 }
 
 static int fail_all_fn(rx_reactor_t *rx, void *arg)

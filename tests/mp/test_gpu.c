@@ -18,6 +18,16 @@
  *   test_gpu kill    the last rank SIGKILLs itself during a 16 MiB device
  *                    allreduce: the others' op fails (no hang) within 5 s,
  *                    and so does the next one
+ *   test_gpu finalize
+ *                    every rank but the last finalizes with a device op in
+ *                    flight that the last never joins (on the IPC path its
+ *                    kernels wait behind a closed gate): finalize returns
+ *                    within 5 s, the op ends failed, and work the caller
+ *                    ordered after it on another stream runs
+ *   test_gpu finalize_busy
+ *                    every rank submits a 4 MiB device allreduce and rank 0
+ *                    finalizes at once, its kernels or copies perhaps
+ *                    running: the same, whatever each op ended with
  */
 #include <signal.h>
 #include <unistd.h>
@@ -584,6 +594,82 @@ static void mode_kill(void)
     printf("rank %d: OK\n", R);
 }
 
+/* Until an op on d went through IPC (COHORT_GPU_IPC on): the next op's
+ * kernels are then queued at submission, behind its gate. */
+static void until_ipc(coh_ctx_t *ctx, float *d, size_t count, void *stream, bool ipc)
+{
+    coh_stats_t prev;
+    MP_OK(coh_ctx_stats(ctx, &prev));
+    coh_allreduce_opts_t o = {.mem = COH_MEM_DEVICE, .stream = stream};
+    for (int it = 0; it < 200; it++) {
+        coh_request_t *req;
+        MP_OK(coh_allreduce_ex(W, d, d, count, COH_F32, COH_SUM, &o, &req));
+        mp_wait(req);
+        /* The same on every rank: each counts the same ops. */
+        if (!ipc || path_of(ctx, &prev).ipc) return;
+        usleep(2000); /* the mapper's turn */
+    }
+    MP_FAIL("no op through IPC in 200");
+}
+
+/* Finalize with a device op in flight (see the modes above). busy: every
+ * rank joins and rank 0 finalizes at once; else the last rank never joins. */
+static void mode_finalize(coh_ctx_t *ctx, bool busy)
+{
+    bool ipc = !getenv("COHORT_GPU_IPC") || atoi(getenv("COHORT_GPU_IPC")) != 0;
+    const size_t count = 1u << 20;
+    size_t n = count * sizeof(float);
+    void *s1, *s2, *ev;
+    float *h;
+    if (D->stream_new(&s1) < 0 || D->stream_new(&s2) < 0 || D->event_new(&ev) < 0 ||
+        D->host_alloc((void **)&h, n) < 0)
+        MP_FAIL("set-up: %s", D->last_error());
+    float *d = dalloc(n);
+    until_ipc(ctx, d, count, s1, ipc);
+    if (!busy && R == N - 1) { /* never joins; finalizes once the others have */
+        sleep(2);
+        coh_finalize(ctx);
+        goto out;
+    }
+    coh_allreduce_opts_t o = {.mem = COH_MEM_DEVICE, .stream = s1};
+    coh_request_t *req;
+    MP_OK(coh_allreduce_ex(W, d, d, count, COH_F32, COH_SUM, &o, &req));
+    MP_OK(coh_request_stream_wait(req, s2));
+    if (D->copy(h, d, n, s2) < 0 || D->event_record(ev, s2) < 0)
+        MP_FAIL("queue after the op: %s", D->last_error());
+    if (busy && R != 0) { /* rank 0 finalizes in the middle of it */
+        int st = coh_wait(req, 10000);
+        if (st == COH_EAGAIN) MP_FAIL("the op still runs 10 s after rank 0 finalized");
+    } else if (!busy) {
+        usleep(200000); /* at the handles' exchange: the gate closed */
+    }
+    double t0 = mp_now_s();
+    MP_OK(coh_finalize(ctx));
+    double dt = mp_now_s() - t0;
+    if (dt > 5) MP_FAIL("finalize took %.1f s", dt);
+    int st = coh_wait(req, 0);
+    if (st == COH_EAGAIN) MP_FAIL("the op was still running after finalize");
+    /* Cancelled by this finalize, or by a peer's before it ("aborted by rank
+     * 0: the context was finalized"), as host ops are. */
+    if (!busy && (st != COH_ECANCELED || !strstr(coh_request_error(req), "finalized")))
+        MP_FAIL("the op ended %s (%s), expected ECANCELED: finalized", coh_status_name(st),
+                coh_request_error(req));
+    /* The caller's stream ordered after the op gets past it, op failed or not. */
+    int q = 0;
+    for (int i = 0; i < 10000 && (q = D->event_query(ev)) == 0; i++) usleep(1000);
+    if (q != 1) MP_FAIL("the stream ordered after the op %s", q ? "failed" : "is stuck (10 s)");
+    printf("rank %d: finalize in %.3f s, the op ended %s (%s)\n", R, dt, coh_status_name(st),
+           coh_request_error(req));
+    coh_request_free(req);
+out:
+    printf("rank %d: OK\n", R);
+    D->event_free(ev);
+    D->stream_free(s1);
+    D->stream_free(s2);
+    D->host_free(h);
+    dfree(d);
+}
+
 int main(int argc, char **argv)
 {
     const char *why = "";
@@ -600,6 +686,10 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "kill")) {
         mode_kill();
         coh_finalize(ctx);
+        return 0;
+    }
+    if (argc > 1 && !strncmp(argv[1], "finalize", 8)) {
+        mode_finalize(ctx, !strcmp(argv[1], "finalize_busy"));
         return 0;
     }
     if (R == 0) printf("device runtime: %s; %s\n", D->name, coh_ctx_describe(ctx));
