@@ -705,7 +705,9 @@ static void op_run(en_rail_t *rail, en_op_t *op)
     if (op->state != EN_OP_RUNNING) {
         /* failed above */
     } else if (rail->closing) {
-        op_fail(op, COH_ECANCELED, false, "the context was finalized");
+        /* Told: the peers' op would wait for this rank until its timeout
+         * (the coordinator's rank, waiting for them in finalize, as long). */
+        op_fail(op, COH_ECANCELED, true, "the context was finalized");
     } else if (op->plan.scratch_count && !scratch_take(rail, op)) {
         op_fail(op, COH_ENOMEM, true, "out of memory for the %llu-byte scratch of %s",
                 (unsigned long long)(op->plan.scratch_count * op->esize), op->desc);

@@ -34,6 +34,11 @@
  *                    rank 1 and the coordinator meanwhile, longer than
  *                    COHORT_LIVENESS_MS: the heartbeat datagrams must keep
  *                    both sides from taking the other for hung.
+ *   finalize-queue N N 4-float allreduces in flight on every rank, more than
+ *                    COHORT_MAX_INFLIGHT (the rest wait for their turn), and
+ *                    rank 0 (the coordinator's) finalizes at once: every
+ *                    other rank's requests end within 10 s, and its finalize
+ *                    within 5 s.
  *   weights          extreme weights give finite, exact-enough weighted means
  *                    (they gave NaN or killed syncing for the whole job);
  *                    weights out of range are refused by the API.
@@ -337,6 +342,42 @@ static void mode_weights(void)
     printf("rank %d: OK\n", R);
 }
 
+static void mode_finalize_queue(coh_ctx_t *ctx, int n)
+{
+    float *b = malloc(sizeof(float) * 4 * (size_t)n);
+    coh_request_t **q = malloc(sizeof(*q) * (size_t)n);
+    for (int i = 0; i < 4 * n; i++) b[i] = 1.0f;
+    for (int i = 0; i < n; i++)
+        MP_OK(coh_allreduce(W, NULL, b + 4 * i, 4, COH_F32, COH_SUM, &q[i]));
+    double t0 = mp_now_s();
+    int failed = 0;
+    if (R == 0) {
+        MP_OK(coh_finalize(ctx));
+        for (int i = 0; i < n; i++) { /* finalize ended every one, cancelled or done */
+            int st = coh_wait(q[i], 0);
+            if (st == COH_EAGAIN) MP_FAIL("request %d of %d still pending after finalize", i, n);
+            failed += st != 0;
+        }
+    } else {
+        for (int i = 0; i < n; i++) {
+            double left = 10 - (mp_now_s() - t0);
+            int st = coh_wait(q[i], left > 0 ? (int)(left * 1000) : 0);
+            if (st == COH_EAGAIN)
+                MP_FAIL("request %d of %d still runs %.1f s after rank 0 finalized", i, n,
+                        mp_now_s() - t0);
+            failed += st != 0;
+        }
+        MP_OK(coh_finalize(ctx));
+    }
+    double dt = mp_now_s() - t0;
+    if (dt > (R == 0 ? 5 : 15)) MP_FAIL("finalize took %.1f s", dt);
+    printf("rank %d: %d of %d ops failed, finalize done after %.2f s\nrank %d: OK\n", R, failed, n,
+           dt, R);
+    for (int i = 0; i < n; i++) coh_request_free(q[i]);
+    free(q);
+    free(b);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -376,7 +417,10 @@ int main(int argc, char **argv)
         mode_ctl_quiet(atof(argv[2]), argv[3]);
     else if (!strcmp(m, "known-failed"))
         mode_known_failed();
-    else
+    else if (!strcmp(m, "finalize-queue")) {
+        mode_finalize_queue(ctx, n);
+        return 0;
+    } else
         MP_FAIL("unknown mode %s", m);
     fflush(stdout);
     double t0 = mp_now_s();
