@@ -12,11 +12,23 @@
  * get too). A receiver times from its first byte to end of stream, so
  * connection set-up is not counted. Prints decimal GB/s (1e9 bytes), the sum
  * of the streams' rates; -q prints only the number.
+ *
+ * With -r N instead: a ring of N nodes, each one thread with two
+ * non-blocking sockets, writing to the next node while it reads from the
+ * previous one (poll), as a rank of a TCP ring does: R_N, the sum of the
+ * nodes' receive rates. -p N runs 2N threads that each block on one
+ * direction; on some kernels a ring's N full-duplex loops carry more than
+ * that, so R_N / N is the tighter ceiling of a ring's busbw. With -x N
+ * (N even): N/2 pairs of nodes, each node writing to and reading from its
+ * partner over one connection at once, as a step of halving-doubling does
+ * (X_N): each direction's ACKs ride on the other's data.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -116,6 +128,144 @@ static void *send_main(void *arg)
     return NULL;
 }
 
+/* One node of the ring: writes to out (the next node) until end, reads from
+ * in (the previous one) until it closes; counts what it read after its first
+ * read, as recv_main does. */
+typedef struct ts_node {
+    int in, out;
+    size_t bufsize;
+    double end;
+    uint64_t bytes;
+    bool started;
+    double t_first, t_last;
+    int err;
+} ts_node_t;
+
+static void *node_main(void *arg)
+{
+    ts_node_t *n = arg;
+    char *wbuf = malloc(n->bufsize), *rbuf = malloc(n->bufsize);
+    size_t woff = 0;
+    bool writing = true;
+    if (!wbuf || !rbuf) n->err = ENOMEM;
+    if (wbuf) memset(wbuf, 0x5a, n->bufsize); /* faults are not timed */
+    if (rbuf) memset(rbuf, 0, n->bufsize);
+    fcntl(n->in, F_SETFL, fcntl(n->in, F_GETFL) | O_NONBLOCK);
+    fcntl(n->out, F_SETFL, fcntl(n->out, F_GETFL) | O_NONBLOCK);
+    while (!n->err) {
+        if (writing && now_s() >= n->end) {
+            shutdown(n->out, SHUT_WR); /* the next node reads to the end */
+            writing = false;
+        }
+        struct pollfd p[2] = {{.fd = n->in, .events = POLLIN}, {.fd = n->out, .events = POLLOUT}};
+        if (poll(p, writing ? 2 : 1, 100) < 0 && errno != EINTR) {
+            n->err = errno;
+            break;
+        }
+        if (p[0].revents) {
+            ssize_t r = read(n->in, rbuf, n->bufsize);
+            if (r > 0) {
+                double t = now_s();
+                if (!n->started)
+                    n->t_first = t, n->started = true;
+                else
+                    n->bytes += (uint64_t)r;
+                n->t_last = t;
+            } else if (r == 0) {
+                break; /* the previous node is done */
+            } else if (errno != EAGAIN && errno != EINTR) {
+                n->err = errno;
+            }
+        }
+        if (writing && p[1].revents) {
+            ssize_t w = write(n->out, wbuf + woff, n->bufsize - woff);
+            if (w > 0)
+                woff = (woff + (size_t)w) % n->bufsize;
+            else if (w < 0 && errno != EAGAIN && errno != EINTR)
+                n->err = errno;
+        }
+    }
+    if (writing) shutdown(n->out, SHUT_WR);
+    free(wbuf);
+    free(rbuf);
+    return NULL;
+}
+
+/* The ring of -r (pairs: the pairs of -x): returns GB/s summed over the
+ * nodes, < 0 on failure. */
+static double run_ring(const struct sockaddr_in *sa, int nodes, bool pairs, size_t wsize,
+                       double seconds, uint64_t *total)
+{
+    ts_node_t nd[TS_MAX];
+    pthread_t th[TS_MAX];
+    int lfd[TS_MAX];
+    struct sockaddr_in addr[TS_MAX];
+    for (int i = 0; i < nodes; i++) {
+        addr[i] = *sa;
+        socklen_t alen = sizeof(addr[i]);
+        lfd[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (lfd[i] < 0 || bind(lfd[i], (struct sockaddr *)&addr[i], alen) < 0 ||
+            listen(lfd[i], 1) < 0 || getsockname(lfd[i], (struct sockaddr *)&addr[i], &alen) < 0) {
+            perror("tcp-stream: listen");
+            return -1;
+        }
+    }
+    double end = now_s() + seconds + 0.05 * nodes; /* set-up is not timed */
+    for (int i = 0; i < nodes; i++) {   /* node i writes to node i + 1, or to its partner */
+        if (pairs && (i & 1)) continue; /* the even node of a pair dials */
+        int next = pairs ? i ^ 1 : (i + 1) % nodes, one = 1;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&addr[next], sizeof(addr[next])) < 0) {
+            perror("tcp-stream: connect");
+            return -1;
+        }
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        nd[i] = (ts_node_t){.out = fd, .bufsize = wsize, .end = end};
+    }
+    for (int i = 0; i < nodes; i++) {
+        if (pairs && !(i & 1)) { /* one connection both ways */
+            close(lfd[i]);
+            nd[i].in = nd[i].out;
+            continue;
+        }
+        int fd = accept(lfd[i], NULL, NULL); /* from node i - 1 (backlog: done) */
+        close(lfd[i]);
+        if (fd < 0) {
+            perror("tcp-stream: accept");
+            return -1;
+        }
+        if (pairs) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            nd[i] = (ts_node_t){.in = fd, .out = fd, .bufsize = wsize, .end = end};
+        } else {
+            nd[i].in = fd;
+        }
+    }
+    for (int i = 0; i < nodes; i++)
+        if (pthread_create(&th[i], NULL, node_main, &nd[i]) != 0) {
+            fprintf(stderr, "tcp-stream: pthread_create failed\n");
+            return -1;
+        }
+    double gbps = 0;
+    int bad = 0;
+    for (int i = 0; i < nodes; i++) {
+        pthread_join(th[i], NULL);
+        close(nd[i].in);
+        if (nd[i].out != nd[i].in) close(nd[i].out);
+        double dt = nd[i].t_last - nd[i].t_first;
+        if (nd[i].err || dt <= 0) {
+            fprintf(stderr, "tcp-stream: node %d: %s\n", i,
+                    nd[i].err ? strerror(nd[i].err) : "too little data to time");
+            bad = 1;
+            continue;
+        }
+        gbps += (double)nd[i].bytes / dt / 1e9;
+        *total += nd[i].bytes;
+    }
+    return bad ? -1 : gbps;
+}
+
 static size_t parse_size(const char *s)
 {
     char *end;
@@ -138,9 +288,13 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: tcp-stream [-t SECONDS] [-s WRITE_SIZE] [-p STREAMS] [--host ADDR] [-q]\n"
-               "  TCP throughput of STREAMS (1) streams at once, each from one thread to "
-               "another,\n  summed, in GB/s (1e9 B/s)\n");
+    fprintf(f,
+            "usage: tcp-stream [-t SECONDS] [-s WRITE_SIZE] [-p STREAMS | -r NODES | -x NODES]\n"
+            "                  [--host ADDR] [-q]\n"
+            "  TCP throughput of STREAMS (1) streams at once, each from one thread to another,\n"
+            "  summed, in GB/s (1e9 B/s); -r: a ring of NODES threads, each writing to the next\n"
+            "  and reading from the previous at once; -x: NODES/2 pairs, each node writing to\n"
+            "  and reading from its partner over one connection\n");
 }
 
 int main(int argc, char **argv)
@@ -149,7 +303,8 @@ int main(int argc, char **argv)
     size_t wsize = 4u << 20;
     const char *host = "127.0.0.1";
     bool quiet = false;
-    int streams = 1;
+    int streams = 1, ring = 0;
+    bool pairs = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-q")) {
@@ -161,6 +316,9 @@ int main(int argc, char **argv)
             seconds = atof(v), i++;
         } else if (v && !strcmp(a, "-p")) {
             streams = atoi(v), i++;
+        } else if (v && (!strcmp(a, "-r") || !strcmp(a, "-x"))) {
+            pairs = !strcmp(a, "-x");
+            ring = atoi(v), i++;
         } else if (v && !strcmp(a, "-s")) {
             wsize = parse_size(v), i++;
         } else if (v && !strcmp(a, "--host")) {
@@ -170,7 +328,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (seconds <= 0 || wsize == 0 || streams < 1 || streams > TS_MAX) {
+    if (seconds <= 0 || wsize == 0 || streams < 1 || streams > TS_MAX || ring < 0 || ring == 1 ||
+        ring > TS_MAX || (pairs && ring % 2)) {
         usage(stderr);
         return 2;
     }
@@ -179,6 +338,18 @@ int main(int argc, char **argv)
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
         fprintf(stderr, "tcp-stream: bad IPv4 address %s\n", host);
         return 2;
+    }
+    if (ring) {
+        uint64_t total = 0;
+        double g = run_ring(&sa, ring, pairs, wsize, seconds, &total);
+        if (g < 0) return 1;
+        if (quiet)
+            printf("%.4f\n", g);
+        else
+            printf(
+                "tcp-stream: %s %s of %d nodes %.3f GB/s together (%llu bytes, %zu-byte writes)\n",
+                host, pairs ? "pairs" : "ring", ring, g, (unsigned long long)total, wsize);
+        return 0;
     }
     ts_recv_t r[TS_MAX];
     ts_send_t w[TS_MAX];
