@@ -303,10 +303,31 @@ static int h_host_alloc(void **p, size_t n)
     return 0;
 }
 
+/* COHORT_TEST_GPU_FREE_US (tests): how long a pinned free takes before it
+ * synchronizes the device (cudaFreeHost takes about a millisecond); long,
+ * it opens the window in which another thread queues work that the free's
+ * synchronization then waits for (mp.gpu.host.graves). */
+static long free_delay_us(void)
+{
+    static _Atomic long v = -1;
+    long d = atomic_load(&v);
+    if (d < 0) {
+        const char *e = getenv("COHORT_TEST_GPU_FREE_US");
+        d = e ? atol(e) : 0;
+        atomic_store(&v, d > 0 ? d : 0);
+    }
+    return d;
+}
+
 static void h_host_free(void *p)
 {
     if (!p) return;
     drv_gate();
+    long us = free_delay_us();
+    if (us > 0) {
+        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     device_sync();
     pthread_mutex_lock(&pin_mu);
     pinned_t *gone = NULL;

@@ -30,16 +30,16 @@ void rx_mpsc_push(rx_mpsc_t *q, rx_task_t *t)
     rx_task_t *prev = atomic_exchange_explicit(&q->head, t, memory_order_acq_rel);
     /* Between the exchange and this store the queue is briefly cut; the
      * consumer sees that as "empty for now" and the wake-up that follows
-     * this push brings it back. */
-    atomic_store_explicit(&prev->next, t, memory_order_release);
-    /* The wake-up that follows (uv_async_send) first reads libuv's pending
-     * flag, plainly: without a full barrier x86 may do that read before this
-     * store is visible (store-load reordering). Seeing a wake-up pending, it
-     * sends none; the loop, woken by that earlier one, clears the flag, finds
-     * the queue cut here and sleeps: the task waits for the loop's next pass
-     * (50 ms). Not caught in a test (2.4 million contended posts); a known
-     * hazard of that read, and one mfence per post. */
-    atomic_thread_fence(memory_order_seq_cst);
+     * this push brings it back.
+     * An exchange, not a release store: a full barrier (a locked instruction
+     * on x86; a fence would do, but TSan refuses fences). The wake-up that
+     * follows (uv_async_send) first reads libuv's pending flag, plainly, and
+     * x86 may do that read before a plain store is visible (store-load
+     * reordering). Seeing a wake-up pending, it sends none; the loop, woken
+     * by that earlier one, clears the flag, finds the queue cut here and
+     * sleeps: the task waits for the loop's next pass (50 ms). Not caught in
+     * a test (2.4 million contended posts); a known hazard of that read. */
+    atomic_exchange_explicit(&prev->next, t, memory_order_seq_cst);
 }
 
 rx_task_t *rx_mpsc_pop(rx_mpsc_t *q)

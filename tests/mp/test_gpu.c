@@ -24,6 +24,15 @@
  *                    kernels wait behind a closed gate): finalize returns
  *                    within 5 s, the op ends failed, and work the caller
  *                    ordered after it on another stream runs
+ *   test_gpu graves  allgathers on fresh buffers of growing sizes (staged, each
+ *                    slot larger than the pinned cache's: the smallest goes
+ *                    to the graves, released once no op runs), each followed
+ *                    at once by an allreduce through IPC (its gate queued at
+ *                    submission), COHORT_TEST_GPU_FREE_US making each pinned
+ *                    free slow: a gate counted during a release used to have
+ *                    its wait queued before the release's synchronization
+ *                    reached its stream, which then waited for the loop that
+ *                    was in the release (no op ended again)
  *   test_gpu finalize_busy
  *                    every rank submits a 4 MiB device allreduce and rank 0
  *                    finalizes at once, its kernels or copies perhaps
@@ -612,6 +621,49 @@ static void until_ipc(coh_ctx_t *ctx, float *d, size_t count, void *stream, bool
     MP_FAIL("no op through IPC in 200");
 }
 
+static void mode_graves(coh_ctx_t *ctx)
+{
+    bool ipc = !getenv("COHORT_GPU_IPC") || atoi(getenv("COHORT_GPU_IPC")) != 0;
+    const size_t count = 4096;
+    float *h = xmalloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) h[i] = 1.0f;
+    float *d = dalloc(count * sizeof(float));
+    to_dev(d, h, count * sizeof(float));
+    until_ipc(ctx, d, count, NULL, ipc);
+    double t0 = mp_now_s();
+    for (int it = 0; it < 24; it++) {
+        /* 64 KiB more each time: every slot outgrows the cache's. */
+        size_t n = (size_t)(it + 1) << 16, ag = n / sizeof(float);
+        void *src, *dst;
+        if (D->dev_alloc(&src, n) < 0 || D->dev_alloc(&dst, n * (size_t)N) < 0)
+            MP_FAIL("dev_alloc: %s", D->last_error());
+        coh_request_t *rq;
+        MP_OK(coh_allgather(W, src, dst, ag, COH_F32, &rq));
+        mp_wait(rq); /* the loop drains the graves now: no op runs */
+        MP_OK(coh_allreduce(W, d, d, count, COH_F32, COH_SUM, &rq));
+        int st = coh_wait(rq, 20000);
+        if (st == COH_EAGAIN) MP_FAIL("round %d: the allreduce still runs after 20 s", it);
+        if (st) MP_FAIL("round %d: %s: %s", it, coh_status_name(st), coh_request_error(rq));
+        coh_request_free(rq);
+        D->dev_free(src);
+        D->dev_free(dst);
+    }
+    from_dev(h, d, count * sizeof(float));
+    /* 1, then times N once per op: until_ipc's ops and the 24 here. */
+    for (size_t i = 1; i < count; i++)
+        if (h[i] != h[0]) MP_FAIL("element %zu is %g, element 0 %g", i, h[i], h[0]);
+    coh_stats_t st;
+    MP_OK(coh_ctx_stats(ctx, &st));
+    printf("rank %d: 24 rounds in %.2f s, %llu device ops, %llu through IPC\n", R, mp_now_s() - t0,
+           (unsigned long long)st.gpu_ops, (unsigned long long)st.gpu_ops_ipc);
+    if (ipc && st.gpu_ops_ipc < 24)
+        MP_FAIL("only %llu ops through IPC", (unsigned long long)st.gpu_ops_ipc);
+    dfree(d);
+    free(h);
+    MP_OK(coh_finalize(ctx));
+    printf("rank %d: OK\n", R);
+}
+
 /* Finalize with a device op in flight (see the modes above). busy: every
  * rank joins and rank 0 finalizes at once; else the last rank never joins. */
 static void mode_finalize(coh_ctx_t *ctx, bool busy)
@@ -686,6 +738,10 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "kill")) {
         mode_kill();
         coh_finalize(ctx);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "graves")) {
+        mode_graves(ctx);
         return 0;
     }
     if (argc > 1 && !strncmp(argv[1], "finalize", 8)) {
