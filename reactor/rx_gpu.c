@@ -618,6 +618,14 @@ static void abort_unlaunched(struct rx_gpu *g, gop_t *op, size_t k)
                       -1);
 }
 
+/* Every number from next_out on: a local op's every number reserved, the
+ * fallback's too (the peers may have staged it). */
+static void abort_rest(struct rx_gpu *g, gop_t *op)
+{
+    size_t end = op->local ? 2 + op->staged_n : op->nchunks;
+    for (size_t k = op->next_out; k < end; k++) abort_unlaunched(g, op, k);
+}
+
 static void advance_local(struct rx_gpu *g, gop_t *op, bool *devwait);
 
 /* Move op as far as it goes now; *devwait: it waits for a device event. */
@@ -1131,10 +1139,7 @@ static void finish(struct rx_gpu *g, gop_t *op)
     if (op->status == 0 && op->ndone < op->nchunks)
         op_fail(op, COH_EINTERNAL, "device op ended with chunks missing");
     if (op->status < 0) {
-        /* A local op: every number it reserved, the fallback's too (the
-         * peers may have staged it). */
-        size_t end = op->local ? 2 + op->staged_n : op->nchunks;
-        for (size_t k = op->next_out; k < end; k++) abort_unlaunched(g, op, k);
+        abort_rest(g, op);
         rx_request_set_error(op->req, op->status, op->why);
     }
     if (op->status == 0) {
@@ -1333,8 +1338,7 @@ static int abort_all_fn(rx_reactor_t *rx, void *arg)
         if (!op->local) /* staged: chunks copied out, not yet on the rails */
             for (int i = 0; i < GPU_SLOTS; i++)
                 if (op->slot[i].state == SLOT_OUT) abort_unlaunched(g, op, op->slot[i].chunk);
-        size_t end = op->local ? 2 + op->staged_n : op->nchunks;
-        for (size_t k = op->next_out; k < end; k++) abort_unlaunched(g, op, k);
+        abort_rest(g, op);
         op->told = true;
     }
     return 0;
