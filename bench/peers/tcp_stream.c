@@ -39,12 +39,19 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct ts_recv {
-    int listen_fd;
-    size_t bufsize;
+/* What one receiver read: the clock starts at its first read's return, so
+ * that read's bytes are not counted; the rate is the bytes after t_first over
+ * the time after it. */
+typedef struct ts_meter {
     uint64_t bytes;
     bool started;
     double t_first, t_last;
+} ts_meter_t;
+
+typedef struct ts_recv {
+    int listen_fd;
+    size_t bufsize;
+    ts_meter_t m;
     int err;
 } ts_recv_t;
 
@@ -53,6 +60,23 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void meter_add(ts_meter_t *m, ssize_t n)
+{
+    double t = now_s();
+    if (!m->started)
+        m->t_first = t, m->started = true;
+    else
+        m->bytes += (uint64_t)n;
+    m->t_last = t;
+}
+
+/* GB/s, or < 0 with too little data to time. */
+static double meter_rate(const ts_meter_t *m)
+{
+    double dt = m->t_last - m->t_first;
+    return dt > 0 ? (double)m->bytes / dt / 1e9 : -1;
 }
 
 static void *recv_main(void *arg)
@@ -72,14 +96,7 @@ static void *recv_main(void *arg)
     for (;;) {
         ssize_t n = read(fd, buf, r->bufsize);
         if (n > 0) {
-            /* The clock starts at the first read's return, so its bytes are not
-               counted: the rate is bytes after t_first over the time after it. */
-            double t = now_s();
-            if (!r->started)
-                r->t_first = t, r->started = true;
-            else
-                r->bytes += (uint64_t)n;
-            r->t_last = t;
+            meter_add(&r->m, n);
         } else if (n == 0) {
             break;
         } else if (errno != EINTR) {
@@ -135,9 +152,7 @@ typedef struct ts_node {
     int in, out;
     size_t bufsize;
     double end;
-    uint64_t bytes;
-    bool started;
-    double t_first, t_last;
+    ts_meter_t m;
     int err;
 } ts_node_t;
 
@@ -165,12 +180,7 @@ static void *node_main(void *arg)
         if (p[0].revents) {
             ssize_t r = read(n->in, rbuf, n->bufsize);
             if (r > 0) {
-                double t = now_s();
-                if (!n->started)
-                    n->t_first = t, n->started = true;
-                else
-                    n->bytes += (uint64_t)r;
-                n->t_last = t;
+                meter_add(&n->m, r);
             } else if (r == 0) {
                 break; /* the previous node is done */
             } else if (errno != EAGAIN && errno != EINTR) {
@@ -253,15 +263,15 @@ static double run_ring(const struct sockaddr_in *sa, int nodes, bool pairs, size
         pthread_join(th[i], NULL);
         close(nd[i].in);
         if (nd[i].out != nd[i].in) close(nd[i].out);
-        double dt = nd[i].t_last - nd[i].t_first;
-        if (nd[i].err || dt <= 0) {
+        double rate = meter_rate(&nd[i].m);
+        if (nd[i].err || rate < 0) {
             fprintf(stderr, "tcp-stream: node %d: %s\n", i,
                     nd[i].err ? strerror(nd[i].err) : "too little data to time");
             bad = 1;
             continue;
         }
-        gbps += (double)nd[i].bytes / dt / 1e9;
-        *total += nd[i].bytes;
+        gbps += rate;
+        *total += nd[i].m.bytes;
     }
     return bad ? -1 : gbps;
 }
@@ -398,14 +408,14 @@ int main(int argc, char **argv)
             rc = 1;
             continue;
         }
-        double dt = r[i].t_last - r[i].t_first;
-        if (dt <= 0) {
+        double rate = meter_rate(&r[i].m);
+        if (rate < 0) {
             fprintf(stderr, "tcp-stream: too little data to time\n");
             rc = 1;
             continue;
         }
-        gbps += (double)r[i].bytes / dt / 1e9;
-        bytes += r[i].bytes;
+        gbps += rate;
+        bytes += r[i].m.bytes;
     }
     if (rc) return rc;
     if (quiet)
