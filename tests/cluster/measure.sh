@@ -14,7 +14,9 @@
 # payload; `configured` is the tbf rate, which counts whole frames: at MTU 1500
 # a 1448-byte segment is a 1514-byte frame, so TCP can get at most 95.6% of it.
 # With --tolerance PCT, exits 1 when any shaped link's measured/configured is
-# off by more than PCT percent.
+# off by more than PCT percent. A reading short of the rate is taken twice
+# more and the best kept: other processes on the same cores (ctest -j) only
+# ever lower a reading, while a wrong shaper stays wrong on every try.
 #
 # --udp checks `up --loss`: COUNT datagrams (default 5000, paced at half the
 # link's rate at most, so tbf drops none) from the hub to every rank and NIC; prints the loss in
@@ -127,8 +129,15 @@ if [ "$udp" = 1 ]; then
   want=$COH_LOSS
   for ((i = 0; i < COH_N; i++)); do
     for ((k = 0; k < COH_K; k++)); do
-      got=$(stream "$COH_NAME-$i" "10.$COH_SUBNET.$k.$((i + 1))" "$COH_HUB" --udp "$(rate_of "$i" "$k")")
-      pct=$(awk -v g="$got" -v c="$count" 'BEGIN{printf "%.2f", 100 * (c - g) / c}')
+      # As for TCP: a busy CPU only adds loss (a full socket buffer), so a
+      # reading above the tolerance is taken twice more, keeping the lowest.
+      for try in 1 2 3; do
+        n=$(stream "$COH_NAME-$i" "10.$COH_SUBNET.$k.$((i + 1))" "$COH_HUB" --udp "$(rate_of "$i" "$k")")
+        [ "$try" = 1 ] || { echo "measure.sh: rank$i eth$k received $got of $count, try $try: $n" >&2; }
+        [ "$try" != 1 ] && [ "$n" -le "$got" ] || got=$n
+        pct=$(awk -v g="$got" -v c="$count" 'BEGIN{printf "%.2f", 100 * (c - g) / c}')
+        [ -n "$tol" ] && awk -v m="$pct" -v w="$want" -v t="$tol" 'BEGIN{exit !(m - w > t)}' || break
+      done
       verdict=""
       if [ -n "$tol" ] && awk -v m="$pct" -v w="$want" -v t="$tol" 'BEGIN{d = m - w; exit !(d > t || -d > t)}'; then
         verdict="  OUT OF +-$tol points"
@@ -143,6 +152,25 @@ if [ "$udp" = 1 ]; then
   done
   exit "$bad"
 fi
+
+short() { # CONFIGURED MEASURED: true when a tolerance is set and MEASURED is below it
+  [ -n "$tol" ] && [ "$1" != off ] &&
+    awk -v m="$2" -v c="$1" -v t="$tol" 'BEGIN{exit !(m / c < 1 - t / 100)}'
+}
+# best CONFIGURED STREAM-ARGS...: the stream's rate, re-measured (at most 3
+# tries in all) while it is short of CONFIGURED; the highest reading.
+best() {
+  local want=$1 m n try
+  shift
+  m=$(stream "$@")
+  for try in 2 3; do
+    short "$want" "$m" || break
+    n=$(stream "$@")
+    echo "measure.sh: $want Mbit/s link read $m, try $try: $n" >&2
+    m=$(awk -v a="$m" -v b="$n" 'BEGIN{print (b > a ? b : a)}')
+  done
+  echo "$m"
+}
 
 bad=0
 report() { # LINK NIC CONFIGURED MEASURED
@@ -171,8 +199,8 @@ for ((i = 0; i < COH_N; i++)); do
   for ((k = 0; k < COH_K; k++)); do
     r=$(rate_of "$i" "$k")
     hub_ip=10.$COH_SUBNET.$k.254 rank_ip=10.$COH_SUBNET.$k.$((i + 1))
-    report "rank$i up" "eth$k" "$r" "$(stream "$COH_HUB" "$hub_ip" "$COH_NAME-$i")"
-    report "rank$i down" "eth$k" "$r" "$(stream "$COH_NAME-$i" "$rank_ip" "$COH_HUB")"
+    report "rank$i up" "eth$k" "$r" "$(best "$r" "$COH_HUB" "$hub_ip" "$COH_NAME-$i")"
+    report "rank$i down" "eth$k" "$r" "$(best "$r" "$COH_NAME-$i" "$rank_ip" "$COH_HUB")"
     if [ "$pairs" = 1 ] && [ "$COH_N" -gt 1 ]; then
       j=$(((i + 1) % COH_N))
       rj=$(rate_of "$j" "$k")
@@ -184,7 +212,7 @@ for ((i = 0; i < COH_N; i++)); do
         want=$(awk -v a="$r" -v b="$rj" 'BEGIN{print (a < b ? a : b)}')
       fi
       report "rank$i->$j" "eth$k" "$want" \
-        "$(stream "$COH_NAME-$j" "10.$COH_SUBNET.$k.$((j + 1))" "$COH_NAME-$i")"
+        "$(best "$want" "$COH_NAME-$j" "10.$COH_SUBNET.$k.$((j + 1))" "$COH_NAME-$i")"
     fi
   done
 done
