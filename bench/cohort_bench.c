@@ -27,7 +27,7 @@ typedef enum { C_ALLREDUCE, C_BROADCAST, C_ALLGATHER, C_REDUCE_SCATTER } coll_t;
 static struct {
     uint64_t minb, maxb, step;
     double factor;
-    int iters, warmup, check, csv, root, pct, times, device;
+    int iters, warmup, check, csv, root, pct, times, device, span;
     double loss_bound, pull_bound;
     coh_redop op;
     coh_dtype dtype;
@@ -131,6 +131,9 @@ static void usage(void)
         "size\n"
         "            (iteration times: the slowest rank's; lost: the fraction of datagram\n"
         "            receive bytes lost, over every rank)\n"
+        "  --span    rank 0 also prints 'span,bytes,p50_us,p90_us,mean_us,period_us': per\n"
+        "            iteration the last rank in to the last rank out (one host only), and\n"
+        "            rank 0's time per iteration over the run (peers_common.h)\n"
         "  --times   rank 0 also prints 'times,bytes,t1_us,t2_us,...': every timed iteration,\n"
         "            the slowest rank's, in order (where a tail comes from)\n"
         "  --mem M   host (default) or device: the buffers are device memory (coh_mem_alloc;\n"
@@ -290,6 +293,10 @@ int main(int argc, char **argv)
             o.times = 1;
             continue;
         }
+        if (!strcmp(a, "--span")) {
+            o.span = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || !v) usage();
         i++;
         if (!strcmp(a, "-b")) {
@@ -363,6 +370,9 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     double *times = malloc(sizeof(double) * (size_t)o.iters);
+    double *span_in = malloc(sizeof(double) * (size_t)o.iters);
+    double *span_out = malloc(sizeof(double) * (size_t)o.iters);
+    if (!times || !span_in || !span_out) die("out of memory for the times", COH_ENOMEM, NULL);
     double lossacc[2] = {0, 0}; /* datagram receive bytes lost, of how many */
     long total_wrong = 0;
     for (uint64_t bytes = o.minb; bytes <= o.maxb;
@@ -410,8 +420,9 @@ int main(int argc, char **argv)
                 lossacc[1] += (double)(li.push_bytes + li.pull_bytes);
             }
             coh_request_free(req);
-            if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
+            if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
         }
+        double period = (span_out[o.iters - 1] - span_in[0]) / o.iters;
         if (o.device) {
             if (o.check && (st = coh_mem_copy(ctx, hrecv, recv, recv_n * es)))
                 die("device buffers", st, NULL);
@@ -436,6 +447,12 @@ int main(int argc, char **argv)
             printf("times,%llu", (unsigned long long)(total * es));
             for (int k = 0; k < o.iters; k++) printf(",%.1f", times[k]);
             printf("\n");
+        }
+        if (o.span) {
+            if ((st = coh_allreduce_sync(W, NULL, span_in, (size_t)o.iters, COH_F64, COH_MAX)) ||
+                (st = coh_allreduce_sync(W, NULL, span_out, (size_t)o.iters, COH_F64, COH_MAX)))
+                die("gathering spans", st, NULL);
+            if (R == 0) pb_print_span(total * es, span_in, span_out, o.iters, period);
         }
         double tsum = 0;
         for (int k = 0; k < o.iters; k++) tsum += times[k];
@@ -471,6 +488,8 @@ int main(int argc, char **argv)
         free(recv);
         if (bytes == 0 && o.step == 0) break;
     }
+    free(span_out);
+    free(span_in);
     free(times);
     if (R == 0 && !o.csv) {
         /* The multi-rail balancer's table the last ops were split with. */

@@ -9,7 +9,10 @@
 # is better). A median favours waiters that never give the CPU away: an op
 # that ran while both ranks were on a core counts as much as one that waited
 # for a time slice; --pct also prints both sides' p90 and mean (the mean is
-# what a training step pays).
+# what a training step pays), and the span: per iteration the last rank in to
+# the last rank out, p50/mean (`--span` of the benchmarks: the slowest rank's
+# call also counts how far apart the ranks entered it; the mean span is the
+# period of back-to-back ops).
 #
 #   bench/contention.sh [--iters 2000] [--ranks "2 4"] [--busy "0 1 2"] [--build build]
 set -euo pipefail
@@ -33,7 +36,7 @@ command -v mpirun >/dev/null || { echo "contention.sh: mpirun not found" >&2; ex
 ROOT=()
 [ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
 MPI=(mpirun --oversubscribe --bind-to none --mca pml ob1 "${ROOT[@]}")
-ARGS=(--csv -b 4K -e 64K -f 16 -n "$ITERS" -w 100 -c 1 -o sum -d float)
+ARGS=(--csv -b 4K -e 64K -f 16 -n "$ITERS" -w 100 -c 1 -o sum -d float --span)
 PIDS=()
 stop_busy() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -57,6 +60,8 @@ run() {
 # med IMPL: "t4k t64k"; tail IMPL: "p90/mean" at 4K and 64K
 med() { awk -F, '$1 == "sum" { printf "%s ", $6 }' "$WORK/$1"; }
 tail_() { awk -F, '$1 == "pct" { printf "%7s/%-7s ", $4, $8 }' "$WORK/$1"; }
+# span IMPL: the span's "p50/mean" at 4K and 64K
+span_() { awk -F, '$1 == "span" { printf "%7s/%-7s ", $3, $5 }' "$WORK/$1"; }
 
 printf "# bench/contention.sh, %s, %s cpus, %s iterations; us per allreduce (median)\n" \
     "$(date -Is)" "$(nproc)" "$ITERS"
@@ -83,6 +88,8 @@ for n in $RANKS; do
         if [ "$PCT" = 1 ]; then
             echo "           p90/mean (4K 64K): tcp $(tail_ tcp) mpi $(tail_ mpitcp)"
             echo "                              shm $(tail_ shm) vader $(tail_ vader)"
+            echo "      span p50/mean (4K 64K): tcp $(span_ tcp) mpi $(span_ mpitcp)"
+            echo "                              shm $(span_ shm) vader $(span_ vader)"
         fi
     done
 done

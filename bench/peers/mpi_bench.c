@@ -49,7 +49,9 @@ int main(int argc, char **argv)
     float *send = malloc(max_count * sizeof(float));
     float *recv = malloc(max_count * sizeof(float));
     double *times = malloc((size_t)o.iters * sizeof(double));
-    if (!send || !recv || !times) {
+    double *span_in = malloc((size_t)o.iters * sizeof(double));
+    double *span_out = malloc((size_t)o.iters * sizeof(double));
+    if (!send || !recv || !times || !span_in || !span_out) {
         fprintf(stderr, "mpi-bench: out of memory for %zu bytes\n", o.max_bytes);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -71,7 +73,15 @@ int main(int argc, char **argv)
             double t0 = pb_now_us();
             MPI_CHECK(MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
             double t1 = pb_now_us();
-            if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
+            if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
+        }
+        double period = (span_out[o.iters - 1] - span_in[0]) / o.iters;
+        if (o.span) {
+            MPI_CHECK(
+                MPI_Allreduce(MPI_IN_PLACE, span_in, o.iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, span_out, o.iters, MPI_DOUBLE, MPI_MAX,
+                                    MPI_COMM_WORLD));
+            if (rank == 0) pb_print_span(nbytes, span_in, span_out, o.iters, period);
         }
         double cpu = pb_cpu_s() - cpu0, cpu_all = 0;
         MPI_CHECK(MPI_Allreduce(&cpu, &cpu_all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
@@ -91,6 +101,8 @@ int main(int argc, char **argv)
         if (rank == 0) pb_print_cpu(o.csv, o.iters, nbytes, cpu_all);
     }
 
+    free(span_out);
+    free(span_in);
     free(times);
     free(recv);
     free(send);

@@ -26,7 +26,8 @@ typedef struct pb_opts {
     int iters, warmup;
     int check;
     bool csv;
-    bool pct; /* --pct: also a 'pct,...' line per size (pb_print_pct) */
+    bool pct;  /* --pct: also a 'pct,...' line per size (pb_print_pct) */
+    bool span; /* --span: also a 'span,...' line per size (pb_print_span) */
     const char *op, *dtype;
     /* benchmark-specific extras (Gloo): NULL/0 when not given */
     const char *algo, *store, *host;
@@ -74,6 +75,9 @@ static inline void pb_usage(FILE *f, const char *prog, const char *extra)
             "busbw_GBps\n"
             "      --pct               also print 'pct,bytes,p50_us,p90_us,p99_us,max_us,0,mean_us'"
             " per size\n"
+            "      --span              also print 'span,bytes,p50_us,p90_us,mean_us,period_us'"
+            " per size\n"
+            "                          (last rank in to last rank out; one host only)\n"
             "%s",
             prog, extra ? extra : "");
 }
@@ -93,6 +97,7 @@ static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extr
         {"datatype", required_argument, NULL, 'd'},
         {"csv", no_argument, NULL, 'C'},
         {"pct", no_argument, NULL, 'P'},
+        {"span", no_argument, NULL, 'T'},
         {"algo", required_argument, NULL, 'a'},
         {"store", required_argument, NULL, 'S'},
         {"host", required_argument, NULL, 'H'},
@@ -122,6 +127,7 @@ static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extr
         case 'd': o->dtype = optarg; break;
         case 'C': o->csv = true; break;
         case 'P': o->pct = true; break;
+        case 'T': o->span = true; break;
         case 'a': o->algo = optarg; break;
         case 'S': o->store = optarg; break;
         case 'H': o->host = optarg; break;
@@ -185,6 +191,36 @@ static inline void pb_print_pct(size_t bytes, double *t, int n)
     qsort(t, (size_t)n, sizeof(*t), pb_cmp_double);
     printf("pct,%zu,%.1f,%.1f,%.1f,%.1f,0,%.1f\n", bytes, t[(n - 1) / 2], t[(int)ceil(0.9 * n) - 1],
            t[(int)ceil(0.99 * n) - 1], t[n - 1], sum / n);
+}
+
+/*
+ * --span: what an op costs once everyone is in it. The per-iteration time above
+ * (the slowest rank's call) also counts how far apart the ranks entered: a rank
+ * that was descheduled after its last op makes the others' next call long. Here
+ * IN and OUT are every iteration's latest entry and latest return over the ranks
+ * (CLOCK_MONOTONIC, the same clock in every process of one host: meaningless
+ * across hosts), and the span is OUT - IN; PERIOD is rank 0's time per
+ * iteration over the whole run (back to back: the throughput's reciprocal).
+ * Sorts SPAN_OUT in place.
+ */
+/* One timed iteration i: its duration, and its entry and return for --span. */
+static inline void pb_record(double *times, double *in, double *out, int i, double t0, double t1)
+{
+    times[i] = t1 - t0;
+    in[i] = t0;
+    out[i] = t1;
+}
+
+static inline void pb_print_span(size_t bytes, const double *in, double *out, int n, double period)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] -= in[i];
+        sum += out[i];
+    }
+    qsort(out, (size_t)n, sizeof(*out), pb_cmp_double);
+    printf("span,%zu,%.1f,%.1f,%.1f,%.1f\n", bytes, out[(n - 1) / 2], out[(int)ceil(0.9 * n) - 1],
+           sum / n, period);
 }
 
 /* Pattern for the check: small integers, so the float sum over ranks is exact and the
