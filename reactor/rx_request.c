@@ -239,13 +239,6 @@ COH_API int coh_wait(coh_request_t *req, int timeout_ms)
     return st;
 }
 
-/* coh_wait's spin with more ranks than cores (below): a yield back within
- * RX_YIELD_ALONE_NS ran nobody else; after RX_ALONE_YIELDS of them in a
- * row the waiter sleeps RX_NAP_NS (plus the kernel's timer slack). */
-#define RX_YIELD_ALONE_NS 5000ull
-#define RX_ALONE_YIELDS   16u
-#define RX_NAP_NS         20000L
-
 static int wait_req(coh_request_t *req, int timeout_ms)
 {
     struct coh_ctx *ctx = req->ctx;
@@ -268,7 +261,6 @@ static int wait_req(coh_request_t *req, int timeout_ms)
     /* The clock every 4th pass: in a VM a read took 80-300 ns, as long as a
      * pass, and half of a 4 KiB op's spin went to it. */
     uint64_t now = start;
-    unsigned alone = 0; /* yields in a row that came back at once */
     for (unsigned k = 1;
          spin_end > start && !is_done(req) && ((k++ & 3) || (now = bs_now_ns()) < spin_end);) {
         int helped = RX_HELP_BUSY;
@@ -288,23 +280,20 @@ static int wait_req(coh_request_t *req, int timeout_ms)
             for (int i = 0; i < 8; i++) cpu_relax();
             sched_yield();
         } else if (helped == RX_HELP_IDLE && ctx->oversubscribed) {
-            /* A yield that comes back at once found nobody else to run on
-             * this core: the peers this waits for run on the others. After
-             * a run of those, nap, so that the core goes idle and the
-             * kernel moves one of them here (a spinning waiter never lets
-             * it). 4 ranks on 2 cores, 1 MiB over shared memory: one run in
-             * three had rank 0 yield 50-75 thousand times (its core to
-             * itself, the other three on the other) and took 700 us, not
-             * 500 (docs/shm.md). */
-            uint64_t t0 = bs_now_ns();
+            /* A pass that moved nothing, with more ranks than cores: the
+             * peers this waits for may need this core. This used to nap
+             * 20 us after 16 yields that came back at once ("nobody else
+             * to run here"), so that an idle core would make the kernel
+             * move a waiting rank over. On this kernel (6.18, 2 cores) the
+             * naps made the imbalance instead: with them, 4 ranks sat 3 on
+             * one core and 1 on the other for 35-72% of a run in 3 runs of
+             * 4, without them 2 and 2 throughout; 4 ranks over TCP 4 KiB
+             * 85 us against 97 (Open MPI 85), 3 ranks 86 against 138, over
+             * shared memory 4 KiB 21 against 77, 64 KiB 93 against 142
+             * (mean of last rank in to last out, median of 3-6 rounds,
+             * docs/perf.md). */
             sched_yield();
             now = bs_now_ns();
-            alone = now - t0 < RX_YIELD_ALONE_NS ? alone + 1 : 0;
-            if (alone >= RX_ALONE_YIELDS) {
-                alone = 0;
-                struct timespec nap = {0, RX_NAP_NS};
-                nanosleep(&nap, NULL);
-            }
         }
     }
     bool done = is_done(req);
