@@ -478,61 +478,6 @@ static void build_allreduce_rd(bld_t *b)
     }
 }
 
-/*
- * All pairs: one step. Each rank sends its slice to every other rank at once,
- * receives theirs into scratch (slot p for rank position p), and sums the n
- * contributions in position order, so every rank computes the same
- * expression and ends with the same bits. Per rank (n-1) * S out and in
- * against recursive doubling's log2(n) * S, but one dependent step instead
- * of log2(n): where a step costs more than its bytes (small ops, and every
- * op with more ranks than cores, where each step waits for a peer to be
- * scheduled) that is the cheaper trade (sc_plan_cost, rx_coll.c). The own
- * slice is copied to its slot first: in place (or after the weighting
- * prologue) the input is the recv buffer the sum overwrites, so the first
- * write there waits for that copy and for every send of the input.
- */
-static void build_allreduce_pairs(bld_t *b)
-{
-    const int n = b->n, r = b->r;
-    const uint64_t lo = b->lo, len = b->len;
-    b->plan->scratch_count = len * (uint64_t)n;
-    uint32_t *dep = coh_malloc(sizeof(uint32_t) * (size_t)(n + 1)); /* what the sum waits for */
-    uint32_t *got = coh_malloc(sizeof(uint32_t) * (size_t)n);       /* [pos]: its slot is filled */
-    if (!dep || !got) {
-        coh_free(dep);
-        coh_free(got);
-        b->err = COH_ENOMEM;
-        return;
-    }
-    uint32_t nd = 0;
-    got[r] =
-        add(b, SC_COPY, b->in, SC_BUF_SCRATCH, LOCAL, 0, lo, len * (uint64_t)r, len, 0, NODEPS);
-    for (int d = 1; d < n; d++) {
-        dep[nd++] = add(b, SC_SEND, b->in, SC_BUF_RECV, r + d, 1, lo, lo, len, 0, NODEPS);
-        int p = (r - d + n) % n;
-        got[p] = add(b, SC_RECV, SC_BUF_SCRATCH, SC_BUF_SCRATCH, p, 1, len * (uint64_t)p,
-                     len * (uint64_t)p, len, 0, NODEPS);
-    }
-    dep[nd++] = got[0];
-    if (r != 0) dep[nd++] = got[r]; /* the own slice is read before it is overwritten */
-    uint32_t last = add_after(b,
-                              (sc_step_t){.kind = SC_COPY,
-                                          .src = SC_BUF_SCRATCH,
-                                          .dst = SC_BUF_RECV,
-                                          .peer = -1,
-                                          .src_off = 0,
-                                          .dst_off = lo,
-                                          .count = len},
-                              dep, nd);
-    for (int p = 1; p < n; p++)
-        last = add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, len * (uint64_t)p, lo, len,
-                   0, DEPS(last, got[p]));
-    if (divisor(b) > 0)
-        add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, lo, lo, len, divisor(b), DEPS(last));
-    coh_free(dep);
-    coh_free(got);
-}
-
 /* ---- broadcast ---- */
 
 /*
@@ -1308,7 +1253,6 @@ double sc_plan_cost(const sc_coll_t *c, size_t es, const sc_link_model_t *m)
     switch (c->kind) {
     case SC_ALLREDUCE:
         if (algo == SC_ALGO_RD) return log2_ceil(n) * (an + s / bn);
-        if (algo == SC_ALGO_PAIRS) return an + (n - 1) * s / bn; /* n-1 sends at once */
         if (algo == SC_ALGO_DIRECT) return 2 * (an + (n - 1) * (s / n) / bn);
         if (algo == SC_ALGO_HD) { /* a fold for non-powers of two: the buffer each way */
             const int l = ilog2_floor(n), P = 1 << l;
@@ -1327,31 +1271,12 @@ double sc_plan_cost(const sc_coll_t *c, size_t es, const sc_link_model_t *m)
     }
 }
 
-/* Messages the busiest rank of recursive doubling sends: one per round,
- * and with a fold (not a power of two) one more, the result handed back. */
-static int rd_sends(int n)
-{
-    int l = ilog2_floor(n);
-    return l + (n > (1 << l));
-}
-
 sc_algo sc_plan_resolve_algo(const sc_coll_t *c)
 {
     if (c->algo != SC_ALGO_AUTO) return c->algo;
     uint64_t total = c->count;
     if (c->kind == SC_ALLGATHER || c->kind == SC_REDUCE_SCATTER) total *= (uint64_t)c->nranks;
-    if (total > c->small_elems) return SC_ALGO_RING;
-    /* A small allreduce: all pairs where it sends no more messages than
-     * recursive doubling's busiest rank, in one step instead of log2(n)
-     * (+2 with the fold): 3 ranks (2 sends either way, 1 step against 3).
-     * Beyond, its n-1 messages cost more than the steps they save, at least
-     * with more ranks than cores (2 cores, loopback TCP, last rank in to last
-     * out: 4 ranks 4 KiB 143 against 103 us, 5 ranks 224 against 141; 3
-     * ranks 120 against 130 at 4 KiB, 121 / 161 at 16 KiB, 276 / 322 at 64
-     * KiB; docs/perf.md). At 2 ranks both are the one exchange. */
-    if (c->kind == SC_ALLREDUCE && c->nranks > 2 && c->nranks - 1 <= rd_sends(c->nranks))
-        return SC_ALGO_PAIRS;
-    return SC_ALGO_RD;
+    return total <= c->small_elems ? SC_ALGO_RD : SC_ALGO_RING;
 }
 
 int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
@@ -1412,8 +1337,6 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
                 build_allreduce_rd(&b);
             else if (algo == SC_ALGO_HD)
                 build_allreduce_hd(&b);
-            else if (algo == SC_ALGO_PAIRS)
-                build_allreduce_pairs(&b);
             else
                 build_allreduce_ring(&b);
             break;

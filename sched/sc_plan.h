@@ -74,8 +74,7 @@ typedef enum sc_coll_kind {
 } sc_coll_kind;
 
 typedef enum sc_algo {
-    SC_ALGO_AUTO = 0,   /* by size: latency-optimal at or below small_elems (recursive
-                           doubling; allreduce on 3 ranks: all pairs), the ring above */
+    SC_ALGO_AUTO = 0,   /* by size: latency-optimal at or below small_elems */
     SC_ALGO_RING = 1,   /* bandwidth-optimal, chunked and pipelined */
     SC_ALGO_RD = 2,     /* recursive doubling (allreduce), binomial tree (broadcast),
                            direct exchange (allgather, reduce-scatter) */
@@ -91,9 +90,6 @@ typedef enum sc_algo {
                            recursive halving, allgather by recursive doubling; the ring's
                            bytes in 2 log2(n) steps (non-powers of two fold first); other
                            collectives: the ring */
-    SC_ALGO_PAIRS = 6,  /* allreduce: all pairs: every rank sends its slice to every other
-                           at once and sums the n contributions in rank order (the same
-                           bits everywhere); one step, (n-1) * S per rank: small ops */
 } sc_algo;
 
 /* SC_ALGO_DIRECT: chunks of one destination's pushes in flight at once

@@ -171,12 +171,11 @@ static void describe(const scen_t *s, char *out, size_t cap)
              "%s algo=%s n=%d order=[%s] root=%d count=%llu slice=[%llu,%llu) rails=%d "
              "chunk=%llu avg=%d in_place=%d rs_in_place=%d op=%s fifo=%d rendezvous=%d seed=%llu",
              kind_name(s->kind),
-             s->algo == SC_ALGO_RING    ? "ring"
-             : s->algo == SC_ALGO_RD    ? "rd"
-             : s->algo == SC_ALGO_HIER  ? "hier"
-             : s->algo == SC_ALGO_HD    ? "hd"
-             : s->algo == SC_ALGO_PAIRS ? "pairs"
-                                        : "direct",
+             s->algo == SC_ALGO_RING   ? "ring"
+             : s->algo == SC_ALGO_RD   ? "rd"
+             : s->algo == SC_ALGO_HIER ? "hier"
+             : s->algo == SC_ALGO_HD   ? "hd"
+                                       : "direct",
              s->n, ord, s->root, (unsigned long long)s->count, (unsigned long long)s->lo,
              (unsigned long long)s->hi, s->nrails, (unsigned long long)s->chunk, s->avg,
              s->in_place, s->rs_in_place, s->op == OP_SUM ? "sum" : "max", s->fifo, s->rendezvous,
@@ -889,10 +888,10 @@ static void run_variants(scen_t base)
 static void test_allreduce(void **state)
 {
     (void)state;
-    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_DIRECT, SC_ALGO_HD, SC_ALGO_PAIRS};
+    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_DIRECT, SC_ALGO_HD};
     for (int n = 1; n <= 9; n++)
         for (int ci = 0; ci < 5; ci++)
-            for (int ai = 0; ai < 5; ai++)
+            for (int ai = 0; ai < 4; ai++)
                 for (int v = 0; v < 3; v++)
                     for (int ip = 0; ip < 2; ip++) {
                         scen_t s = {.kind = SC_ALLREDUCE,
@@ -1284,10 +1283,10 @@ static void test_subset(void **state)
     } subs[] = {{sub3, 3}, {sub1, 1}, {sub5, 5}};
     const sc_coll_kind kinds[] = {SC_ALLREDUCE, SC_BROADCAST, SC_ALLGATHER, SC_REDUCE_SCATTER,
                                   SC_BARRIER};
-    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_HD, SC_ALGO_PAIRS};
+    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_HD};
     for (size_t si = 0; si < sizeof(subs) / sizeof(subs[0]); si++)
         for (size_t ki = 0; ki < sizeof(kinds) / sizeof(kinds[0]); ki++)
-            for (int ai = 0; ai < 4; ai++)
+            for (int ai = 0; ai < 3; ai++)
                 for (int ip = 0; ip < 2; ip++) {
                     const uint64_t counts[] = {1, 5, 23};
                     for (int ci = 0; ci < 3; ci++) {
@@ -1320,13 +1319,12 @@ static void test_many_orders(void **state)
         uint64_t rng = (uint64_t)seed + 99;
         shuffle(perm, 7, &rng);
         for (int kind = 0; kind < 4; kind++)
-            for (int ai = 0; ai < 4; ai++) {
-                if (ai >= 2 && kind != SC_ALLREDUCE) continue;
+            for (int ai = 0; ai < 3; ai++) {
+                if (ai == 2 && kind != SC_ALLREDUCE) continue;
                 scen_t s = {.kind = (sc_coll_kind)kind,
-                            .algo = ai == 3   ? SC_ALGO_PAIRS
-                                    : ai == 2 ? SC_ALGO_HD
-                                    : ai      ? SC_ALGO_RD
-                                              : SC_ALGO_RING,
+                            .algo = ai == 2 ? SC_ALGO_HD
+                                    : ai    ? SC_ALGO_RD
+                                            : SC_ALGO_RING,
                             .n = 7,
                             .order = seed % 2 ? perm : NULL,
                             .root = seed % 7,
@@ -1471,17 +1469,6 @@ static void test_resolve_algo(void **state)
     assert_int_equal(sc_plan_resolve_algo(&c), SC_ALGO_RD);
     c.count = 101;
     assert_int_equal(sc_plan_resolve_algo(&c), SC_ALGO_RING);
-    /* Small allreduce on 3 ranks: all pairs (2 sends as recursive doubling's
-     * busiest rank, in 1 step); on 2 and from 4 recursive doubling. */
-    c.count = 100;
-    for (int n = 2; n <= 9; n++) {
-        c.nranks = n;
-        assert_int_equal(sc_plan_resolve_algo(&c), n == 3 ? SC_ALGO_PAIRS : SC_ALGO_RD);
-    }
-    c.nranks = 3;
-    c.count = 101;
-    assert_int_equal(sc_plan_resolve_algo(&c), SC_ALGO_RING);
-    c.nranks = 4;
     c.kind = SC_ALLGATHER; /* the whole op is count * nranks */
     c.count = 25;
     assert_int_equal(sc_plan_resolve_algo(&c), SC_ALGO_RD);
