@@ -422,7 +422,6 @@ int main(int argc, char **argv)
             coh_request_free(req);
             if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
         }
-        double period = (span_out[o.iters - 1] - span_in[0]) / o.iters;
         if (o.device) {
             if (o.check && (st = coh_mem_copy(ctx, hrecv, recv, recv_n * es)))
                 die("device buffers", st, NULL);
@@ -449,6 +448,7 @@ int main(int argc, char **argv)
             printf("\n");
         }
         if (o.span) {
+            double period = (span_out[o.iters - 1] - span_in[0]) / o.iters; /* this rank's */
             if ((st = coh_allreduce_sync(W, NULL, span_in, (size_t)o.iters, COH_F64, COH_MAX)) ||
                 (st = coh_allreduce_sync(W, NULL, span_out, (size_t)o.iters, COH_F64, COH_MAX)))
                 die("gathering spans", st, NULL);

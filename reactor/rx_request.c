@@ -281,17 +281,10 @@ static int wait_req(coh_request_t *req, int timeout_ms)
             sched_yield();
         } else if (helped == RX_HELP_IDLE && ctx->oversubscribed) {
             /* A pass that moved nothing, with more ranks than cores: the
-             * peers this waits for may need this core. This used to nap
-             * 20 us after 16 yields that came back at once ("nobody else
-             * to run here"), so that an idle core would make the kernel
-             * move a waiting rank over. On this kernel (6.18, 2 cores) the
-             * naps made the imbalance instead: with them, 4 ranks sat 3 on
-             * one core and 1 on the other for 35-72% of a run in 3 runs of
-             * 4, without them 2 and 2 throughout; 4 ranks over TCP 4 KiB
-             * 85 us against 97 (Open MPI 85), 3 ranks 86 against 138, over
-             * shared memory 4 KiB 21 against 77, 64 KiB 93 against 142
-             * (mean of last rank in to last out, median of 3-6 rounds,
-             * docs/perf.md). */
+             * peers this waits for may need this core. Yield, never sleep:
+             * naps after yields that came back at once (meant to let the
+             * kernel move a rank onto an idle core) made 4 ranks sit 3 on
+             * one core and 1 on the other on 2 cores (docs/perf.md). */
             sched_yield();
             now = bs_now_ns();
         }

@@ -75,8 +75,8 @@ int main(int argc, char **argv)
             double t1 = pb_now_us();
             if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
         }
-        double period = (span_out[o.iters - 1] - span_in[0]) / o.iters;
         if (o.span) {
+            double period = (span_out[o.iters - 1] - span_in[0]) / o.iters; /* this rank's */
             MPI_CHECK(
                 MPI_Allreduce(MPI_IN_PLACE, span_in, o.iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
             MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, span_out, o.iters, MPI_DOUBLE, MPI_MAX,

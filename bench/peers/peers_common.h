@@ -193,6 +193,14 @@ static inline void pb_print_pct(size_t bytes, double *t, int n)
            t[(int)ceil(0.99 * n) - 1], t[n - 1], sum / n);
 }
 
+/* One timed iteration i: its duration, and its entry and return for --span. */
+static inline void pb_record(double *times, double *in, double *out, int i, double t0, double t1)
+{
+    times[i] = t1 - t0;
+    in[i] = t0;
+    out[i] = t1;
+}
+
 /*
  * --span: what an op costs once everyone is in it. The per-iteration time above
  * (the slowest rank's call) also counts how far apart the ranks entered: a rank
@@ -203,14 +211,6 @@ static inline void pb_print_pct(size_t bytes, double *t, int n)
  * iteration over the whole run (back to back: the throughput's reciprocal).
  * Sorts SPAN_OUT in place.
  */
-/* One timed iteration i: its duration, and its entry and return for --span. */
-static inline void pb_record(double *times, double *in, double *out, int i, double t0, double t1)
-{
-    times[i] = t1 - t0;
-    in[i] = t0;
-    out[i] = t1;
-}
-
 static inline void pb_print_span(size_t bytes, const double *in, double *out, int n, double period)
 {
     double sum = 0;

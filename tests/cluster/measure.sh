@@ -118,6 +118,10 @@ stream() {
   sed -n 's/^mbit=\([0-9.]*\).*/\1/p; s/^received=\([0-9]*\)$/\1/p' "$tmp/out"
 }
 
+loss_pct() { awk -v g="$1" -v c="$count" 'BEGIN{printf "%.2f", 100 * (c - g) / c}'; }
+# lossy PCT: true when a tolerance is set and PCT is above the configured loss by more
+lossy() { [ -n "$tol" ] && awk -v m="$1" -v w="$COH_LOSS" -v t="$tol" 'BEGIN{exit !(m - w > t)}'; }
+
 if [ "$udp" = 1 ]; then
   bad=0
   if [ "$csv" = 1 ]; then
@@ -130,14 +134,16 @@ if [ "$udp" = 1 ]; then
   for ((i = 0; i < COH_N; i++)); do
     for ((k = 0; k < COH_K; k++)); do
       # As for TCP: a busy CPU only adds loss (a full socket buffer), so a
-      # reading above the tolerance is taken twice more, keeping the lowest.
-      for try in 1 2 3; do
-        n=$(stream "$COH_NAME-$i" "10.$COH_SUBNET.$k.$((i + 1))" "$COH_HUB" --udp "$(rate_of "$i" "$k")")
-        [ "$try" = 1 ] || { echo "measure.sh: rank$i eth$k received $got of $count, try $try: $n" >&2; }
-        [ "$try" != 1 ] && [ "$n" -le "$got" ] || got=$n
-        pct=$(awk -v g="$got" -v c="$count" 'BEGIN{printf "%.2f", 100 * (c - g) / c}')
-        [ -n "$tol" ] && awk -v m="$pct" -v w="$want" -v t="$tol" 'BEGIN{exit !(m - w > t)}' || break
+      # reading over the tolerance is taken twice more, keeping the most received.
+      args=("$COH_NAME-$i" "10.$COH_SUBNET.$k.$((i + 1))" "$COH_HUB" --udp "$(rate_of "$i" "$k")")
+      got=$(stream "${args[@]}")
+      for try in 2 3; do
+        lossy "$(loss_pct "$got")" || break
+        n=$(stream "${args[@]}")
+        echo "measure.sh: rank$i eth$k received $got of $count, try $try: $n" >&2
+        [ "$n" -le "$got" ] || got=$n
       done
+      pct=$(loss_pct "$got")
       verdict=""
       if [ -n "$tol" ] && awk -v m="$pct" -v w="$want" -v t="$tol" 'BEGIN{d = m - w; exit !(d > t || -d > t)}'; then
         verdict="  OUT OF +-$tol points"
