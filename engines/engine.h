@@ -159,8 +159,7 @@ typedef struct en_sink {
  * collectives), so stopping the connection until the receive is posted could
  * deadlock on whatever follows the frame; it is read into memory instead,
  * up to COHORT_STASH_BYTES per rail, and delivered when the receive starts. */
-#define EN_STASH_SPARE        16
-#define EN_STASH_SPARE_BYTES  (32u << 20)
+#define EN_STASH_SPARE        64
 #define EN_SCRATCH_KEEP       4
 #define EN_SCRATCH_KEEP_BYTES (256u << 20)
 typedef struct en_stash {
