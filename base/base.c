@@ -4,8 +4,10 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
@@ -159,4 +161,46 @@ COH_API const char *coh_redop_name(coh_redop op)
 {
     static const char *names[] = {"sum", "avg", "min", "max", "prod"};
     return (unsigned)op < COH_REDOP_COUNT ? names[op] : "?";
+}
+
+/*
+ * SIGPIPE on threads that are not ours. A write to a peer that just died
+ * raises SIGPIPE on the writing thread, and libuv writes with write(2), not
+ * send(MSG_NOSIGNAL). Loop threads block every signal; an application thread
+ * that runs loop code (a waiter helping, a small op started inline) blocks
+ * SIGPIPE while it may write, then takes any SIGPIPE it raised off its
+ * pending set before the application's mask comes back: the write has
+ * already seen EPIPE, and the signal must not kill (or reach) the host
+ * process. Nested: only the outermost hold does the work.
+ */
+static _Thread_local int pipe_depth;
+static _Thread_local bool pipe_owned, pipe_blocked;
+static _Thread_local sigset_t pipe_old;
+
+void bs_sigpipe_blocked(void)
+{
+    pipe_blocked = true;
+}
+
+void bs_sigpipe_hold(void)
+{
+    if (pipe_blocked || pipe_depth++ > 0) return;
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &s, &pipe_old);
+    pipe_owned = !sigismember(&pipe_old, SIGPIPE);
+}
+
+void bs_sigpipe_release(void)
+{
+    if (pipe_blocked || --pipe_depth > 0 || !pipe_owned) return;
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&s, NULL, &zero) == SIGPIPE) {
+    }
+    pthread_sigmask(SIG_SETMASK, &pipe_old, NULL);
+    pipe_owned = false;
 }

@@ -3,10 +3,11 @@
  *
  * base/ owns what has no place higher up: the one allocator (bs_alloc.h),
  * status names and messages, the per-thread last error, the log handler,
- * dtype and reduction-op tables, the monotonic clock, size parsing and the
- * signature hash. It depends on nothing of cohort but the public header and
- * on no library but libc (and mimalloc, through bs_alloc.h): sched/ and gpu/
- * build on it without seeing libuv.
+ * dtype and reduction-op tables, the monotonic clock, size parsing, the
+ * signature hash, and SIGPIPE held around socket writes. It depends on
+ * nothing of cohort but the public header and on no library but libc (and
+ * mimalloc, through bs_alloc.h): sched/ and gpu/ build on it without seeing
+ * libuv.
  */
 #ifndef COH_BASE_H
 #define COH_BASE_H
@@ -37,6 +38,15 @@ int bs_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3
 void bs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 uint64_t bs_now_ns(void); /* monotonic */
+
+/* Any thread: block SIGPIPE while this thread may write(2) to a socket
+ * (nested); release takes a SIGPIPE raised meanwhile off the thread's
+ * pending set, so it never reaches the application. A thread that blocks
+ * every signal for good says so once (bs_sigpipe_blocked): its holds cost
+ * nothing. */
+void bs_sigpipe_hold(void);
+void bs_sigpipe_release(void);
+void bs_sigpipe_blocked(void);
 
 /* FNV-1a over the 8 bytes of v: op signatures every rank computes alike. */
 #define BS_FNV_SEED 1469598103934665603ull

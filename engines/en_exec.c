@@ -602,6 +602,7 @@ static void start_step(en_op_t *op, uint32_t i)
         w->payload = at(op, s->src, s->src_off);
         w->len = s->count * op->esize;
         w->done = send_done;
+        w->done_inline = true;
         en_hdr_t h = {.type = EN_FRAME_DATA,
                       .comm = op->comm,
                       .tag = s->tag,
@@ -609,12 +610,13 @@ static void start_step(en_op_t *op, uint32_t i)
                       .sig = op->sig,
                       .len = w->len};
         en_hdr_encode(&h, w->hdr);
+        /* Counted first: the transport may complete it inside tr_send. */
+        op->writes_out++;
         int e = c->ops->tr_send(c, w);
         if (e) {
+            op->writes_out--;
             op_fail(op, e, true, "cannot send to rank %d: %s", s->peer, coh_strerror(e));
-            return;
         }
-        op->writes_out++;
         return;
     }
     case SC_RECV:

@@ -32,6 +32,7 @@
  *
  * Threading: every function here runs on the rail's loop thread.
  */
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
@@ -315,6 +316,27 @@ static void tx_fail_all(tcp_conn_t *t, int status)
 
 static void on_write(uv_write_t *req, int status);
 
+/* Every libuv write of the rail starts here. libuv writes with write(2),
+ * which raises SIGPIPE on a dead peer: the calling thread holds it (an
+ * application thread running the loop does not otherwise), and the count
+ * tells the passes that flush the queued rest to hold it too. Each callback
+ * (on_write, ack_written, hello_written) takes its write off the count. */
+static int tcp_write(en_rail_t *rail, uv_write_t *req, uv_stream_t *st, const uv_buf_t *bufs,
+                     unsigned n, uv_write_cb cb)
+{
+    bs_sigpipe_hold();
+    atomic_fetch_add(&rail->uv_writes, 1);
+    int e = uv_write(req, st, bufs, n, cb);
+    if (e) atomic_fetch_sub(&rail->uv_writes, 1);
+    bs_sigpipe_release();
+    return e;
+}
+
+static void tcp_written(en_rail_t *rail)
+{
+    atomic_fetch_sub(&rail->uv_writes, 1);
+}
+
 /* Write w from stream offset `from` (inside it, or its start). */
 static int issue(tcp_conn_t *t, en_wreq_t *w, uint64_t from)
 {
@@ -329,7 +351,8 @@ static int issue(tcp_conn_t *t, en_wreq_t *w, uint64_t from)
     if (n == 0) return 0;
     w->conn = &t->base;
     w->tr.tcp.data = w;
-    int e = uv_write(&w->tr.tcp, (uv_stream_t *)&t->sock->tcp, bufs, (unsigned)n, on_write);
+    int e = tcp_write(t->base.rail, &w->tr.tcp, (uv_stream_t *)&t->sock->tcp, bufs, (unsigned)n,
+                      on_write);
     if (e) return bs_errno_status(e);
     w->tx_writing = true;
     t->base.writes_out++;
@@ -383,7 +406,8 @@ static void send_ack(tcp_conn_t *t, bool keepalive)
     en_hdr_encode(&h, t->ack_hdr);
     uv_buf_t b = uv_buf_init((char *)t->ack_hdr, EN_HDR_SIZE);
     t->ack_wreq.data = t;
-    if (uv_write(&t->ack_wreq, (uv_stream_t *)&t->sock->tcp, &b, 1, ack_written) == 0) {
+    if (tcp_write(t->base.rail, &t->ack_wreq, (uv_stream_t *)&t->sock->tcp, &b, 1, ack_written) ==
+        0) {
         t->ack_writing = true;
         t->ack_sent = t->rx_off;
         t->t_ack_ns = bs_now_ns();
@@ -393,6 +417,7 @@ static void send_ack(tcp_conn_t *t, bool keepalive)
 static void ack_written(uv_write_t *req, int status)
 {
     tcp_conn_t *t = req->data;
+    tcp_written(t->base.rail);
     t->ack_writing = false;
     if (status == 0 && t->base.state == EN_CONN_READY) send_ack(t, false);
 }
@@ -450,6 +475,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 static void hello_written(uv_write_t *w, int status)
 {
     tcp_sock_t *s = w->data;
+    tcp_written(s->rail);
     if (status >= 0 || s->phase == SK_CLOSED) return;
     tcp_conn_t *t = s->conn;
     if (!t) {
@@ -480,7 +506,7 @@ static int send_hello(tcp_sock_t *s, bool resume, uint64_t resume_off, int via, 
     en_hello_encode(&h, s->hello_out);
     uv_buf_t b = uv_buf_init((char *)s->hello_out, EN_HELLO_SIZE);
     s->hello_wreq.data = s;
-    return uv_write(&s->hello_wreq, (uv_stream_t *)&s->tcp, &b, 1, hello_written);
+    return tcp_write(s->rail, &s->hello_wreq, (uv_stream_t *)&s->tcp, &b, 1, hello_written);
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
@@ -1233,6 +1259,7 @@ static void on_write(uv_write_t *req, int status)
     en_wreq_t *w = req->data;
     en_conn_t *c = w->conn;
     tcp_conn_t *t = (tcp_conn_t *)c;
+    tcp_written(c->rail);
     c->writes_out--;
     if (status == 0) {
         c->bytes_out += EN_HDR_SIZE + w->len;
@@ -1271,6 +1298,34 @@ static void on_write(uv_write_t *req, int status)
     tx_reap(t);
 }
 
+/* Write what the socket takes now of bufs, with MSG_NOSIGNAL (a peer that
+ * died leaves EPIPE, no signal), when libuv has nothing queued on it (the
+ * order is kept). Returns the bytes written; bufs then describe the rest. */
+static size_t write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs)
+{
+    uv_os_fd_t fd;
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&t->sock->tcp) != 0 ||
+        uv_fileno((uv_handle_t *)&t->sock->tcp, &fd) != 0)
+        return 0;
+    struct iovec iov[2];
+    for (unsigned i = 0; i < *nbufs; i++) iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = *nbufs};
+    ssize_t n;
+    do n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return 0; /* full, or an error uv_write will report */
+    size_t left = (size_t)n;
+    unsigned k = 0;
+    for (unsigned i = 0; i < *nbufs; i++) {
+        size_t skip = left < bufs[i].len ? left : bufs[i].len;
+        left -= skip;
+        if (skip < bufs[i].len)
+            bufs[k++] = uv_buf_init(bufs[i].base + skip, (unsigned)(bufs[i].len - skip));
+    }
+    *nbufs = k;
+    return (size_t)n;
+}
+
 static int tcp_send(en_conn_t *c, en_wreq_t *w)
 {
     tcp_conn_t *t = (tcp_conn_t *)c;
@@ -1279,8 +1334,19 @@ static int tcp_send(en_conn_t *c, en_wreq_t *w)
     if (!failover(t)) {
         uv_buf_t bufs[2] = {{.base = (char *)w->hdr, .len = EN_HDR_SIZE},
                             {.base = (char *)w->payload, .len = (size_t)w->len}};
+        unsigned nbufs = w->len ? 2 : 1;
+        /* A frame the socket takes whole ends here: through uv_write its
+         * callback waited for the loop's next pass, and libuv re-armed the
+         * socket's epoll entry (one epoll_ctl per frame). */
+        if (w->done_inline && write_now(t, bufs, &nbufs) && nbufs == 0) {
+            c->bytes_out += EN_HDR_SIZE + w->len;
+            atomic_fetch_add_explicit(&c->rail->stat_bytes_out, EN_HDR_SIZE + w->len,
+                                      memory_order_relaxed);
+            w->done(w, 0);
+            return 0;
+        }
         w->tr.tcp.data = w;
-        int e = uv_write(&w->tr.tcp, (uv_stream_t *)&t->sock->tcp, bufs, w->len ? 2 : 1, on_write);
+        int e = tcp_write(c->rail, &w->tr.tcp, (uv_stream_t *)&t->sock->tcp, bufs, nbufs, on_write);
         if (e) return bs_errno_status(e);
         c->writes_out++;
         return 0;

@@ -225,6 +225,9 @@ struct en_wreq {
     const uint8_t *payload;
     uint64_t len;
     void (*done)(en_wreq_t *w, int status);
+    /* done may run inside tr_send (an op's data frame, sent from a step the
+     * executor holds); otherwise only from a later callback. */
+    bool done_inline;
     union {
         uv_write_t tcp;
         struct { /* verbs, written from declared memory: done at send completion mark */
@@ -510,9 +513,12 @@ struct en_rail {
     int conn_status;
     char conn_why[BS_ERR_LEN];
     _Atomic uint64_t stat_bytes_out, stat_bytes_in;
-    /* A TCP socket was made on this rail (any thread reads it): loop code
-     * may then write(2) to a peer that died, which raises SIGPIPE. */
+    /* A TCP socket was made on this rail (any thread reads it): a waiter's
+     * pass must ask epoll (rx_reactor_hooks_t.streams). */
     _Atomic int stream_socks;
+    /* libuv writes started on TCP sockets and not called back yet: a pass
+     * may flush them with write(2) (rx_reactor_hooks_t.writes). */
+    _Atomic int uv_writes;
     _Atomic uint64_t stat_rejected;   /* connections dropped at the handshake */
     _Atomic uint64_t stat_bad_frames; /* connections closed for a malformed frame */
     /* Failover (en_rail_cfg_t). routes[peer * nrails + j]: peer's listener

@@ -84,17 +84,21 @@ struct rx_reactor;
  *   progress: a count that grows whenever work is done (bytes moved), so a
  *         waiter running the loop knows a pass that did nothing and gives
  *         the CPU away (rx_reactor_help);
- *   streams: the loop has stream sockets (TCP), which libuv writes with
- *         write(2): an application thread running it must hold SIGPIPE, and
- *         a waiter's pass must ask epoll. False: everything is seen by poll
- *         (shared memory, verbs), and a waiter's passes skip both system
- *         calls. NULL: true. Any thread; once true, true for good. */
+ *   streams: the loop has stream sockets (TCP): a waiter's pass must ask
+ *         epoll. False: everything is seen by poll (shared memory, verbs),
+ *         and a waiter's passes skip the system call. NULL: true. Any
+ *         thread; once true, true for good.
+ *   writes: libuv has writes queued on those sockets, which a pass may
+ *         flush with write(2): an application thread running it must hold
+ *         SIGPIPE (bs_sigpipe_hold). The owner holds it itself around the
+ *         writes it starts. NULL: whenever there are streams. Any thread. */
 typedef struct rx_reactor_hooks {
     bool (*busy)(struct rx_reactor *rx);
     bool (*poll)(struct rx_reactor *rx);
     bool (*arm)(struct rx_reactor *rx);
     uint64_t (*progress)(struct rx_reactor *rx);
     bool (*streams)(struct rx_reactor *rx);
+    bool (*writes)(struct rx_reactor *rx);
 } rx_reactor_hooks_t;
 
 typedef struct rx_reactor {
@@ -171,13 +175,9 @@ void rx_reactor_fini(rx_reactor_t *rx);
  * nothing (with a progress hook), RX_HELP_DID otherwise. */
 enum { RX_HELP_BUSY = 0, RX_HELP_IDLE = 1, RX_HELP_DID = 2 };
 int rx_reactor_help(rx_reactor_t *rx, uint64_t now_ns);
-/* Any thread: block SIGPIPE while this thread runs loop code (nested);
- * release takes a SIGPIPE raised meanwhile off the thread's pending set. */
-void rx_sigpipe_hold(void);
-void rx_sigpipe_release(void);
 /* Bracket a series of rx_reactor_help calls: while a helper is active the
  * reactor's own thread sleeps instead of waking on every event (and SIGPIPE
- * is held for the caller, see rx_sigpipe_hold). */
+ * is held for the caller while writes are queued, see bs_sigpipe_hold). */
 void rx_reactor_help_begin(rx_reactor_t *rx);
 void rx_reactor_help_end(rx_reactor_t *rx, bool wake);
 

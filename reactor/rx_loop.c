@@ -171,6 +171,7 @@ static void thread_main(void *arg)
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
+    bs_sigpipe_blocked();
     uv_sem_post(&rx->started);
     /*
      * The loop is embedded: this thread waits for readiness on the loop's
@@ -264,59 +265,22 @@ static void thread_main(void *arg)
     }
 }
 
-/*
- * SIGPIPE on threads that are not ours. A write to a peer that just died
- * raises SIGPIPE on the writing thread, and libuv writes with write(2), not
- * send(MSG_NOSIGNAL). Loop threads block every signal; an application thread
- * that runs loop code (a waiter helping, a small op started inline) blocks
- * SIGPIPE for that while, then takes any SIGPIPE it raised off its pending
- * set before the application's mask comes back: the write has already seen
- * EPIPE, and the signal must not kill (or reach) the host process. Nested:
- * only the outermost hold does the work.
- */
-static _Thread_local int pipe_depth;
-static _Thread_local bool pipe_owned;
-static _Thread_local sigset_t pipe_old;
-
-void rx_sigpipe_hold(void)
-{
-    if (pipe_depth++ > 0) return;
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &s, &pipe_old);
-    pipe_owned = !sigismember(&pipe_old, SIGPIPE);
-}
-
-void rx_sigpipe_release(void)
-{
-    if (--pipe_depth > 0 || !pipe_owned) return;
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGPIPE);
-    struct timespec zero = {0, 0};
-    while (sigtimedwait(&s, NULL, &zero) == SIGPIPE) {
-    }
-    pthread_sigmask(SIG_SETMASK, &pipe_old, NULL);
-    pipe_owned = false;
-}
-
-/* A waiter's help holds SIGPIPE only once a loop it helps has stream
- * sockets (rx_reactor_hooks_t.streams): three system calls per op fewer
- * over shared memory. */
+/* A waiter's help holds SIGPIPE (bs_sigpipe_hold) only while libuv has
+ * writes queued on the loop it helps (rx_reactor_hooks_t.writes): three
+ * system calls per op fewer whenever frames leave at once. */
 static _Thread_local bool help_pipe;
 static _Thread_local uint64_t help_epoll_ns;
 /* Without stream sockets a helper asks epoll (timers, hang-ups) this often:
  * every 16th pass was 0.7 epoll_wait per 4 KiB op at 2 ranks. */
 #define RX_HELP_EPOLL_NS 50000ull
 
-/* Hold SIGPIPE once rx has stream sockets, unless *held says it is held
- * already; whether rx has them. */
+/* Hold SIGPIPE while libuv may write(2) in a pass of rx (writes queued),
+ * unless *held says it is held already; whether rx has stream sockets. */
 static bool hold_for_streams(rx_reactor_t *rx, bool *held)
 {
     bool streams = has_streams(rx);
-    if (streams && !*held) {
-        rx_sigpipe_hold();
+    if (streams && !*held && (!rx->hooks.writes || rx->hooks.writes(rx))) {
+        bs_sigpipe_hold();
         *held = true;
     }
     return streams;
@@ -352,7 +316,7 @@ void rx_reactor_help_end(rx_reactor_t *rx, bool wake)
     }
     if (help_pipe) {
         help_pipe = false;
-        rx_sigpipe_release();
+        bs_sigpipe_release();
     }
 }
 
@@ -493,11 +457,12 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                  * run at its 50 ms timeout when no frame wakes it. A small
                  * op whose peer's frames were already in (stashed) then
                  * waited ~50 ms for its own send's completion. */
-                hold_for_streams(rx, &held); /* the task may have made a socket */
+                /* The task may have made a socket, or queued writes. */
+                bool streams = hold_for_streams(rx, &held);
                 /* Without stream sockets the poll hook delivers everything;
                  * a watcher the task added is registered by the loop thread,
                  * which the kick below wakes. */
-                if (held)
+                if (streams)
                     run_pass(rx);
                 else
                     poll_pass(rx);
@@ -506,7 +471,7 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                 atomic_store(&rx->help_left_ns, bs_now_ns());
                 wake_if_asleep(rx);
             }
-            if (held) rx_sigpipe_release();
+            if (held) bs_sigpipe_release();
             if (ran) {
                 uv_mutex_unlock(&rx->run_mu);
                 return true;

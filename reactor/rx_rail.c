@@ -52,6 +52,12 @@ static bool rail_streams(rx_reactor_t *rx)
     return atomic_load(&r->en.stream_socks) != 0;
 }
 
+static bool rail_writes(rx_reactor_t *rx)
+{
+    rx_rail_t *r = rx->owner;
+    return atomic_load(&r->en.uv_writes) != 0;
+}
+
 static int open_fn(rx_reactor_t *rx, void *arg)
 {
     (void)arg;
@@ -69,7 +75,8 @@ int rx_rail_start(rx_rail_t *r, const en_rail_cfg_t *cfg, int poll_us)
                                       .poll = rail_poll,
                                       .arm = rail_arm,
                                       .progress = rail_progress,
-                                      .streams = rail_streams};
+                                      .streams = rail_streams,
+                                      .writes = rail_writes};
     int st =
         rx_reactor_start_hooked(&r->rx, name, rail_on_stop, r, &hooks, (uint64_t)poll_us * 1000ull);
     if (st == 0) st = rx_reactor_call(&r->rx, open_fn, NULL);
