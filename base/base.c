@@ -173,7 +173,7 @@ COH_API const char *coh_redop_name(coh_redop op)
  * already seen EPIPE, and the signal must not kill (or reach) the host
  * process. Nested: only the outermost hold does the work.
  */
-static _Thread_local int pipe_depth;
+static _Thread_local int pipe_depth, pipe_kept;
 static _Thread_local bool pipe_owned, pipe_blocked;
 static _Thread_local sigset_t pipe_old;
 
@@ -203,4 +203,14 @@ void bs_sigpipe_release(void)
     }
     pthread_sigmask(SIG_SETMASK, &pipe_old, NULL);
     pipe_owned = false;
+}
+
+void bs_sigpipe_keep(void)
+{
+    if (!pipe_blocked) pipe_kept++;
+}
+
+void bs_sigpipe_settle(void)
+{
+    for (; pipe_kept > 0; pipe_kept--) bs_sigpipe_release();
 }

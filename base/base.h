@@ -47,6 +47,10 @@ uint64_t bs_now_ns(void); /* monotonic */
 void bs_sigpipe_hold(void);
 void bs_sigpipe_release(void);
 void bs_sigpipe_blocked(void);
+/* Instead of release: keep the hold until bs_sigpipe_settle, for writes
+ * left queued that the rest of a loop pass may flush with write(2). */
+void bs_sigpipe_keep(void);
+void bs_sigpipe_settle(void);
 
 /* FNV-1a over the 8 bytes of v: op signatures every rank computes alike. */
 #define BS_FNV_SEED 1469598103934665603ull

@@ -319,8 +319,11 @@ static void on_write(uv_write_t *req, int status);
 /* Every libuv write of the rail starts here. libuv writes with write(2),
  * which raises SIGPIPE on a dead peer: the calling thread holds it (an
  * application thread running the loop does not otherwise), and the count
- * tells the passes that flush the queued rest to hold it too. Each callback
- * (on_write, ack_written, hello_written) takes its write off the count. */
+ * tells later passes, which flush the queued rest, to hold it too. The rest
+ * may go in this very pass (the socket's POLLOUT is armed at its epoll
+ * step): then the hold stays until the pass ends (bs_sigpipe_settle in
+ * reactor/rx_loop.c, run_pass). Each callback (on_write, ack_written,
+ * hello_written) takes its write off the count. */
 static int tcp_write(en_rail_t *rail, uv_write_t *req, uv_stream_t *st, const uv_buf_t *bufs,
                      unsigned n, uv_write_cb cb)
 {
@@ -328,7 +331,10 @@ static int tcp_write(en_rail_t *rail, uv_write_t *req, uv_stream_t *st, const uv
     atomic_fetch_add(&rail->uv_writes, 1);
     int e = uv_write(req, st, bufs, n, cb);
     if (e) atomic_fetch_sub(&rail->uv_writes, 1);
-    bs_sigpipe_release();
+    if (!e && uv_stream_get_write_queue_size(st) != 0)
+        bs_sigpipe_keep();
+    else
+        bs_sigpipe_release();
     return e;
 }
 

@@ -116,11 +116,13 @@ static void poll_pass(rx_reactor_t *rx)
         }
 }
 
-/* One non-blocking pass of the loop, then the poll hook. Run_mu held. */
+/* One non-blocking pass of the loop, then the poll hook. Run_mu held.
+ * SIGPIPE holds kept for writes queued before or during it end here. */
 static int run_pass(rx_reactor_t *rx)
 {
     int alive = uv_run(&rx->loop, UV_RUN_NOWAIT);
     poll_pass(rx);
+    bs_sigpipe_settle();
     return alive;
 }
 
@@ -348,6 +350,7 @@ int rx_reactor_help(rx_reactor_t *rx, uint64_t now)
         }
         r = !tasks && rx->hooks.progress && rx->hooks.progress(rx) == before ? RX_HELP_IDLE
                                                                              : RX_HELP_DID;
+        bs_sigpipe_settle(); /* when no run_pass came after the tasks */
     }
     uv_mutex_unlock(&rx->run_mu);
     return r;
@@ -471,6 +474,7 @@ bool rx_reactor_run_or_post(rx_reactor_t *rx, rx_task_t *task)
                 atomic_store(&rx->help_left_ns, bs_now_ns());
                 wake_if_asleep(rx);
             }
+            bs_sigpipe_settle(); /* the tasks' writes, when no run_pass came after them */
             if (held) bs_sigpipe_release();
             if (ran) {
                 uv_mutex_unlock(&rx->run_mu);
