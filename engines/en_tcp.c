@@ -1260,6 +1260,12 @@ static int tcp_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
 
 /* ---- writing ---- */
 
+static void count_sent(en_conn_t *c, const en_wreq_t *w)
+{
+    c->bytes_out += EN_HDR_SIZE + w->len;
+    atomic_fetch_add_explicit(&c->rail->stat_bytes_out, EN_HDR_SIZE + w->len, memory_order_relaxed);
+}
+
 static void on_write(uv_write_t *req, int status)
 {
     en_wreq_t *w = req->data;
@@ -1267,11 +1273,7 @@ static void on_write(uv_write_t *req, int status)
     tcp_conn_t *t = (tcp_conn_t *)c;
     tcp_written(c->rail);
     c->writes_out--;
-    if (status == 0) {
-        c->bytes_out += EN_HDR_SIZE + w->len;
-        atomic_fetch_add_explicit(&c->rail->stat_bytes_out, EN_HDR_SIZE + w->len,
-                                  memory_order_relaxed);
-    }
+    if (status == 0) count_sent(c, w);
     if (!failover(t)) {
         w->done(w, status ? bs_errno_status(status) : 0);
         return;
@@ -1306,20 +1308,20 @@ static void on_write(uv_write_t *req, int status)
 
 /* Write what the socket takes now of bufs, with MSG_NOSIGNAL (a peer that
  * died leaves EPIPE, no signal), when libuv has nothing queued on it (the
- * order is kept). Returns the bytes written; bufs then describe the rest. */
-static size_t write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs)
+ * order is kept). bufs then describe the rest (*nbufs 0: all went). */
+static void write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs)
 {
     uv_os_fd_t fd;
     if (uv_stream_get_write_queue_size((uv_stream_t *)&t->sock->tcp) != 0 ||
         uv_fileno((uv_handle_t *)&t->sock->tcp, &fd) != 0)
-        return 0;
+        return;
     struct iovec iov[2];
     for (unsigned i = 0; i < *nbufs; i++) iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = *nbufs};
     ssize_t n;
     do n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
-    if (n <= 0) return 0; /* full, or an error uv_write will report */
+    if (n <= 0) return; /* full, or an error uv_write will report */
     size_t left = (size_t)n;
     unsigned k = 0;
     for (unsigned i = 0; i < *nbufs; i++) {
@@ -1329,7 +1331,6 @@ static size_t write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs)
             bufs[k++] = uv_buf_init(bufs[i].base + skip, (unsigned)(bufs[i].len - skip));
     }
     *nbufs = k;
-    return (size_t)n;
 }
 
 static int tcp_send(en_conn_t *c, en_wreq_t *w)
@@ -1344,10 +1345,9 @@ static int tcp_send(en_conn_t *c, en_wreq_t *w)
         /* A frame the socket takes whole ends here: through uv_write its
          * callback waited for the loop's next pass, and libuv re-armed the
          * socket's epoll entry (one epoll_ctl per frame). */
-        if (w->done_inline && write_now(t, bufs, &nbufs) && nbufs == 0) {
-            c->bytes_out += EN_HDR_SIZE + w->len;
-            atomic_fetch_add_explicit(&c->rail->stat_bytes_out, EN_HDR_SIZE + w->len,
-                                      memory_order_relaxed);
+        if (w->done_inline) write_now(t, bufs, &nbufs);
+        if (nbufs == 0) {
+            count_sent(c, w);
             w->done(w, 0);
             return 0;
         }
