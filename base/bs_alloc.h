@@ -40,6 +40,7 @@ static inline void coh_free(void *p)
 {
     free(p);
 }
+static inline void coh_alloc_release(void) {}
 #else
 #include <mimalloc.h>
 static inline void *coh_malloc(size_t n)
@@ -65,6 +66,12 @@ static inline char *coh_strdup(const char *s)
 static inline void coh_free(void *p)
 {
     mi_free(p);
+}
+/* Hand the calling thread's free pages back to the kernel now: mimalloc
+ * 2.0 keeps them (page reset is off by default) for the next allocations. */
+static inline void coh_alloc_release(void)
+{
+    mi_collect(true);
 }
 #endif
 

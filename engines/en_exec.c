@@ -692,6 +692,7 @@ static void op_run(en_rail_t *rail, en_op_t *op)
         rail->ops_head = op;
     rail->ops_tail = op;
     rail->nrunning++;
+    rail->ops_started++;
     op->state = EN_OP_RUNNING;
     op->t_progress_ns = op->t_start_ns = bs_now_ns();
     en_rail_arm_timer(rail);
@@ -1037,15 +1038,49 @@ void en_exec_revoke(en_rail_t *rail, uint32_t comm, int status, const char *why)
         }
 }
 
-void en_exec_drop_stash(en_rail_t *rail)
+/* The buffers kept for the next ops, back to the allocator; the bytes. */
+static uint64_t free_spares(en_rail_t *rail)
 {
-    while (rail->stash_head) stash_unlink(rail, rail->stash_head);
+    uint64_t freed = rail->spare_bytes;
     while (rail->nspare) coh_free(rail->spare[--rail->nspare]);
     rail->spare_bytes = 0;
     for (int i = 0; i < EN_SCRATCH_KEEP; i++) {
+        freed += rail->scratch_spare_cap[i];
         coh_free(rail->scratch_spare[i]);
         rail->scratch_spare[i] = NULL;
         rail->scratch_spare_cap[i] = 0;
+    }
+    return freed;
+}
+
+void en_exec_drop_stash(en_rail_t *rail)
+{
+    while (rail->stash_head) stash_unlink(rail, rail->stash_head);
+    free_spares(rail);
+}
+
+/* A rail that started no op for spare_idle_ns frees its kept buffers: a
+ * job that stopped communicating (evaluation, a checkpoint, the end of
+ * training) held up to COHORT_STASH_BYTES and 4 x 256 MiB per rail until
+ * finalize. The next op allocates, and faults in, what it needs again.
+ * Called from the rail's periodic timer; ops_started tells whether an op
+ * started and ended between two calls. */
+static void trim_idle(en_rail_t *rail, uint64_t now)
+{
+    if (rail->ops_started != rail->idle_mark || rail->ops_head || rail->wait_head) {
+        rail->idle_mark = rail->ops_started;
+        rail->idle_since_ns = now;
+        return;
+    }
+    if (!rail->spare_idle_ns || now - rail->idle_since_ns < rail->spare_idle_ns) return;
+    uint64_t freed = free_spares(rail);
+    if (freed) {
+        coh_alloc_release();
+        atomic_fetch_add(&rail->stat_trimmed, freed);
+        bs_log(COH_LOG_DEBUG,
+               "rank %d rail %d: idle for %llu ms, freed %llu bytes kept for later ops", rail->rank,
+               rail->index, (unsigned long long)((now - rail->idle_since_ns) / 1000000ull),
+               (unsigned long long)freed);
     }
 }
 
@@ -1061,6 +1096,7 @@ void en_exec_check_timeouts(en_rail_t *rail)
         next = e->next;
         if (e->complete && now - e->t_ns > 2 * limit) stash_unlink(rail, e);
     }
+    trim_idle(rail, now);
     for (;;) {
         en_op_t *op = rail->ops_head;
         while (op && !(op->state == EN_OP_RUNNING && now - op->t_progress_ns > limit))

@@ -42,6 +42,7 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     rail->max_running = cfg->max_inflight > 0 ? (uint32_t)cfg->max_inflight : 1024;
     rail->sockbuf_bytes = cfg->sockbuf_bytes;
     rail->stash_limit = cfg->stash_bytes;
+    rail->spare_idle_ns = cfg->spare_idle_ms > 0 ? (uint64_t)cfg->spare_idle_ms * 1000000ull : 0;
     rail->ops_full = cfg->ops ? *cfg->ops : en_tcp_ops;
     en_ops_complete(&rail->ops_full);
     rail->ops = &rail->ops_full;

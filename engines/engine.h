@@ -402,6 +402,7 @@ typedef struct en_rail_cfg {
     int max_inflight;  /* ops running at once; later ones queue in order (0: 1024) */
     size_t sockbuf_bytes;
     size_t stash_bytes;
+    int spare_idle_ms; /* free the kept buffers after this long without an op start (0: never) */
     const struct sockaddr *local;  /* the interface's address, port 0 */
     const en_transport_ops_t *ops; /* NULL: tcp */
     /* Failover (several rails): a link whose sent bytes go unacknowledged
@@ -504,6 +505,11 @@ struct en_rail {
      * EN_SCRATCH_KEEP of them, each up to EN_SCRATCH_KEEP_BYTES. */
     uint8_t *scratch_spare[EN_SCRATCH_KEEP];
     size_t scratch_spare_cap[EN_SCRATCH_KEEP];
+    /* Both kinds are freed once no op started for spare_idle_ns (0: never;
+     * en_exec.c, trim_idle): ops_started counts op starts, idle_mark is its
+     * value at the timer's last look, idle_since_ns when it last changed. */
+    uint64_t spare_idle_ns, ops_started, idle_mark, idle_since_ns;
+    _Atomic uint64_t stat_trimmed; /* bytes of kept buffers freed that way */
     /* Other threads wait here: for every peer at bootstrap, for the BYEs at
      * close. mu guards peers[] (writes), lost[], nready, bye_pending and
      * conn_status. */

@@ -197,6 +197,9 @@ typedef struct coh_config {
     int sync_probe_rounds;   /* COHORT_SYNC_PROBE_ROUNDS: the first partial or selective sync of
                                 every rank first probes its links to this many peers (0 = off:
                                 the rates come from the syncs' frames) */
+    int spare_idle_ms;       /* COHORT_SPARE_IDLE_MS: a rail that started no op for this long
+                                frees the buffers it keeps for the next ops (frames that came
+                                early, reduce-scatter scratch) (5000; 0 = keep them) */
     char _storage[320];      /* private: holds strings coh_config_init composes */
 } coh_config_t;
 

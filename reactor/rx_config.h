@@ -70,6 +70,10 @@ typedef enum rx_knob_kind {
     X(stash_bytes, RX_K_SIZE, "64M", "COHORT_STASH_BYTES", 0, SIZE_MAX,                            \
       "frames that arrive before their receive is posted are kept, per rail, up to this; beyond "  \
       "it the connection pauses")                                                                  \
+    X(spare_idle_ms, RX_K_INT, "5000", "COHORT_SPARE_IDLE_MS", 0, INT_MAX,                         \
+      "a rail that started no op for this long frees the buffers it keeps for the next ops "       \
+      "(early frames' and reduce-scatter scratch, up to COHORT_STASH_BYTES and 4 x 256 MiB); "     \
+      "0: keep them")                                                                              \
     X(sync_mode, RX_K_MODE, "selective", "COHORT_SYNC_MODE", 0, COH_SYNC_MODE_COUNT - 1,           \
       "default mode of coh_sync: allreduce, partial, selective or relay")                          \
     X(coordinator, RX_K_INT, "0", "COHORT_COORDINATOR", 0, RX_MAX_WORLD - 1,                       \

@@ -899,6 +899,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             .max_inflight = ctx->cfg.max_inflight,
             .sockbuf_bytes = ctx->cfg.sockbuf_bytes,
             .stash_bytes = ctx->cfg.stash_bytes,
+            .spare_idle_ms = ctx->cfg.spare_idle_ms,
             .local = (struct sockaddr *)&ctx->rail_addr[r],
             /* A link moves to another interface by TCP's resume: not verbs'. */
             .failover = ctx->cfg.rail_failover != 0 && !ctx->rail_verbs[r],

@@ -101,7 +101,7 @@ static int open_fn(rx_reactor_t *rx, void *arg)
 }
 
 /* Rank 0 of 2 on one rail, bound to a (127.0.0.1, any port). */
-static en_rail_cfg_t rail_cfg(struct sockaddr_in *a, size_t stash, bool udp)
+static en_rail_cfg_t rail_cfg(struct sockaddr_in *a, size_t stash, bool udp, int idle_ms)
 {
     uv_ip4_addr("127.0.0.1", 0, a);
     return (en_rail_cfg_t){.index = 0,
@@ -111,6 +111,7 @@ static en_rail_cfg_t rail_cfg(struct sockaddr_in *a, size_t stash, bool udp)
                            .token = TOKEN,
                            .timeout_ms = 2000,
                            .stash_bytes = stash,
+                           .spare_idle_ms = idle_ms,
                            .local = (struct sockaddr *)a,
                            .udp = udp,
                            .udpcfg = {.seg_bytes = 64,
@@ -120,11 +121,11 @@ static en_rail_cfg_t rail_cfg(struct sockaddr_in *a, size_t stash, bool udp)
                                       .rcvbuf_bytes = 1 << 20}};
 }
 
-static fixture_t *start_cfg(size_t stash, bool udp)
+static fixture_t *start_cfg(size_t stash, bool udp, int idle_ms)
 {
     fixture_t *f = coh_zalloc(sizeof(*f));
     struct sockaddr_in a;
-    en_rail_cfg_t cfg = rail_cfg(&a, stash, udp);
+    en_rail_cfg_t cfg = rail_cfg(&a, stash, udp, idle_ms);
     assert_int_equal(en_rail_init(&f->rail, &cfg), 0);
     assert_int_equal(rx_reactor_start(&f->rx, "test-rail", on_stop, &f->rail), 0);
     assert_int_equal(rx_reactor_call(&f->rx, open_fn, NULL), 0);
@@ -133,7 +134,7 @@ static fixture_t *start_cfg(size_t stash, bool udp)
 
 static fixture_t *start(size_t stash)
 {
-    return start_cfg(stash, false);
+    return start_cfg(stash, false, 0);
 }
 
 static int setup(void **state)
@@ -145,7 +146,7 @@ static int setup(void **state)
 /* A udp rail (bounded loss): datagrams of 64 bytes, early ones kept. */
 static int setup_udp(void **state)
 {
-    *state = start_cfg(1 << 20, true);
+    *state = start_cfg(1 << 20, true, 0);
     return 0;
 }
 
@@ -153,6 +154,14 @@ static int setup_udp(void **state)
 static int setup_stash(void **state)
 {
     *state = start(1 << 20);
+    return 0;
+}
+
+/* Early frames kept, and the kept buffers freed after 300 ms without an
+ * op start (COHORT_SPARE_IDLE_MS). */
+static int setup_trim(void **state)
+{
+    *state = start_cfg(1 << 20, false, 300);
     return 0;
 }
 
@@ -716,6 +725,107 @@ static void test_udp_bad_datagrams(void **state)
     close(tcp);
 }
 
+/* What the rail keeps for later ops, read on its loop thread. */
+typedef struct kept {
+    int nspare;
+    uint64_t spare_bytes, scratch_bytes, trimmed;
+    size_t scratch_put; /* in: a scratch buffer of this size to keep (0: none) */
+} kept_t;
+
+static int kept_fn(rx_reactor_t *rx, void *arg)
+{
+    en_rail_t *rail = rx->owner;
+    kept_t *k = arg;
+    if (k->scratch_put) {
+        /* As scratch_put leaves a reduce-scatter's scratch (3+ ranks). */
+        assert_null(rail->scratch_spare[0]);
+        rail->scratch_spare[0] = coh_aligned(k->scratch_put, 64);
+        rail->scratch_spare_cap[0] = k->scratch_put;
+        k->scratch_put = 0;
+    }
+    k->nspare = rail->nspare;
+    k->spare_bytes = rail->spare_bytes;
+    k->scratch_bytes = 0;
+    for (int i = 0; i < EN_SCRATCH_KEEP; i++) k->scratch_bytes += rail->scratch_spare_cap[i];
+    k->trimmed = atomic_load(&rail->stat_trimmed);
+    return 0;
+}
+
+static kept_t kept(fixture_t *f, size_t scratch_put)
+{
+    kept_t k = {.scratch_put = scratch_put};
+    assert_int_equal(rx_reactor_call(&f->rx, kept_fn, &k), 0);
+    return k;
+}
+
+/* rank 1 sends op seq's 4 floats and its fence. */
+static void bcast_frames(int fd, uint64_t seq, const float *d)
+{
+    frame(fd, EN_FRAME_DATA, seq, 77, 0, d, 4 * sizeof(float));
+    frame(fd, EN_FRAME_DATA, seq, 77, 0x40000000u, NULL, 0);
+}
+
+/* COHORT_SPARE_IDLE_MS (300 here): the buffers of delivered early frames
+ * and the reduce-scatter scratch are kept while ops keep starting, also
+ * across an op that runs longer than the idle time, and freed once no op
+ * started for that long. Before, they stayed until the rail closed. */
+static void test_idle_trim(void **state)
+{
+    fixture_t *f = *state;
+    int fd = join(f);
+    float d[4] = {1, 2, 3, 4}, b[4];
+    tdone_t *r;
+    /* Op 0's frames come early: stashed, then delivered, their buffers kept. */
+    bcast_frames(fd, 0, d);
+    usleep(50000);
+    submit(f, bcast_op(f, 0, 77, b, &r));
+    assert_int_equal(tdone_wait(r, 3000), COH_OK);
+    tdone_free(r);
+    kept_t k = kept(f, 1 << 20);
+    assert_true(k.nspare >= 1);
+    assert_int_equal(k.scratch_bytes, 1 << 20);
+    /* Op 1 runs 800 ms, waiting for rank 1: nothing is freed meanwhile. */
+    submit(f, bcast_op(f, 1, 77, b, &r));
+    usleep(800000);
+    k = kept(f, 0);
+    assert_true(k.nspare >= 1);
+    assert_int_equal(k.scratch_bytes, 1 << 20);
+    assert_int_equal(k.trimmed, 0);
+    bcast_frames(fd, 1, d);
+    assert_int_equal(tdone_wait(r, 3000), COH_OK);
+    tdone_free(r);
+    /* Short ops every 100 ms, each over between two of the timer's looks
+     * (every 250 ms here): still nothing freed. */
+    for (uint64_t seq = 2; seq < 14; seq++) {
+        submit(f, bcast_op(f, seq, 77, b, &r));
+        bcast_frames(fd, seq, d);
+        assert_int_equal(tdone_wait(r, 3000), COH_OK);
+        assert_memory_equal(b, d, sizeof(d));
+        tdone_free(r);
+        usleep(80000); /* tdone_wait itself waits 20 ms */
+    }
+    k = kept(f, 0);
+    assert_int_equal(k.trimmed, 0);
+    assert_int_equal(k.scratch_bytes, 1 << 20);
+    uint64_t had = k.spare_bytes + k.scratch_bytes;
+    /* Then nothing: within 300 ms and a timer period, all of it is freed. */
+    for (int i = 0; i < 150 && kept(f, 0).trimmed == 0; i++) usleep(10000);
+    k = kept(f, 0);
+    assert_int_equal(k.nspare, 0);
+    assert_int_equal(k.spare_bytes, 0);
+    assert_int_equal(k.scratch_bytes, 0);
+    assert_int_equal(k.trimmed, had);
+    /* The next op works as before (its early frames kept again). */
+    bcast_frames(fd, 14, d);
+    usleep(50000);
+    submit(f, bcast_op(f, 14, 77, b, &r));
+    assert_int_equal(tdone_wait(r, 3000), COH_OK);
+    assert_memory_equal(b, d, sizeof(d));
+    tdone_free(r);
+    assert_true(kept(f, 0).nspare >= 1);
+    close(fd);
+}
+
 /* The rail's record of ended ops keeps the last EN_FIN_MAX, found by
  * (comm, seq) through an index that must forget exactly the evicted ones,
  * also when their keys collide and wrap around the table. */
@@ -724,7 +834,7 @@ static void test_fin_index(void **state)
     (void)state;
     en_rail_t *rail = coh_zalloc(sizeof(*rail));
     struct sockaddr_in a;
-    en_rail_cfg_t cfg = rail_cfg(&a, 0, false);
+    en_rail_cfg_t cfg = rail_cfg(&a, 0, false, 0);
     assert_int_equal(en_rail_init(rail, &cfg), 0);
     enum { N = EN_FIN_MAX * 5 + 17 };
     /* Keys from three comms, seqs spread so that many share home slots. */
@@ -775,6 +885,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_early_frame_matched_by_seq, setup_stash, teardown),
         cmocka_unit_test_setup_teardown(test_out_of_order_ops, setup_stash, teardown),
         cmocka_unit_test_setup_teardown(test_udp_bad_datagrams, setup_udp, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_trim, setup_trim, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
