@@ -87,6 +87,10 @@ struct tcp_conn {
     uint64_t tx_sent;  /* stream bytes some socket took */
     uint64_t rx_off;   /* stream bytes this side has consumed */
     uint64_t ack_sent;
+    /* Where the last frame too large to be copied (EN_TX_COPY_MAX) ends in
+     * the stream: its sender completes it at the ACK, so it is acked at
+     * once (ack_soon); smaller ones at the watch timer's next look. */
+    uint64_t rx_big_end;
     bool ack_writing;
     uint8_t ack_hdr[EN_HDR_SIZE];
     uv_write_t ack_wreq;
@@ -343,7 +347,14 @@ static void tcp_written(en_rail_t *rail)
     atomic_fetch_sub(&rail->uv_writes, 1);
 }
 
-/* Write w from stream offset `from` (inside it, or its start). */
+static void write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs);
+static void count_sent(en_conn_t *c, const en_wreq_t *w);
+
+/* Write w from stream offset `from` (inside it, or its start). What the
+ * socket takes at once goes by sendmsg (write_now), the rest by uv_write;
+ * a frame written whole has no write in flight and waits for its ACK in
+ * the list. Not at once: a copied control frame whose original must not
+ * end inside tr_send. */
 static int issue(tcp_conn_t *t, en_wreq_t *w, uint64_t from)
 {
     uint64_t skip = from > w->tx_off ? from - w->tx_off : 0;
@@ -356,9 +367,20 @@ static int issue(tcp_conn_t *t, en_wreq_t *w, uint64_t from)
         bufs[n++] = uv_buf_init((char *)w->payload + pskip, (unsigned)(w->len - pskip));
     if (n == 0) return 0;
     w->conn = &t->base;
+    unsigned nb = (unsigned)n;
+    if (!(w->tx_own && w->tx_orig && !w->tx_orig->done_inline)) write_now(t, bufs, &nb);
+    if (nb == 0) {
+        count_sent(&t->base, w);
+        if (w->tx_off + wlen(w) > t->tx_sent) t->tx_sent = w->tx_off + wlen(w);
+        if (w->tx_own && w->tx_orig) {
+            en_wreq_t *o = w->tx_orig;
+            w->tx_orig = NULL;
+            o->done(o, 0);
+        }
+        return 0;
+    }
     w->tr.tcp.data = w;
-    int e = tcp_write(t->base.rail, &w->tr.tcp, (uv_stream_t *)&t->sock->tcp, bufs, (unsigned)n,
-                      on_write);
+    int e = tcp_write(t->base.rail, &w->tr.tcp, (uv_stream_t *)&t->sock->tcp, bufs, nb, on_write);
     if (e) return bs_errno_status(e);
     w->tx_writing = true;
     t->base.writes_out++;
@@ -400,6 +422,17 @@ static void replay(tcp_conn_t *t)
 
 static void ack_written(uv_write_t *req, int status);
 
+/* After reading: an ACK now only when the sender waits for it (a frame it
+ * did not copy) or holds copies of EN_TX_ACK_BYTES; otherwise the watch
+ * timer's next look (a tenth of the stall time) sends it. An ACK per frame
+ * doubled the packets of small ops over several rails. */
+static void ack_soon(tcp_conn_t *t)
+{
+    if (t->rx_off != t->ack_sent &&
+        (t->ack_sent < t->rx_big_end || t->rx_off - t->ack_sent >= EN_TX_ACK_BYTES))
+        send_ack(t, false);
+}
+
 static void send_ack(tcp_conn_t *t, bool keepalive)
 {
     /* After a move the stream may restart inside a frame: until the replay
@@ -411,6 +444,13 @@ static void send_ack(tcp_conn_t *t, bool keepalive)
     en_hdr_t h = {.type = EN_FRAME_ACK, .off = t->rx_off};
     en_hdr_encode(&h, t->ack_hdr);
     uv_buf_t b = uv_buf_init((char *)t->ack_hdr, EN_HDR_SIZE);
+    unsigned nb = 1;
+    write_now(t, &b, &nb);
+    if (nb == 0) { /* taken whole: ack_hdr is free again */
+        t->ack_sent = t->rx_off;
+        t->t_ack_ns = bs_now_ns();
+        return;
+    }
     t->ack_wreq.data = t;
     if (tcp_write(t->base.rail, &t->ack_wreq, (uv_stream_t *)&t->sock->tcp, &b, 1, ack_written) ==
         0) {
@@ -425,7 +465,7 @@ static void ack_written(uv_write_t *req, int status)
     tcp_conn_t *t = req->data;
     tcp_written(t->base.rail);
     t->ack_writing = false;
-    if (status == 0 && t->base.state == EN_CONN_READY) send_ack(t, false);
+    if (status == 0 && t->base.state == EN_CONN_READY) ack_soon(t);
 }
 
 static void on_ack(tcp_conn_t *t, uint64_t off)
@@ -786,12 +826,12 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             en_exec_recv_done(rail, c);
         }
         if (c->state == EN_CONN_READY) kick(t);
-        send_ack(t, false);
+        ack_soon(t);
         return;
     }
     t->s_end += (size_t)nread;
     kick(t);
-    send_ack(t, false);
+    ack_soon(t);
 }
 
 /* Find where the frame whose header c holds goes. False when reading must
@@ -842,6 +882,7 @@ static void process(tcp_conn_t *t)
                 return;
             }
             t->rx_off += EN_HDR_SIZE;
+            if (c->hdr.len > EN_TX_COPY_MAX) t->rx_big_end = t->rx_off + c->hdr.len;
             if (!match(t)) return;
         }
         /* EN_RD_PAYLOAD */
@@ -1358,15 +1399,20 @@ static int tcp_send(en_conn_t *c, en_wreq_t *w)
         return 0;
     }
     en_wreq_t *k = w;
-    if (!w->op) {
-        /* A control frame is freed once sent: keep a copy until acknowledged. */
-        k = coh_malloc(sizeof(*k));
+    if (!w->op || w->len <= EN_TX_COPY_MAX) {
+        /* A control frame is freed once sent: keep a copy until acknowledged.
+         * So is every small frame, whose send then ends once written, not at
+         * the peer's ACK: 2 ranks, 4 KiB over two rails waited for the ACK
+         * after their own data had come (the peer acks these late: ack_soon). */
+        size_t extra = w->len > sizeof(k->ctl) ? (size_t)w->len : 0;
+        k = coh_malloc(sizeof(*k) + extra);
         if (!k) return COH_ENOMEM;
         memcpy(k->hdr, w->hdr, EN_HDR_SIZE);
-        memcpy(k->ctl, w->payload, (size_t)w->len);
-        k->payload = k->ctl;
+        k->payload = extra ? (const uint8_t *)(k + 1) : k->ctl;
+        memcpy((uint8_t *)k->payload, w->payload, (size_t)w->len);
         k->len = w->len;
         k->op = NULL;
+        k->done_inline = false;
         k->tx_own = true;
         k->tx_orig = w;
     } else {

@@ -159,7 +159,13 @@ typedef struct en_sink {
  * collectives), so stopping the connection until the receive is posted could
  * deadlock on whatever follows the frame; it is read into memory instead,
  * up to COHORT_STASH_BYTES per rail, and delivered when the receive starts. */
-#define EN_STASH_SPARE        64
+#define EN_STASH_SPARE 64
+/* With failover, data frames up to this size are copied and kept until the
+ * peer's ACK, their send ending once written (en_tcp.c, tcp_send); the peer
+ * acks them at once only when this many bytes of them wait (else at its
+ * watch timer's next look). */
+#define EN_TX_COPY_MAX        (64u << 10)
+#define EN_TX_ACK_BYTES       (256u << 10)
 #define EN_SCRATCH_KEEP       4
 #define EN_SCRATCH_KEEP_BYTES (256u << 20)
 typedef struct en_stash {

@@ -71,6 +71,7 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
                         .bytes = L->bytes,
                         .nrails = ctx->nrails,
                         .rail_min_bytes = cfg->rail_min_bytes,
+                        .small_bytes = cfg->small_bytes,
                         .key = L->key};
     sc_slice_t sl[RX_MAX_RAILS];
     int n = L->nslices;

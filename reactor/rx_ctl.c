@@ -71,7 +71,8 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
     if (!n || n > cap || n - RX_CTL_HDR > RX_CTL_MAX) return COH_EINVAL;
     if (m->type == RX_CTL_DONE && m->u.done.nbw > RX_CTL_MAXBW) return COH_EINVAL;
     if (m->type == RX_CTL_LBTAB &&
-        (m->u.lbtab.len > RX_CTL_MAXLB || (m->u.lbtab.len && !m->u.lbtab.table)))
+        (m->u.lbtab.len > RX_CTL_MAXLB || m->u.lbtab.more > RX_CTL_LB_MORE ||
+         (m->u.lbtab.len && !m->u.lbtab.table)))
         return COH_EINVAL;
     en_put32(out, RX_CTL_MAGIC);
     out[4] = m->type;
@@ -170,7 +171,7 @@ int rx_ctl_encode(const rx_ctl_msg_t *m, uint8_t *out, size_t cap)
     case RX_CTL_LBTAB:
         en_put64(p, m->u.lbtab.epoch);
         en_put32(p + 8, m->u.lbtab.len);
-        en_put32(p + 12, 0);
+        en_put32(p + 12, m->u.lbtab.more);
         if (m->u.lbtab.len) memcpy(p + LBTAB_LEN, m->u.lbtab.table, m->u.lbtab.len);
         break;
     case RX_CTL_RAIL:
@@ -400,7 +401,9 @@ int rx_ctl_parse(const uint8_t *buf, size_t len, rx_ctl_msg_t *m)
         m->u.lbtab.epoch = en_get64(p);
         m->u.lbtab.len = en_get32(p + 8);
         m->u.lbtab.table = p + LBTAB_LEN;
-        if (en_get32(p + 12) != 0 || m->u.lbtab.len != plen - LBTAB_LEN) return COH_EPROTO;
+        m->u.lbtab.more = en_get32(p + 12);
+        if (m->u.lbtab.more > RX_CTL_LB_MORE || m->u.lbtab.len != plen - LBTAB_LEN)
+            return COH_EPROTO;
         break;
     case RX_CTL_RAIL:
         m->u.rail.rank = en_get32(p);

@@ -39,9 +39,10 @@
  *                                 the answer is a SHRUNK)
  *   PROBE   rank -> coordinator  "what I measured of my links" (coh_probe:
  *                                 latency and rate per peer and rail)
- *   LBTAB   coordinator -> rank  "the rail balancer's table for epoch e" (the
- *                                 packed sc_lb table world ops of that epoch
- *                                 are split with, docs/multirail.md)
+ *   LBTAB   coordinator -> rank  "the rail balancer's table for epochs e ..
+ *                                 e + more" (the packed sc_lb table world ops
+ *                                 of those epochs are split with,
+ *                                 docs/multirail.md)
  *   RAIL    rank -> coordinator  "my link to peer on rail r failed over /
  *                                 came back / is gone" (the balancer marks
  *                                 the rail down while any link on it is off)
@@ -74,11 +75,12 @@
 #include "reactor/reactor.h"
 #include "reactor/rx_conn.h"
 
-#define RX_CTL_MAGIC 0x43484f43u /* "COHC" */
-#define RX_CTL_HDR   16
-#define RX_CTL_MAX   (1u << 24) /* payload limit: plans for up to ~4M members */
-#define RX_CTL_MAXBW 64         /* link measurements per DONE */
-#define RX_CTL_MAXLB 16384      /* bytes of a packed balancer table (>= SC_LB_PACK_MAX) */
+#define RX_CTL_MAGIC   0x43484f43u /* "COHC" */
+#define RX_CTL_HDR     16
+#define RX_CTL_MAX     (1u << 24) /* payload limit: plans for up to ~4M members */
+#define RX_CTL_MAXBW   64         /* link measurements per DONE */
+#define RX_CTL_MAXLB   16384      /* bytes of a packed balancer table (>= SC_LB_PACK_MAX) */
+#define RX_CTL_LB_MORE 1024       /* epochs one LBTAB may cover beyond its first */
 
 typedef enum rx_ctl_type {
     RX_CTL_READY = 1,
@@ -88,7 +90,7 @@ typedef enum rx_ctl_type {
     RX_CTL_LEAVE = 5, /* rank -> coordinator: "I will not sync again": payload u32 rank */
     RX_CTL_PING = 6,  /* either way: payload u32 sender rank */
     RX_CTL_LOST = 7,  /* coordinator -> rank: u32 rank, u32 silent ms, u32 rx_lost_why */
-    RX_CTL_LBTAB = 8, /* coordinator -> rank: u64 epoch, u32 len, u32 0, len table bytes */
+    RX_CTL_LBTAB = 8, /* coordinator -> rank: u64 epoch, u32 len, u32 more, len table bytes */
     RX_CTL_RAIL = 9,  /* rank -> coordinator: u32 rank, u32 rail, u32 peer, u32 kind */
     RX_CTL_RPLAN = 10,
     RX_CTL_BYE = 11,    /* either way: u32 sender rank */
@@ -257,6 +259,7 @@ typedef struct rx_ctl_refuse {
 
 typedef struct rx_ctl_lbtab {
     uint64_t epoch;
+    uint32_t more; /* the same table also for the next `more` epochs (<= RX_CTL_LB_MORE) */
     uint32_t len;
     const uint8_t *table; /* len bytes (decode: into the buffer parsed) */
 } rx_ctl_lbtab_t;

@@ -5,12 +5,15 @@
  * and feeds it the times of its own world-op slices. World op s belongs to
  * epoch s / E (E = COHORT_LB_EPOCH) and every rank splits it with the table
  * of that epoch, so every rank splits it the same way. When the
- * coordinator's application thread submits op s with s % E == 0 it publishes
- * table e + 1 (at op 0 also table 0): a packed copy of its balancer, sent to
- * every rank as a control message (RX_CTL_LBTAB) and installed in its own
- * history the same way. A rank whose op's table has not arrived yet queues
- * the launch (in order, behind any queued one) and launches it when the
- * table arrives; the queue fails (EPEER) when the coordinator is lost and
+ * coordinator's application thread submits op s with s % E == 0 and its
+ * tables end with epoch e, it publishes the next (at op 0 also table 0): a
+ * packed copy of its balancer, sent to every rank as a control message
+ * (RX_CTL_LBTAB) and installed in its own history the same way. One
+ * message covers epochs e + 1 .. e + span: span 1 after an op larger than
+ * COHORT_SMALL_BYTES or a rail event, else twice the last, up to 16. A rank
+ * whose op's table has not arrived yet queues the launch (in order, behind
+ * any queued one) and launches it when the table arrives; the queue fails
+ * (EPEER) when the coordinator is lost and
  * (ECANCELED) at finalize. Rail failover events (the rails' observer) are
  * logged, counted and reported to the coordinator (RX_CTL_RAIL), which keeps
  * a rail out of its table while any link on it is failed over.
@@ -39,6 +42,8 @@ void rx_lb_close(struct coh_ctx *ctx, int status, const char *why);
 void rx_lb_finalize(struct coh_ctx *ctx);
 /* After every thread has stopped. */
 void rx_lb_fini(struct coh_ctx *ctx);
+/* Any thread: table messages this rank (not the coordinator) received. */
+uint64_t rx_lb_tables_in(struct coh_ctx *ctx);
 
 /* Application thread: a world op, split with its epoch's table (now, or
  * when the table arrives). Returns like rx_launch; 0 also when queued. */

@@ -11,8 +11,8 @@ int sc_rail_split(const sc_split_in_t *in, sc_slice_t out[SC_MAX_RAILS])
     if (in->nrails > 1 && in->bytes >= in->rail_min_bytes && in->count >= (uint64_t)in->nrails)
         n = in->nrails;
     if (n == 1) {
-        out[0] =
-            (sc_slice_t){.rail = (int)(in->key % (uint64_t)in->nrails), .lo = 0, .hi = in->count};
+        uint64_t k = in->bytes <= in->small_bytes ? in->key / SC_STICKY_OPS : in->key;
+        out[0] = (sc_slice_t){.rail = (int)(k % (uint64_t)in->nrails), .lo = 0, .hi = in->count};
         return 1;
     }
     for (int s = 0; s < n; s++)

@@ -4,7 +4,8 @@
  * tables, several in flight, checked exactly (integer-valued floats); the
  * other ranks start ahead of the coordinator, so their first ops wait for
  * their epoch's table. Then every rank's newest table must be the same text
- * and show measurements on every rail. A second context in the same process
+ * and show measurements on every rail; a stream of small ops after that
+ * must bring few table messages. A second context in the same process
  * starts from the table the first saved (COHORT_LB_TABLE).
  *
  *   test_rails_lb [ops]
@@ -13,6 +14,8 @@
 #include <unistd.h>
 
 #include "mp_util.h"
+#include "reactor/rx_ctx.h"
+#include "reactor/rx_lb.h"
 
 static int R, N, NR;
 static coh_comm_t *W;
@@ -154,6 +157,29 @@ int main(int argc, char **argv)
         allreduces(40, 8 + k, 0);
         others(k);
     }
+    /* Then only small ops (1 KiB, 128 epochs of the default 16 ops): the
+     * quiet balancer's tables cover more epochs per message (rx_lb.c,
+     * publish), so a rank other than the coordinator gets a few messages,
+     * not one per epoch (it got 128 before). */
+    uint64_t in0 = rx_lb_tables_in(ctx);
+    for (int k = 0; k < 2048; k++) {
+        float x[256];
+        for (int i = 0; i < 256; i++) x[i] = v(R, (size_t)i, k);
+        coh_request_t *q;
+        MP_OK(coh_allreduce(W, NULL, x, 256, COH_F32, COH_SUM, &q));
+        mp_wait(q);
+        for (int i = 0; i < 256; i++) {
+            float want = 0;
+            for (int r = 0; r < N; r++) want += v(r, (size_t)i, k);
+            if (x[i] != want) MP_FAIL("small allreduce %d: [%d] = %g, want %g", k, i, x[i], want);
+        }
+    }
+    uint64_t tables = rx_lb_tables_in(ctx) - in0;
+    if (R != coord && (tables == 0 || tables > 32))
+        MP_FAIL("%llu table messages for 2048 small ops (128 epochs): want 1..32",
+                (unsigned long long)tables);
+    if (R == (coord + 1) % N)
+        printf("rank %d: 2048 small ops, %llu table messages\n", R, (unsigned long long)tables);
     char *text = agree_on_table(ctx);
     for (int r = 0; r < NR; r++) {
         char want[32];

@@ -24,6 +24,7 @@
 
 #include "cohort.h"
 #include "sched/sc_lb.h"
+#include "sched/sc_rails.h"
 
 typedef struct rail_true {
     double lat, bps;
@@ -265,9 +266,93 @@ static void test_slices_cover_the_op(void **state)
     sc_lb_destroy(lb);
 }
 
+/* The rate at a size: from two sizes of one bucket (2^b .. 2^(b+1) - 1),
+ * the latency cancels. */
+static double rate_of(const sc_lb_t *lb, int rail, int b)
+{
+    uint64_t x = 1ull << b, y = x + x / 2;
+    return (double)(y - x) / (sc_lb_expect(lb, rail, y) - sc_lb_expect(lb, rail, x));
+}
+
+/* A size takes the rate of the nearest measured bucket, the lower one at
+ * equal distance (own_rate's bit search, which replaced a scan). */
+static void test_nearest_measured_bucket(void **state)
+{
+    (void)state;
+    sc_lb_t *lb;
+    assert_int_equal(sc_lb_create(2, NULL, &lb), 0);
+    assert_int_equal(sc_lb_observe(lb, 0, 1 << 20, 1e-3), 0);   /* bucket 20 */
+    assert_int_equal(sc_lb_observe(lb, 0, 1 << 24, 4e-3), 0);   /* bucket 24 */
+    assert_int_equal(sc_lb_observe(lb, 0, 1ull << 39, 100), 0); /* the last bucket */
+    double r20 = rate_of(lb, 0, 20), r24 = rate_of(lb, 0, 24), r39 = rate_of(lb, 0, 38);
+    assert_true(r20 > 0 && r24 > 0 && r20 != r24 && r39 != r24);
+    assert_true(fabs(rate_of(lb, 0, 12) - r20) < 1e-6 * r20);
+    assert_true(fabs(rate_of(lb, 0, 21) - r20) < 1e-6 * r20);
+    assert_true(fabs(rate_of(lb, 0, 22) - r20) < 1e-6 * r20); /* a tie: the lower */
+    assert_true(fabs(rate_of(lb, 0, 23) - r24) < 1e-6 * r24);
+    assert_true(fabs(rate_of(lb, 0, 31) - r24) < 1e-6 * r24);
+    assert_true(fabs(rate_of(lb, 0, 32) - r39) < 1e-6 * r39);
+    /* Rail 1 was never measured: the mean of the others' at that size. */
+    assert_true(fabs(rate_of(lb, 1, 22) - r20) < 1e-6 * r20);
+    /* The same after a round trip through the packed form. */
+    uint8_t buf[SC_LB_PACK_MAX];
+    int n = sc_lb_pack(lb, buf, sizeof(buf));
+    assert_true(n > 0);
+    sc_lb_t *cp;
+    assert_int_equal(sc_lb_create(2, NULL, &cp), 0);
+    assert_int_equal(sc_lb_unpack(cp, buf, (size_t)n), 0);
+    assert_true(fabs(rate_of(cp, 0, 22) - r20) < 1e-6 * r20);
+    assert_true(fabs(rate_of(cp, 0, 23) - r24) < 1e-6 * r24);
+    sc_lb_destroy(cp);
+    sc_lb_destroy(lb);
+}
+
+/* Without the balancer (sub-communicators, sync groups, COHORT_LB_EPOCH=0):
+ * small ops keep to one rail for SC_STICKY_OPS keys in a row, larger
+ * single-rail ops alternate, ops from rail_min_bytes split over all. */
+static void test_split_without_balancer(void **state)
+{
+    (void)state;
+    sc_split_in_t in = {
+        .count = 1024, .nrails = 2, .rail_min_bytes = 1 << 20, .small_bytes = 65536};
+    sc_slice_t sl[SC_MAX_RAILS];
+    int changes = 0, prev = -1, on[2] = {0, 0};
+    in.bytes = 4096;
+    for (uint64_t k = 0; k < 4 * SC_STICKY_OPS; k++) {
+        in.key = k;
+        assert_int_equal(sc_rail_split(&in, sl), 1);
+        assert_int_equal(sl[0].lo, 0);
+        assert_int_equal(sl[0].hi, 1024);
+        if (prev >= 0 && sl[0].rail != prev) changes++;
+        prev = sl[0].rail;
+        on[sl[0].rail]++;
+    }
+    assert_int_equal(changes, 3); /* every SC_STICKY_OPS keys, not every op */
+    assert_int_equal(on[0], on[1]);
+    in.bytes = 65536; /* small_bytes itself is small */
+    in.key = SC_STICKY_OPS - 1;
+    sc_rail_split(&in, sl);
+    int r = sl[0].rail;
+    in.key = SC_STICKY_OPS - 2;
+    sc_rail_split(&in, sl);
+    assert_int_equal(sl[0].rail, r);
+    in.bytes = 65537; /* larger: each op the next rail */
+    for (uint64_t k = 0; k < 8; k++) {
+        in.key = k;
+        assert_int_equal(sc_rail_split(&in, sl), 1);
+        assert_int_equal(sl[0].rail, (int)(k % 2));
+    }
+    in.bytes = 1 << 20;
+    assert_int_equal(sc_rail_split(&in, sl), 2);
+    assert_int_equal(sl[0].hi, sl[1].lo);
+    assert_int_equal(sl[1].hi, 1024);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_without_balancer),
+        cmocka_unit_test(test_nearest_measured_bucket),
         cmocka_unit_test(test_cold_small_ops_take_the_fastest_rail),
         cmocka_unit_test(test_threshold_follows_the_measurements),
         cmocka_unit_test(test_hot_converges_and_follows_a_change),

@@ -121,7 +121,8 @@ static void test_ctl_lbtab_and_rail(void **state)
     uint8_t table[300], buf[RX_CTL_HDR + 16 + sizeof(table)];
     for (size_t i = 0; i < sizeof(table); i++) table[i] = (uint8_t)(i * 7);
     rx_ctl_msg_t m = {.type = RX_CTL_LBTAB};
-    m.u.lbtab = (rx_ctl_lbtab_t){.epoch = 1234567890123ull, .len = sizeof(table), .table = table};
+    m.u.lbtab = (rx_ctl_lbtab_t){
+        .epoch = 1234567890123ull, .more = 15, .len = sizeof(table), .table = table};
     int n = rx_ctl_encode(&m, buf, sizeof(buf));
     assert_int_equal(n, (int)sizeof(buf));
     rx_ctl_msg_t d;
@@ -129,15 +130,19 @@ static void test_ctl_lbtab_and_rail(void **state)
     assert_int_equal(rx_ctl_parse(buf, (size_t)n, &d), n);
     assert_int_equal(d.type, RX_CTL_LBTAB);
     assert_true(d.u.lbtab.epoch == 1234567890123ull);
+    assert_int_equal(d.u.lbtab.more, 15);
     assert_int_equal(d.u.lbtab.len, sizeof(table));
     assert_memory_equal(d.u.lbtab.table, table, sizeof(table));
-    /* The inner length must match the frame's; the reserved word is 0. */
+    /* The inner length must match the frame's; a table covers at most
+     * RX_CTL_LB_MORE more epochs. */
     uint8_t bad[sizeof(buf)];
     memcpy(bad, buf, sizeof(buf));
     bad[RX_CTL_HDR + 8] ^= 1;
     assert_int_equal(rx_ctl_parse(bad, sizeof(bad), &d), COH_EPROTO);
     memcpy(bad, buf, sizeof(buf));
-    bad[RX_CTL_HDR + 12] = 1;
+    en_put32(bad + RX_CTL_HDR + 12, RX_CTL_LB_MORE);
+    assert_int_equal(rx_ctl_parse(bad, sizeof(bad), &d), (int)sizeof(bad));
+    en_put32(bad + RX_CTL_HDR + 12, RX_CTL_LB_MORE + 1);
     assert_int_equal(rx_ctl_parse(bad, sizeof(bad), &d), COH_EPROTO);
     /* Too short for its header, or beyond the table limit: refused from the header. */
     uint8_t hdr[RX_CTL_HDR];
@@ -156,6 +161,9 @@ static void test_ctl_lbtab_and_rail(void **state)
     assert_int_equal(rx_ctl_encode(&m, huge, sizeof(huge)), COH_EINVAL);
     m.u.lbtab.len = 5;
     m.u.lbtab.table = NULL;
+    assert_int_equal(rx_ctl_encode(&m, huge, sizeof(huge)), COH_EINVAL);
+    m.u.lbtab.table = src;
+    m.u.lbtab.more = RX_CTL_LB_MORE + 1;
     assert_int_equal(rx_ctl_encode(&m, huge, sizeof(huge)), COH_EINVAL);
 
     /* RAIL */
