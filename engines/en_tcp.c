@@ -1409,7 +1409,7 @@ static int tcp_send(en_conn_t *c, en_wreq_t *w)
         if (!k) return COH_ENOMEM;
         memcpy(k->hdr, w->hdr, EN_HDR_SIZE);
         k->payload = extra ? (const uint8_t *)(k + 1) : k->ctl;
-        memcpy((uint8_t *)k->payload, w->payload, (size_t)w->len);
+        if (w->len) memcpy((uint8_t *)k->payload, w->payload, (size_t)w->len);
         k->len = w->len;
         k->op = NULL;
         k->done_inline = false;
