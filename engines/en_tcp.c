@@ -347,8 +347,50 @@ static void tcp_written(en_rail_t *rail)
     atomic_fetch_sub(&rail->uv_writes, 1);
 }
 
-static void write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs);
-static void count_sent(en_conn_t *c, const en_wreq_t *w);
+static void count_sent(en_conn_t *c, const en_wreq_t *w)
+{
+    c->bytes_out += EN_HDR_SIZE + w->len;
+    atomic_fetch_add_explicit(&c->rail->stat_bytes_out, EN_HDR_SIZE + w->len, memory_order_relaxed);
+}
+
+/* Write what the socket takes now of bufs, with MSG_NOSIGNAL (a peer that
+ * died leaves EPIPE, no signal), when libuv has nothing queued on it (the
+ * order is kept). bufs then describe the rest (*nbufs 0: all went). */
+static void write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs)
+{
+    uv_os_fd_t fd;
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&t->sock->tcp) != 0 ||
+        uv_fileno((uv_handle_t *)&t->sock->tcp, &fd) != 0)
+        return;
+    struct iovec iov[2];
+    for (unsigned i = 0; i < *nbufs; i++) iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = *nbufs};
+    ssize_t n;
+    do n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return; /* full, or an error uv_write will report */
+    size_t left = (size_t)n;
+    unsigned k = 0;
+    for (unsigned i = 0; i < *nbufs; i++) {
+        size_t skip = left < bufs[i].len ? left : bufs[i].len;
+        left -= skip;
+        if (skip < bufs[i].len)
+            bufs[k++] = uv_buf_init(bufs[i].base + skip, (unsigned)(bufs[i].len - skip));
+    }
+    *nbufs = k;
+}
+
+/* A kept frame's write ended well: the socket has taken it, and a copy's
+ * original counts as sent (BYE's wait; a small frame's send step). */
+static void kept_written(tcp_conn_t *t, en_wreq_t *w)
+{
+    if (w->tx_off + wlen(w) > t->tx_sent) t->tx_sent = w->tx_off + wlen(w);
+    if (w->tx_own && w->tx_orig) {
+        en_wreq_t *o = w->tx_orig;
+        w->tx_orig = NULL;
+        o->done(o, 0);
+    }
+}
 
 /* Write w from stream offset `from` (inside it, or its start). What the
  * socket takes at once goes by sendmsg (write_now), the rest by uv_write;
@@ -371,12 +413,7 @@ static int issue(tcp_conn_t *t, en_wreq_t *w, uint64_t from)
     if (!(w->tx_own && w->tx_orig && !w->tx_orig->done_inline)) write_now(t, bufs, &nb);
     if (nb == 0) {
         count_sent(&t->base, w);
-        if (w->tx_off + wlen(w) > t->tx_sent) t->tx_sent = w->tx_off + wlen(w);
-        if (w->tx_own && w->tx_orig) {
-            en_wreq_t *o = w->tx_orig;
-            w->tx_orig = NULL;
-            o->done(o, 0);
-        }
+        kept_written(t, w);
         return 0;
     }
     w->tr.tcp.data = w;
@@ -1301,12 +1338,6 @@ static int tcp_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
 
 /* ---- writing ---- */
 
-static void count_sent(en_conn_t *c, const en_wreq_t *w)
-{
-    c->bytes_out += EN_HDR_SIZE + w->len;
-    atomic_fetch_add_explicit(&c->rail->stat_bytes_out, EN_HDR_SIZE + w->len, memory_order_relaxed);
-}
-
 static void on_write(uv_write_t *req, int status)
 {
     en_wreq_t *w = req->data;
@@ -1320,13 +1351,7 @@ static void on_write(uv_write_t *req, int status)
         return;
     }
     w->tx_writing = false;
-    if (status == 0 && w->tx_off + wlen(w) > t->tx_sent) t->tx_sent = w->tx_off + wlen(w);
-    /* A copied control frame counts as sent once written (BYE's wait). */
-    if (status == 0 && w->tx_own && w->tx_orig) {
-        en_wreq_t *o = w->tx_orig;
-        w->tx_orig = NULL;
-        o->done(o, 0);
-    }
+    if (status == 0) kept_written(t, w);
     if (c->state >= EN_CONN_CLOSING) {
         /* The link is gone: its kept frames end now (this one last written). */
         en_wreq_t **pp = &t->tx_head, *prev = NULL;
@@ -1345,33 +1370,6 @@ static void on_write(uv_write_t *req, int status)
     if (status < 0 && status != UV_ECANCELED && t->sock && c->state == EN_CONN_READY)
         move_link(t, uv_strerror(status));
     tx_reap(t);
-}
-
-/* Write what the socket takes now of bufs, with MSG_NOSIGNAL (a peer that
- * died leaves EPIPE, no signal), when libuv has nothing queued on it (the
- * order is kept). bufs then describe the rest (*nbufs 0: all went). */
-static void write_now(tcp_conn_t *t, uv_buf_t *bufs, unsigned *nbufs)
-{
-    uv_os_fd_t fd;
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&t->sock->tcp) != 0 ||
-        uv_fileno((uv_handle_t *)&t->sock->tcp, &fd) != 0)
-        return;
-    struct iovec iov[2];
-    for (unsigned i = 0; i < *nbufs; i++) iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
-    struct msghdr m = {.msg_iov = iov, .msg_iovlen = *nbufs};
-    ssize_t n;
-    do n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
-    if (n <= 0) return; /* full, or an error uv_write will report */
-    size_t left = (size_t)n;
-    unsigned k = 0;
-    for (unsigned i = 0; i < *nbufs; i++) {
-        size_t skip = left < bufs[i].len ? left : bufs[i].len;
-        left -= skip;
-        if (skip < bufs[i].len)
-            bufs[k++] = uv_buf_init(bufs[i].base + skip, (unsigned)(bufs[i].len - skip));
-    }
-    *nbufs = k;
 }
 
 static int tcp_send(en_conn_t *c, en_wreq_t *w)
