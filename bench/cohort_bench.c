@@ -27,7 +27,7 @@ typedef enum { C_ALLREDUCE, C_BROADCAST, C_ALLGATHER, C_REDUCE_SCATTER } coll_t;
 static struct {
     uint64_t minb, maxb, step;
     double factor;
-    int iters, warmup, check, csv, root, pct, times, device, span;
+    int iters, warmup, check, csv, root, pct, times, device, span, compute_threads;
     double loss_bound, pull_bound;
     coh_redop op;
     coh_dtype dtype;
@@ -136,6 +136,10 @@ static void usage(void)
         "            rank 0's time per iteration over the run (peers_common.h)\n"
         "  --times   rank 0 also prints 'times,bytes,t1_us,t2_us,...': every timed iteration,\n"
         "            the slowest rank's, in order (where a tail comes from)\n"
+        "  --compute-threads K  K threads per rank compute for the whole run (a trainer's\n"
+        "            compute beside its collectives); rank 0 prints 'compute,bytes,gflops'\n"
+        "            per size: what they did over the timed iterations, all ranks "
+        "(peers_common.h)\n"
         "  --mem M   host (default) or device: the buffers are device memory (coh_mem_alloc;\n"
         "            COHORT_GPU, docs/gpu.md), staged through pinned host memory\n"
         "  --loss-bound X  allreduce through coh_allreduce_ex with this loss bound (udp\n"
@@ -313,6 +317,8 @@ int main(int argc, char **argv)
             o.warmup = atoi(v);
         } else if (!strcmp(a, "-c")) {
             o.check = atoi(v);
+        } else if (!strcmp(a, "--compute-threads")) {
+            o.compute_threads = atoi(v);
         } else if (!strcmp(a, "--loss-bound")) {
             o.loss_bound = atof(v);
         } else if (!strcmp(a, "--pull-bound")) {
@@ -338,7 +344,9 @@ int main(int argc, char **argv)
             usage();
         }
     }
-    if (o.iters < 1 || o.warmup < 0 || (o.step == 0 && o.factor <= 1) || o.minb > o.maxb) usage();
+    if (o.iters < 1 || o.warmup < 0 || (o.step == 0 && o.factor <= 1) || o.minb > o.maxb ||
+        o.compute_threads < 0 || o.compute_threads > PB_COMPUTE_MAX)
+        usage();
 
     coh_ctx_t *ctx;
     int st = coh_init(NULL, &ctx);
@@ -374,6 +382,9 @@ int main(int argc, char **argv)
     double *span_out = malloc(sizeof(double) * (size_t)o.iters);
     if (!times || !span_in || !span_out) die("out of memory for the times", COH_ENOMEM, NULL);
     double lossacc[2] = {0, 0}; /* datagram receive bytes lost, of how many */
+    pb_compute_t comp;
+    if (pb_compute_start(&comp, o.compute_threads) != 0)
+        die("starting the compute threads", COH_ENOMEM, NULL);
     long total_wrong = 0;
     for (uint64_t bytes = o.minb; bytes <= o.maxb;
          bytes = o.step ? bytes + o.step : (uint64_t)ceil((double)bytes * o.factor)) {
@@ -399,9 +410,9 @@ int main(int argc, char **argv)
                 (st = coh_mem_copy(ctx, recv, hrecv, recv_n * es)))
                 die("device buffers", st, NULL);
         }
-        double cpu0 = 0;
+        double cpu0 = 0, f0 = 0, w0 = 0;
         for (int it = 0; it < o.warmup + o.iters; it++) {
-            if (it == o.warmup) cpu0 = pb_cpu_s();
+            if (it == o.warmup) cpu0 = pb_cpu_s(), f0 = pb_compute_flops(&comp), w0 = now_us();
             if (o.coll == C_BROADCAST && R == o.root && it == 0) {
                 for (size_t i = 0; i < recv_n; i++) put(hrecv, i, in_val(o.root, i));
                 if (o.device && (st = coh_mem_copy(ctx, recv, hrecv, recv_n * es)))
@@ -422,6 +433,7 @@ int main(int argc, char **argv)
             coh_request_free(req);
             if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
         }
+        double rate = (pb_compute_flops(&comp) - f0) / ((now_us() - w0) * 1e-6);
         if (o.device) {
             if (o.check && (st = coh_mem_copy(ctx, hrecv, recv, recv_n * es)))
                 die("device buffers", st, NULL);
@@ -434,9 +446,10 @@ int main(int argc, char **argv)
         /* Slowest rank per iteration, and the total of wrong elements. */
         st = coh_allreduce_sync(W, NULL, times, (size_t)o.iters, COH_F64, COH_MAX);
         if (st) die("gathering times", st, NULL);
-        /* w3[3]: every rank's CPU seconds over the timed iterations. */
-        double w3[4] = {(double)wrong, lossacc[0], lossacc[1], pb_cpu_s() - cpu0};
-        st = coh_allreduce_sync(W, NULL, w3, 4, COH_F64, COH_SUM);
+        /* w3[3]: every rank's CPU seconds over the timed iterations; w3[4]: its
+         * compute threads' flops per second then. */
+        double w3[5] = {(double)wrong, lossacc[0], lossacc[1], pb_cpu_s() - cpu0, rate};
+        st = coh_allreduce_sync(W, NULL, w3, 5, COH_F64, COH_SUM);
         if (st) die("gathering checks", st, NULL);
         double w = w3[0];
         /* With a loss bound, short elements are the point, not a failure. */
@@ -482,6 +495,7 @@ int main(int argc, char **argv)
                        total, coh_dtype_name(o.dtype), coh_redop_name(o.op), t, algbw, algbw * bus,
                        o.check ? (w ? "WRONG" : "0") : "n/a");
             pb_print_cpu(o.csv, o.iters, (size_t)b, w3[3]);
+            if (comp.n) pb_print_compute(o.csv, (size_t)b, w3[4]);
             fflush(stdout);
         }
         free(send);
@@ -490,6 +504,7 @@ int main(int argc, char **argv)
     }
     free(span_out);
     free(span_in);
+    pb_compute_stop(&comp);
     free(times);
     if (R == 0 && !o.csv) {
         /* The multi-rail balancer's table the last ops were split with. */

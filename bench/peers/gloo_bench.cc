@@ -165,6 +165,11 @@ int run(int argc, char **argv)
     Bench b;
     int prc = pb_parse(argc, argv, &b.o, kExtraHelp);
     if (prc != 0) return prc > 0 ? 0 : 2;
+    if (b.o.compute_threads) {
+        /* bench/contention.sh compares cohort with Open MPI only. */
+        fprintf(stderr, "gloo-bench: --compute-threads is not supported\n");
+        return 2;
+    }
     const std::string algo = b.o.algo ? b.o.algo : "default";
     bool known = algo == "best";
     for (const char *k : kAlgos) known = known || algo == k;

@@ -58,6 +58,11 @@ int main(int argc, char **argv)
     pb_fill(send, max_count, rank);
     memset(recv, 0, max_count * sizeof(float));
 
+    pb_compute_t comp;
+    if (pb_compute_start(&comp, o.compute_threads) != 0) {
+        fprintf(stderr, "mpi-bench: cannot start the compute threads\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     if (rank == 0) pb_print_header(&o, "mpi-bench (Open MPI)", nranks);
     long long total_wrong = 0;
     for (size_t bytes = o.min_bytes; bytes; bytes = pb_next_size(&o, bytes)) {
@@ -67,14 +72,16 @@ int main(int argc, char **argv)
            timestamp pair per iteration, no barrier. A rank that finishes early waits for
            the others inside the next call, so the max over ranks is the iteration period. */
         memset(recv, 0, nbytes);
-        double cpu0 = 0;
+        double cpu0 = 0, f0 = 0, w0 = 0;
         for (int it = 0; it < o.warmup + o.iters; it++) {
-            if (it == o.warmup) cpu0 = pb_cpu_s();
+            if (it == o.warmup) cpu0 = pb_cpu_s(), f0 = pb_compute_flops(&comp), w0 = pb_now_us();
             double t0 = pb_now_us();
             MPI_CHECK(MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
             double t1 = pb_now_us();
             if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
         }
+        /* This rank's compute rate over the timed iterations. */
+        double rate = (pb_compute_flops(&comp) - f0) / ((pb_now_us() - w0) * 1e-6);
         if (o.span) {
             double period = (span_out[o.iters - 1] - span_in[0]) / o.iters; /* this rank's */
             MPI_CHECK(
@@ -83,8 +90,9 @@ int main(int argc, char **argv)
                                     MPI_COMM_WORLD));
             if (rank == 0) pb_print_span(nbytes, span_in, span_out, o.iters, period);
         }
-        double cpu = pb_cpu_s() - cpu0, cpu_all = 0;
+        double cpu = pb_cpu_s() - cpu0, cpu_all = 0, rate_all = 0;
         MPI_CHECK(MPI_Allreduce(&cpu, &cpu_all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Allreduce(&rate, &rate_all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
         /* Checked on the last timed result, as cohort-bench does. */
         long long mine = o.check ? (long long)pb_count_wrong(recv, (size_t)count, nranks) : 0;
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, times, o.iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
@@ -99,7 +107,9 @@ int main(int argc, char **argv)
         if (!o.check) wrong = -1;
         if (rank == 0) pb_print_row(&o, nbytes, nranks, t_us, wrong);
         if (rank == 0) pb_print_cpu(o.csv, o.iters, nbytes, cpu_all);
+        if (rank == 0 && comp.n) pb_print_compute(o.csv, nbytes, rate_all);
     }
+    pb_compute_stop(&comp);
 
     free(span_out);
     free(span_in);

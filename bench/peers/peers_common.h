@@ -9,6 +9,7 @@
 
 #include <ctype.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,12 +27,15 @@ typedef struct pb_opts {
     int iters, warmup;
     int check;
     bool csv;
-    bool pct;  /* --pct: also a 'pct,...' line per size (pb_print_pct) */
-    bool span; /* --span: also a 'span,...' line per size (pb_print_span) */
+    bool pct;            /* --pct: also a 'pct,...' line per size (pb_print_pct) */
+    bool span;           /* --span: also a 'span,...' line per size (pb_print_span) */
+    int compute_threads; /* --compute-threads: pb_compute_start */
     const char *op, *dtype;
     /* benchmark-specific extras (Gloo): NULL/0 when not given */
     const char *algo, *store, *host;
 } pb_opts_t;
+
+#define PB_COMPUTE_MAX 64
 
 /* "4K", "64M", "1G", "4096": binary units, like nccl-tests. 0 on error. */
 static inline size_t pb_parse_size(const char *s)
@@ -78,6 +82,9 @@ static inline void pb_usage(FILE *f, const char *prog, const char *extra)
             "      --span              also print 'span,bytes,p50_us,p90_us,mean_us,period_us'"
             " per size\n"
             "                          (last rank in to last rank out; one host only)\n"
+            "      --compute-threads K K threads per rank compute for the whole run (a\n"
+            "                          trainer's compute beside its allreduces); prints\n"
+            "                          'compute,bytes,gflops' per size, all ranks\n"
             "%s",
             prog, extra ? extra : "");
 }
@@ -98,6 +105,7 @@ static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extr
         {"csv", no_argument, NULL, 'C'},
         {"pct", no_argument, NULL, 'P'},
         {"span", no_argument, NULL, 'T'},
+        {"compute-threads", required_argument, NULL, 'K'},
         {"algo", required_argument, NULL, 'a'},
         {"store", required_argument, NULL, 'S'},
         {"host", required_argument, NULL, 'H'},
@@ -128,6 +136,7 @@ static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extr
         case 'C': o->csv = true; break;
         case 'P': o->pct = true; break;
         case 'T': o->span = true; break;
+        case 'K': o->compute_threads = atoi(optarg); break;
         case 'a': o->algo = optarg; break;
         case 'S': o->store = optarg; break;
         case 'H': o->host = optarg; break;
@@ -136,8 +145,11 @@ static inline int pb_parse(int argc, char **argv, pb_opts_t *o, const char *extr
         }
     }
     if (optind < argc || o->min_bytes < 4 || o->max_bytes < o->min_bytes || o->iters < 1 ||
-        o->warmup < 0 || (o->step == 0 && o->factor <= 1)) {
-        fprintf(stderr, "%s: bad arguments (sizes >= 4 bytes, min <= max, -n >= 1, -f > 1)\n",
+        o->warmup < 0 || (o->step == 0 && o->factor <= 1) || o->compute_threads < 0 ||
+        o->compute_threads > PB_COMPUTE_MAX) {
+        fprintf(stderr,
+                "%s: bad arguments (sizes >= 4 bytes, min <= max, -n >= 1, -f > 1,"
+                " --compute-threads 0-64)\n",
                 argv[0]);
         return -1;
     }
@@ -316,6 +328,83 @@ static inline bool pb_env_rank(int *rank, int *size)
     *rank = atoi(r);
     *size = atoi(s);
     return *size >= 1 && *rank >= 0 && *rank < *size;
+}
+
+/*
+ * Compute beside the collectives (--compute-threads K): K threads per rank
+ * that compute for the whole run, as a trainer's own threads (intra-op
+ * threads, the backward pass of the next bucket) do while its allreduces
+ * run. Foreign busy processes (bench/contention.sh) take cores from every
+ * implementation alike; threads of the rank's own process are what a waiter
+ * that spins takes its cycles from. Each pass is y = 0.999 y + x over two
+ * cache-resident vectors of PB_COMPUTE_N floats (2 flops an element);
+ * pb_compute_flops is what the threads have done so far, so a benchmark can
+ * report how much compute the collectives left them (more is better).
+ * Atomics through the GCC builtins: this header is C11 and C++17.
+ */
+#define PB_COMPUTE_N 65536
+
+typedef struct pb_compute {
+    int n;
+    int stop;                  /* __atomic */
+    unsigned long long passes; /* __atomic: every thread's passes */
+    pthread_t th[PB_COMPUTE_MAX];
+} pb_compute_t;
+
+static volatile float pb_compute_sink; /* keeps the sweeps from being optimised away */
+
+static inline void *pb_compute_main(void *arg)
+{
+    pb_compute_t *c = (pb_compute_t *)arg;
+    float *x = (float *)malloc(PB_COMPUTE_N * sizeof(float));
+    float *y = (float *)calloc(PB_COMPUTE_N, sizeof(float));
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return NULL;
+    }
+    for (int i = 0; i < PB_COMPUTE_N; i++) x[i] = (float)(i % 97) * 1e-3f;
+    while (!__atomic_load_n(&c->stop, __ATOMIC_RELAXED)) {
+        for (int i = 0; i < PB_COMPUTE_N; i++) y[i] = 0.999f * y[i] + x[i];
+        __atomic_fetch_add(&c->passes, 1ull, __ATOMIC_RELAXED);
+    }
+    pb_compute_sink = y[PB_COMPUTE_N / 2];
+    free(x);
+    free(y);
+    return NULL;
+}
+
+/* Starts k threads (0: none). Returns 0, or -1 when a thread could not start. */
+static inline int pb_compute_start(pb_compute_t *c, int k)
+{
+    memset(c, 0, sizeof(*c));
+    for (; c->n < k; c->n++)
+        if (pthread_create(&c->th[c->n], NULL, pb_compute_main, c) != 0) return -1;
+    return 0;
+}
+
+static inline double pb_compute_flops(pb_compute_t *c)
+{
+    return (double)__atomic_load_n(&c->passes, __ATOMIC_RELAXED) * 2.0 * PB_COMPUTE_N;
+}
+
+static inline void pb_compute_stop(pb_compute_t *c)
+{
+    __atomic_store_n(&c->stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < c->n; i++) pthread_join(c->th[i], NULL);
+    c->n = 0;
+}
+
+/* Every rank's compute over a size's timed iterations, in Gflop/s summed
+ * over ranks (the caller sums each rank's flops / seconds): "compute,BYTES,GFLOPS". */
+static inline void pb_print_compute(bool csv, size_t bytes, double flops_per_s_all)
+{
+    if (csv)
+        printf("compute,%zu,%.3f\n", bytes, flops_per_s_all / 1e9);
+    else
+        printf("# compute beside: %.3f Gflop/s (all ranks' compute threads)\n",
+               flops_per_s_all / 1e9);
+    fflush(stdout);
 }
 
 #endif /* PEERS_COMMON_H */

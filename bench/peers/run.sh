@@ -30,6 +30,7 @@ SITERS="" SWARMUP=""
 SMALL_BELOW=262144
 BASELINE=""
 BIND=none
+ORDER=size
 
 usage() {
     cat <<EOF
@@ -58,6 +59,9 @@ usage: bench/peers/run.sh [options]
                      to CPU r mod nproc (cohortrun --bind core; mpirun --map-by core
                      --bind-to core:overload-allowed); default none (the kernel
                      places and moves them, as it does for most trainers)
+  --order size|impl  size (default): at each size every implementation runs in
+                     turn (rotating who goes first), then the next size; impl: one
+                     whole sweep per implementation, one after the other
   --baseline DIR     also run DIR/bin/cohort-bench (another build of cohort, e.g. a
                      worktree of an earlier commit) as "base", in the same run,
                      and print cohort / base per size
@@ -80,6 +84,7 @@ while [ $# -gt 0 ]; do
     --timeout) TIMEOUT=$2; shift ;;
     --strict) STRICT=1 ;;
     --bind) BIND=$2; shift ;;
+    --order) ORDER=$2; shift ;;
     --baseline) BASELINE=$(cd "$2" && pwd); IMPLS="$IMPLS base"; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -153,6 +158,7 @@ none) MPIBIND=(--bind-to none) ;;
 core) MPIBIND=(--map-by core --bind-to core:overload-allowed) ;;
 *) echo "run.sh: --bind none or --bind core" >&2; exit 2 ;;
 esac
+case $ORDER in size | impl) ;; *) echo "run.sh: --order size or --order impl" >&2; exit 2 ;; esac
 # Open MPI over TCP on loopback only: ob1 (not UCX/CM, which pick their own
 # transports), btl self+tcp (no vader shared memory), the lo interface over IPv4.
 # Root needs its opt-in.
@@ -182,21 +188,22 @@ say "# cohort peers benchmark, $(date -Is), $(uname -n), $(nproc) cpus, $(uname 
 say "# git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')," \
     "Gloo $(dpkg-query -W -f '${Version}' libgloo-dev 2>/dev/null || echo '?')," \
     "$(mpirun --version 2>/dev/null | head -n 1)"
-say "# binding: $BIND (--bind)"
+say "# binding: $BIND (--bind); order: $ORDER (--order)"
 
-# sweep NAME CMD... : CMD with each sweep's arguments after it, the outputs
-# of both in $WORK/NAME.out and .err
+NRUN=0
+# sweep NAME SPECS CMD... : CMD once per spec ("b:e:iters:warmup", comma
+# separated) with its arguments after it; every output appended to
+# $WORK/NAME.out and .err
 sweep() {
-    local name=$1 rc=0 i=0 sw b e it wu
-    shift
-    : >"$WORK/$name.out"
-    : >"$WORK/$name.err"
-    for sw in "${SWEEPS[@]}"; do
+    local name=$1 specs=$2 rc=0 sw b e it wu
+    shift 2
+    touch "$WORK/$name.out" "$WORK/$name.err"
+    for sw in ${specs//,/ }; do
         IFS=: read -r b e it wu <<<"$sw"
-        run "$name.$i" "$@" --csv -b "$b" -e "$e" -f "$FACTOR" -n "$it" -w "$wu" -c 1 -o sum -d float || rc=1
-        cat "$WORK/$name.$i.out" >>"$WORK/$name.out"
-        cat "$WORK/$name.$i.err" >>"$WORK/$name.err"
-        i=$((i + 1))
+        NRUN=$((NRUN + 1))
+        run "$name.$NRUN" "$@" --csv -b "$b" -e "$e" -f "$FACTOR" -n "$it" -w "$wu" -c 1 -o sum -d float || rc=1
+        cat "$WORK/$name.$NRUN.out" >>"$WORK/$name.out"
+        cat "$WORK/$name.$NRUN.err" >>"$WORK/$name.err"
     done
     return $rc
 }
@@ -245,28 +252,50 @@ for n in $RANKS; do
     say "# T_$n (the most of A_$n, R_$n and X_$n) = $t GB/s: the tighter ceiling T_$n/$n"
 done
 
+# bench IMPL N SPECS: IMPL on N ranks over SPECS (see sweep)
+bench() {
+    local impl=$1 n=$2 specs=$3
+    case $impl in
+    cohort)
+        sweep "cohort-$n" "$specs" env COHORT_SHM=0 "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
+            --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
+    shm)
+        sweep "shm-$n" "$specs" env COHORT_SHM=1 "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
+            --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
+    vader)
+        sweep "vader-$n" "$specs" timeout "$TIMEOUT" "${VADER[@]}" -np "$n" "$BIN/mpi-bench" ;;
+    gloo)
+        mkdir -p "$WORK/store-$n"
+        sweep "gloo-$n" "$specs" "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix --timeout "$TIMEOUT" -- \
+            "$BIN/gloo-bench" --store "$WORK/store-$n" -a "$GLOO_ALGO" ;;
+    mpi)
+        sweep "mpi-$n" "$specs" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" "$BIN/mpi-bench" ;;
+    base)
+        sweep "base-$n" "$specs" env COHORT_SHM=0 "$BASELINE/bin/cohortrun" -n "$n" --bind "$BIND" \
+            --no-prefix --timeout "$TIMEOUT" -- "$BASELINE/bin/cohort-bench" ;;
+    esac
+}
+
+# --order size: each size is run by every implementation in turn before the
+# next size, the order rotating by one per size, so that implementations
+# compared at a size ran seconds apart. This VM's loopback moved 1.7 -> 3.0
+# GB/s within one run (2026-11-29): with one whole sweep per implementation
+# (--order impl) a peer's sweep could meet a faster machine than cohort's.
+ALL_SPECS=()
+for sw in "${SWEEPS[@]}"; do
+    IFS=: read -r b e it wu <<<"$sw"
+    while [ "$b" -le "$e" ]; do ALL_SPECS+=("$b:$b:$it:$wu"); b=$((b * FACTOR)); done
+done
 for n in $RANKS; do
-    for impl in $IMPLS; do
-        case $impl in
-        cohort)
-            sweep "cohort-$n" env COHORT_SHM=0 "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
-                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
-        shm)
-            sweep "shm-$n" env COHORT_SHM=1 "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
-                --timeout "$TIMEOUT" -- "$BIN/cohort-bench" ;;
-        vader)
-            sweep "vader-$n" timeout "$TIMEOUT" "${VADER[@]}" -np "$n" "$BIN/mpi-bench" ;;
-        gloo)
-            mkdir -p "$WORK/store-$n"
-            sweep "gloo-$n" "$BIN/cohortrun" -n "$n" --bind "$BIND" --no-prefix --timeout "$TIMEOUT" -- \
-                "$BIN/gloo-bench" --store "$WORK/store-$n" -a "$GLOO_ALGO" ;;
-        mpi)
-            sweep "mpi-$n" timeout "$TIMEOUT" "${MPIRUN[@]}" -np "$n" "$BIN/mpi-bench" ;;
-        base)
-            sweep "base-$n" env COHORT_SHM=0 "$BASELINE/bin/cohortrun" -n "$n" --bind "$BIND" --no-prefix \
-                --timeout "$TIMEOUT" -- \
-                "$BASELINE/bin/cohort-bench" ;;
-        esac
+    if [ "$ORDER" = impl ]; then
+        specs=$(IFS=,; echo "${SWEEPS[*]}")
+        for impl in $IMPLS; do bench "$impl" "$n" "$specs"; done
+        continue
+    fi
+    read -r -a order <<<"$IMPLS"
+    for spec in "${ALL_SPECS[@]}"; do
+        for impl in "${order[@]}"; do bench "$impl" "$n" "$spec"; done
+        order=("${order[@]:1}" "${order[0]}")
     done
 done
 
