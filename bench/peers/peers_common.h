@@ -346,6 +346,7 @@ static inline bool pb_env_rank(int *rank, int *size)
 
 typedef struct pb_compute {
     int n;
+    int started;               /* __atomic: threads that have begun computing */
     int stop;                  /* __atomic */
     unsigned long long passes; /* __atomic: every thread's passes */
     pthread_t th[PB_COMPUTE_MAX];
@@ -364,6 +365,7 @@ static inline void *pb_compute_main(void *arg)
         return NULL;
     }
     for (int i = 0; i < PB_COMPUTE_N; i++) x[i] = (float)(i % 97) * 1e-3f;
+    __atomic_fetch_add(&c->started, 1, __ATOMIC_RELAXED);
     while (!__atomic_load_n(&c->stop, __ATOMIC_RELAXED)) {
         for (int i = 0; i < PB_COMPUTE_N; i++) y[i] = 0.999f * y[i] + x[i];
         __atomic_fetch_add(&c->passes, 1ull, __ATOMIC_RELAXED);
@@ -374,12 +376,18 @@ static inline void *pb_compute_main(void *arg)
     return NULL;
 }
 
-/* Starts k threads (0: none). Returns 0, or -1 when a thread could not start. */
+/* Starts k threads (0: none) and returns once each is computing, so that the
+ * first size's timed iterations do not run before them. Returns 0, or -1 when
+ * a thread could not start. */
 static inline int pb_compute_start(pb_compute_t *c, int k)
 {
     memset(c, 0, sizeof(*c));
     for (; c->n < k; c->n++)
         if (pthread_create(&c->th[c->n], NULL, pb_compute_main, c) != 0) return -1;
+    while (__atomic_load_n(&c->started, __ATOMIC_RELAXED) < k) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
     return 0;
 }
 

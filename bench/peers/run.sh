@@ -159,6 +159,11 @@ core) MPIBIND=(--map-by core --bind-to core:overload-allowed) ;;
 *) echo "run.sh: --bind none or --bind core" >&2; exit 2 ;;
 esac
 case $ORDER in size | impl) ;; *) echo "run.sh: --order size or --order impl" >&2; exit 2 ;; esac
+# --order size lists the sizes in bash arithmetic: whole factors only.
+if [ "$ORDER" = size ] && ! [[ $FACTOR =~ ^[0-9]+$ && $FACTOR -ge 2 ]]; then
+    echo "run.sh: --order size needs a whole size factor (got $FACTOR); use --order impl" >&2
+    exit 2
+fi
 # Open MPI over TCP on loopback only: ob1 (not UCX/CM, which pick their own
 # transports), btl self+tcp (no vader shared memory), the lo interface over IPv4.
 # Root needs its opt-in.
