@@ -75,7 +75,6 @@ static double lat_of(const sc_lb_t *lb, int r)
     return k ? sum / k : 0;
 }
 
-/* The rail's own measurement nearest to bucket b, or 0. */
 /* The rate of rail r's measured bucket nearest to b (the lower one at equal
  * distance), 0 when none is. A bit search: scanning the buckets outwards,
  * every split of a small op (a few calls per rail) cost a sixth of the CPU
@@ -89,6 +88,14 @@ static double own_rate(const sc_lb_t *lb, int r, int b)
     int hi = above ? b + 1 + __builtin_ctzll(above) : -1;
     int at = lo >= 0 && (hi < 0 || b - lo <= hi - b) ? lo : hi;
     return lb->rate[r][at];
+}
+
+/* A loaded measurement (sc_lb_load, sc_lb_unpack), with its bit in measured. */
+static void put_rate(sc_lb_t *t, int r, int b, double v, uint32_t cnt)
+{
+    t->rate[r][b] = v;
+    t->nrate[r][b] = cnt;
+    t->measured[r] |= 1ull << b;
 }
 
 static double rate_at(const sc_lb_t *lb, int r, uint64_t bytes)
@@ -308,9 +315,7 @@ int sc_lb_load(sc_lb_t *lb, const char *text)
         } else if (sscanf(l + 1, "rail %d bucket %d rate %lf n %u", &r, &b, &v, &cnt) == 4) {
             if (r < 0 || r >= t.n || b < 0 || b >= SC_LB_BUCKETS || !isfinite(v) || v <= 0 || !cnt)
                 return COH_EINVAL;
-            t.rate[r][b] = v;
-            t.nrate[r][b] = cnt;
-            t.measured[r] |= 1ull << b;
+            put_rate(&t, r, b, v, cnt);
         } else {
             return COH_EINVAL;
         }
@@ -423,9 +428,7 @@ int sc_lb_unpack(sc_lb_t *lb, const uint8_t *buf, size_t len)
             t.nlat[r] = cnt;
         } else {
             if (b >= SC_LB_BUCKETS || v <= 0 || t.nrate[r][b]) return COH_EINVAL;
-            t.rate[r][b] = v;
-            t.nrate[r][b] = cnt;
-            t.measured[r] |= 1ull << b;
+            put_rate(&t, r, b, v, cnt);
         }
     }
     *lb = t;
