@@ -306,6 +306,28 @@ int rx_coll_submit(coh_comm_t *comm, const rx_coll_args_t *a, uint64_t seq, coh_
         }
         L.coll.algo = (sc_algo)algo;
     }
+    /* A small allreduce: recursive doubling or the star (COHORT_SMALL_ALGO).
+     * Auto: the cheaper by the link model with each message's CPU, which
+     * the ranks of one host share: the star from 4 ranks on 2 cores (fewer
+     * messages), recursive doubling when each rank has a core (fewer steps)
+     * or the job spans hosts (a rank's link would carry the star's n-1
+     * messages). Every rank of one host sees the same cores; the signature
+     * holds the choice. */
+    if (a->kind == SC_ALLREDUCE && !lossy && L.coll.algo == SC_ALGO_AUTO &&
+        sc_plan_resolve_algo(&L.coll) == SC_ALGO_RD) {
+        int algo = ctx->small_algo;
+        if (algo == SC_ALGO_AUTO && ctx->local_n >= ctx->world) {
+            sc_link_model_t m = {.net_lat = cfg->hier_local_us * 1e-6,
+                                 .net_bw = cfg->hier_local_mbps * 125e3,
+                                 .msg_cpu = ctx->msg_cpu_us * 1e-6,
+                                 .cores = ctx->cores};
+            sc_coll_t star = L.coll;
+            star.algo = SC_ALGO_STAR;
+            algo = sc_plan_cost(&star, es, &m) < sc_plan_cost(&L.coll, es, &m) ? SC_ALGO_STAR
+                                                                               : SC_ALGO_RD;
+        }
+        if (algo == SC_ALGO_STAR) L.coll.algo = SC_ALGO_STAR;
+    }
     L.sig = bs_fnv64(L.sig, (uint64_t)L.coll.algo);
     coh_request_t *req = rx_request_new(ctx, 0);
     if (!req) return bs_fail(COH_ENOMEM, "%s: out of memory", fn);

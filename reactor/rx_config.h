@@ -180,6 +180,16 @@ typedef enum rx_knob_kind {
       "through shared memory, else "                                                               \
       "the cheaper by the link model (COHORT_HIER_NET_* between hosts, COHORT_HIER_LOCAL_* on "    \
       "one): hd for powers of two (docs/perf.md; every rank must get the same)")                   \
+    X(small_algo, RX_K_STR, "auto", "COHORT_SMALL_ALGO", 1, 8,                                     \
+      "allreduce plan at or below COHORT_SMALL_BYTES: rd (recursive doubling), star (every rank "  \
+      "to rank 0, which sends the sum back: 2(n-1) messages) or auto: the cheaper by the link "    \
+      "model, which counts each message's CPU (COHORT_HIER_LOCAL_MSG_US) against the host's "      \
+      "cores when every rank is on one host: star from 4 ranks on 2 cores, else rd "               \
+      "(docs/perf.md; every rank must get the same)")                                              \
+    X(hier_local_msg_us, RX_K_INT, "5", "COHORT_HIER_LOCAL_MSG_US", 0, 1000000,                    \
+      "the link model: CPU a message inside a host costs its sender, and again its receiver, "     \
+      "microseconds (the kernel's work included); with every rank on one host, the sum over the "  \
+      "ranks is shared by its cores (every rank must get the same)")                               \
     X(host_id, RX_K_STR, "", "COHORT_HOST_ID", 0, 255,                                             \
       "who shares this host: ranks with the same id talk through shared memory; empty: the "       \
       "kernel's boot id (every rank of a machine, whatever its network namespace)")                \

@@ -809,6 +809,20 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         st = bs_fail(COH_EINVAL, "coh_init: COHORT_ALGO must be auto, ring or hd (%s)", algo);
         goto fail;
     }
+    const char *small = "auto";
+    BS_CHECK_GOTO(rx_env_knob_str("small_algo", &small), st, fail);
+    if (!strcmp(small, "rd") || !strcmp(small, "star") || !strcmp(small, "auto")) {
+        ctx->small_algo = small[0] == 'r'   ? SC_ALGO_RD
+                          : small[0] == 's' ? SC_ALGO_STAR
+                                            : SC_ALGO_AUTO;
+    } else {
+        st =
+            bs_fail(COH_EINVAL, "coh_init: COHORT_SMALL_ALGO must be auto, rd or star (%s)", small);
+        goto fail;
+    }
+    BS_CHECK_GOTO(rx_env_knob_int("hier_local_msg_us", &ctx->msg_cpu_us), st, fail);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    ctx->cores = cpus > 0 ? (int)cpus : 1;
     if (ctx->cfg.shm && ctx->world > 1 && !ctx->cfg.rejoin) {
         BS_CHECK_GOTO(rx_env_knob_str("shm_dir", &ctx->shm_dir), st, fail);
         /* Unique on the host: two jobs with one token (or two contexts of

@@ -478,6 +478,45 @@ static void build_allreduce_rd(bld_t *b)
     }
 }
 
+/* A star: every rank sends its input to position 0, which reduces them in
+ * position order and sends the result back (Open MPI's basic linear
+ * allreduce). 2(n-1) messages where recursive doubling sends n log2(n), and
+ * a rank other than the root sends and receives once. With more ranks than
+ * cores the messages' CPU is what a small op waits for (4 ranks on 2 cores,
+ * docs/perf.md). The root receives every contribution into its own scratch
+ * slice, so all its receives are posted at once and the sum's order does not
+ * depend on arrival; every rank ends with the root's bits. */
+static void build_allreduce_star(bld_t *b)
+{
+    const int n = b->n, r = b->r;
+    const uint64_t lo = b->lo, len = b->len;
+    if (r != 0) {
+        uint32_t sd = add(b, SC_SEND, b->in, SC_BUF_RECV, 0, 1, lo, lo, len, 0, NODEPS);
+        /* In place, the result overwrites what this rank sent. */
+        add(b, SC_RECV, SC_BUF_RECV, SC_BUF_RECV, 0, 2, lo, lo, len, 0, &sd,
+            b->in == SC_BUF_RECV ? 1 : 0);
+        return;
+    }
+    b->plan->scratch_count = len * (uint64_t)(n - 1);
+    uint32_t last = b->in == SC_BUF_RECV
+                        ? NONE
+                        : add(b, SC_COPY, b->in, SC_BUF_RECV, LOCAL, 0, lo, lo, len, 0, NODEPS);
+    for (int p = 1; p < n; p++) {
+        uint64_t scr = len * (uint64_t)(p - 1);
+        uint32_t rv =
+            add(b, SC_RECV, SC_BUF_SCRATCH, SC_BUF_SCRATCH, p, 1, scr, scr, len, 0, NODEPS);
+        last = last == NONE ? add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, scr, lo, len,
+                                  0, DEPS(rv))
+                            : add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, scr, lo, len,
+                                  0, DEPS(rv, last));
+    }
+    if (divisor(b) > 0)
+        last =
+            add(b, SC_DIV, SC_BUF_RECV, SC_BUF_RECV, LOCAL, 0, lo, lo, len, divisor(b), DEPS(last));
+    for (int p = 1; p < n; p++)
+        add(b, SC_SEND, SC_BUF_RECV, SC_BUF_RECV, p, 2, lo, lo, len, 0, DEPS(last));
+}
+
 /* ---- broadcast ---- */
 
 /*
@@ -1225,6 +1264,30 @@ static double log2_ceil(int n)
     return r;
 }
 
+/* The CPU term of a small allreduce (sc_link_model_t): message ends (a send
+ * or a receive) of the busiest rank and of all ranks, each costing msg_cpu
+ * plus its bytes. With ranks outnumbering cores, the ends of all are what the
+ * cores must get through: recursive doubling has n log2(n) messages, the star
+ * 2(n-1), of which the root handles half. The op takes at least that, and at
+ * least its path of latencies. 4 ranks on 2 cores over TCP, the slowest
+ * call: 4 KiB 78 us against 130, 64 KiB 152 against 265 (docs/perf.md). */
+static double small_cpu(const sc_coll_t *c, double s, const sc_link_model_t *m)
+{
+    const int n = c->nranks;
+    if (m->cores <= 0 || !(m->msg_cpu > 0) || n < 2) return 0;
+    double most, all;
+    if (sc_plan_resolve_algo(c) == SC_ALGO_STAR) {
+        most = 2.0 * (n - 1);
+        all = 4.0 * (n - 1);
+    } else { /* recursive doubling, with the fold of build_allreduce_rd */
+        const int l = ilog2_floor(n), P = 1 << l, rem = n - P;
+        most = 2.0 * l + (rem ? 2 : 0);
+        all = 4.0 * rem + 2.0 * P * l;
+    }
+    const int cores = m->cores < n ? m->cores : n;
+    return (m->msg_cpu + s / m->net_bw) * fmax(most, all / cores);
+}
+
 double sc_plan_cost(const sc_coll_t *c, size_t es, const sc_link_model_t *m)
 {
     const int n = c->nranks;
@@ -1252,7 +1315,10 @@ double sc_plan_cost(const sc_coll_t *c, size_t es, const sc_link_model_t *m)
     if (n <= 1) return 0;
     switch (c->kind) {
     case SC_ALLREDUCE:
-        if (algo == SC_ALGO_RD) return log2_ceil(n) * (an + s / bn);
+        /* Two lower bounds, the path and the CPU: the larger. */
+        if (algo == SC_ALGO_RD) return fmax(log2_ceil(n) * (an + s / bn), small_cpu(c, s, m));
+        if (algo == SC_ALGO_STAR) /* the root's link carries every message */
+            return fmax(2 * (an + (n - 1) * s / bn), small_cpu(c, s, m));
         if (algo == SC_ALGO_DIRECT) return 2 * (an + (n - 1) * (s / n) / bn);
         if (algo == SC_ALGO_HD) { /* a fold for non-powers of two: the buffer each way */
             const int l = ilog2_floor(n), P = 1 << l;
@@ -1307,6 +1373,7 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
         b.in = SC_BUF_RECV;
     }
     sc_algo algo = sc_plan_resolve_algo(c);
+    if (algo == SC_ALGO_STAR && c->kind != SC_ALLREDUCE) algo = SC_ALGO_RD;
     int *hpos = NULL, H = 0, L = 0, h = 0, l = 0;
     bool hier = algo == SC_ALGO_HIER && c->kind != SC_ALLREDUCE && c->nranks > 1 &&
                 (c->kind == SC_BARRIER || (c->count > 0 && b.len > 0)) &&
@@ -1337,6 +1404,8 @@ int sc_plan_build(const sc_coll_t *c, sc_plan_t *plan)
                 build_allreduce_rd(&b);
             else if (algo == SC_ALGO_HD)
                 build_allreduce_hd(&b);
+            else if (algo == SC_ALGO_STAR)
+                build_allreduce_star(&b);
             else
                 build_allreduce_ring(&b);
             break;

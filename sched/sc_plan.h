@@ -90,6 +90,9 @@ typedef enum sc_algo {
                            recursive halving, allgather by recursive doubling; the ring's
                            bytes in 2 log2(n) steps (non-powers of two fold first); other
                            collectives: the ring */
+    SC_ALGO_STAR = 6,   /* allreduce: every rank to position 0, which reduces and sends
+                           the result back (2(n-1) messages); other collectives: as
+                           SC_ALGO_RD */
 } sc_algo;
 
 /* SC_ALGO_DIRECT: chunks of one destination's pushes in flight at once
@@ -151,13 +154,22 @@ bool sc_plan_hier_shape(const sc_coll_t *coll, int *hosts, int *per_host);
 typedef struct sc_link_model {
     double net_lat, net_bw;
     double local_lat, local_bw;
+    /* The CPU of small allreduces when every rank shares one host: a message
+     * costs msg_cpu (s) plus its bytes at net_bw to its sender and again to
+     * its receiver, and the ranks' sum of that is shared by `cores`. The busiest
+     * rank, or the sum over min(cores, ranks), bounds the op from below, as its
+     * path of latencies does: the cost is the larger. 0: not counted (ranks on
+     * several hosts, each with its own cores). */
+    double msg_cpu;
+    int cores;
 } sc_link_model_t;
 
 /* Expected seconds of coll with elements of es bytes under model m, for its
  * algo (SC_ALGO_AUTO: what sc_plan_resolve_algo picks). Flat plans are paced
  * by their slowest link, a network one (a ring over several hosts has some);
- * SC_ALGO_HIER by its phases, each on its own kind of link. Alpha-beta terms
- * only: no contention between phases, no reduction cost. -1 when SC_ALGO_HIER
+ * SC_ALGO_HIER by its phases, each on its own kind of link. Alpha-beta terms,
+ * and the CPU term of m for small allreduces (SC_ALGO_RD, SC_ALGO_STAR): no
+ * contention between phases, no reduction cost. -1 when SC_ALGO_HIER
  * does not apply (sc_plan_hier_shape). */
 double sc_plan_cost(const sc_coll_t *coll, size_t es, const sc_link_model_t *m);
 

@@ -15,7 +15,14 @@
  *                               page faults per op stay low once warm
  *   test_collectives --overlap  two allreduces in flight, the first waited for,
  *                               then a pause: the second is not left behind
+ *   test_collectives --small-plan PLAN
+ *                               4 KiB allreduces: the plan that ran, told by
+ *                               what the last rank sent per op, is PLAN (rd,
+ *                               star, or auto: what the link model picks on
+ *                               this host, sc_plan.c)
  */
+#include <unistd.h>
+
 #include "mp_data.h"
 #include "mp_util.h"
 
@@ -201,6 +208,42 @@ static void test_big(size_t mib)
     free(buf);
 }
 
+/* Rank N-1 sends its 4 KiB once per op in the star (to rank 0) and
+ * log2(N) times in recursive doubling (4 ranks: twice), so its bytes sent
+ * per op say which plan ran. Auto on one host: the star where the ranks'
+ * messages cost the cores more than the star's longer path (sc_plan.c,
+ * test_plan's test_cost_small): from 4 ranks on 2 cores. */
+static void test_small_plan(const char *want)
+{
+    if (N != 4) MP_FAIL("--small-plan runs on 4 ranks, not %d", N);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    bool star = !strcmp(want, "star") || (!strcmp(want, "auto") && cpus <= 2);
+    enum { COUNT = 1024, NOPS = 200 };
+    float x[COUNT], y[COUNT];
+    coh_stats_t s0, s1;
+    for (int it = 0; it < 20 + NOPS; it++) {
+        if (it == 20) MP_OK(coh_ctx_stats(CTX, &s0));
+        for (size_t i = 0; i < COUNT; i++) x[i] = (float)val(COH_F32, COH_SUM, R, i, it);
+        coh_request_t *req;
+        MP_OK(coh_allreduce(W, x, y, COUNT, COH_F32, COH_SUM, &req));
+        if (coh_wait(req, -1)) MP_FAIL("allreduce %d: %s", it, coh_request_error(req));
+        coh_request_free(req);
+        for (size_t i = 0; i < COUNT; i++)
+            if (y[i] != (float)expect(COH_F32, COH_SUM, i, it, N))
+                MP_FAIL("allreduce %d: element %zu is %g, expected %g", it, i, y[i],
+                        expect(COH_F32, COH_SUM, i, it, N));
+    }
+    MP_OK(coh_ctx_stats(CTX, &s1));
+    double per = (double)(s1.bytes_sent - s0.bytes_sent) / NOPS / (COUNT * sizeof(float));
+    if (R == N - 1) {
+        printf("%s on %ld cpus: rank %d sent %.2fx the buffer per op (%s expected)\n", want, cpus,
+               R, per, star ? "star: 1" : "rd: 2");
+        if (star ? !(per > 0.9 && per < 1.5) : !(per > 1.9 && per < 2.5))
+            MP_FAIL("the %s plan did not run: %.2fx the buffer sent per op", star ? "star" : "rd",
+                    per);
+    }
+}
+
 static const char *const FAULT_OPS[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
 
 /* Runs op kind (FAULT_OPS) WARM + TIMED times on count floats per rank and
@@ -336,6 +379,11 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && !strcmp(argv[1], "--faults")) {
         test_faults();
+        MP_OK(coh_finalize(ctx));
+        return 0;
+    }
+    if (argc > 2 && !strcmp(argv[1], "--small-plan")) {
+        test_small_plan(argv[2]);
         MP_OK(coh_finalize(ctx));
         return 0;
     }

@@ -293,32 +293,40 @@ static void test_device_runtime(void **state)
     unsetenv("COHORT_GPU");
 }
 
-/* COHORT_ALGO: an unknown plan is refused at init, naming the variable;
- * every named one runs. */
-static void test_algo_knob(void **state)
+/* A plan knob (COHORT_ALGO, COHORT_SMALL_ALGO): an unknown plan is refused
+ * at init, naming the variable; every named one runs an allreduce of count
+ * floats (one rank: the knob is read and checked, the plan is a copy). */
+static void check_plan_knob(const char *var, const char *const *ok, size_t nok, size_t count)
 {
-    (void)state;
     clear_env();
     coh_ctx_t *ctx;
-    setenv("COHORT_ALGO", "tree", 1);
+    setenv(var, "tree", 1);
     assert_int_equal(coh_init(NULL, &ctx), COH_EINVAL);
-    assert_non_null(strstr(coh_last_error(), "COHORT_ALGO"));
-    static const char *ok[] = {"ring", "hd", "auto"};
-    for (size_t i = 0; i < 3; i++) {
-        setenv("COHORT_ALGO", ok[i], 1);
+    assert_non_null(strstr(coh_last_error(), var));
+    static float x[1 << 16], y[1 << 16];
+    x[7] = 3;
+    for (size_t i = 0; i < nok; i++) {
+        setenv(var, ok[i], 1);
         assert_int_equal(coh_init(NULL, &ctx), COH_OK);
         coh_comm_t *w;
         assert_int_equal(coh_ctx_world(ctx, &w), COH_OK);
-        static float x[1 << 16], y[1 << 16]; /* above COHORT_SMALL_BYTES */
-        x[7] = 3;
         coh_request_t *req;
-        assert_int_equal(coh_allreduce(w, x, y, 1 << 16, COH_F32, COH_SUM, &req), COH_OK);
+        assert_int_equal(coh_allreduce(w, x, y, count, COH_F32, COH_SUM, &req), COH_OK);
         assert_int_equal(coh_wait(req, -1), COH_OK);
         coh_request_free(req);
         assert_true(y[7] == 3);
         assert_int_equal(coh_finalize(ctx), COH_OK);
     }
-    unsetenv("COHORT_ALGO");
+    unsetenv(var);
+}
+
+static void test_algo_knob(void **state)
+{
+    (void)state;
+    static const char *const large[] = {"ring", "hd", "auto"}, *const small[] = {"rd", "star",
+                                                                                 "auto"};
+    check_plan_knob("COHORT_ALGO", large, 3, 1 << 16); /* above COHORT_SMALL_BYTES */
+    check_plan_knob("COHORT_SMALL_ALGO", small, 3, 16);
 }
 
 /* A verbs rail on a machine without an RDMA device (or a build without

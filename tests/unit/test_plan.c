@@ -888,10 +888,10 @@ static void run_variants(scen_t base)
 static void test_allreduce(void **state)
 {
     (void)state;
-    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_DIRECT, SC_ALGO_HD};
+    const sc_algo algos[] = {SC_ALGO_RING, SC_ALGO_RD, SC_ALGO_DIRECT, SC_ALGO_HD, SC_ALGO_STAR};
     for (int n = 1; n <= 9; n++)
         for (int ci = 0; ci < 5; ci++)
-            for (int ai = 0; ai < 4; ai++)
+            for (int ai = 0; ai < 5; ai++)
                 for (int v = 0; v < 3; v++)
                     for (int ip = 0; ip < 2; ip++) {
                         scen_t s = {.kind = SC_ALLREDUCE,
@@ -1099,7 +1099,7 @@ static bool hier_wins(sc_coll_kind kind, int n, const int *host, uint64_t count,
 static void test_cost_model(void **state)
 {
     (void)state;
-    const sc_link_model_t dflt = {20e-6, 10e3 * 125e3, 2e-6, 40e3 * 125e3};
+    const sc_link_model_t dflt = {20e-6, 10e3 * 125e3, 2e-6, 40e3 * 125e3, 0, 0};
     int h4[] = {0, 0, 1, 1}, h16[16], h8x2[16], odd[] = {0, 0, 0, 1, 1};
     for (int i = 0; i < 16; i++) {
         h16[i] = i / 8;  /* 2 hosts of 8 */
@@ -1128,7 +1128,7 @@ static void test_cost_model(void **state)
     }
     /* A network as fast as memory and a host slower than it (a fabric of
      * 400 Gbit/s against one busy socket): flat rings for large buffers. */
-    const sc_link_model_t fast_net = {2e-6, 400e3 * 125e3, 2e-6, 20e3 * 125e3};
+    const sc_link_model_t fast_net = {2e-6, 400e3 * 125e3, 2e-6, 20e3 * 125e3, 0, 0};
     assert_false(hier_wins(SC_ALLREDUCE, 16, h16, 1u << 24, &fast_net));
     assert_false(hier_wins(SC_ALLGATHER, 16, h16, 1u << 20, &fast_net));
     /* Unequal hosts: no hierarchical plan, no cost for it. */
@@ -1152,6 +1152,43 @@ static void test_cost_model(void **state)
                 cost(SC_ALLREDUCE, SC_ALGO_RING, 6, h16, 1u << 20, &dflt));
     assert_true(cost(SC_ALLREDUCE, SC_ALGO_HD, 3, h4, 1u << 20, &dflt) >
                 cost(SC_ALLREDUCE, SC_ALGO_RING, 3, h4, 1u << 20, &dflt));
+}
+
+/* Small allreduces on one host (sc_link_model_t's CPU term): the star's
+ * 2(n-1) messages beat recursive doubling's n log2(n) when the ranks
+ * outnumber the cores, and lose when each rank has a core, on 2 ranks (a
+ * step more, no fewer messages) and without the term (several hosts). The
+ * model of rx_coll.c with its default 5 us per message end (on 4 ranks and 2
+ * cores the star wins 4 KiB from 0.3 us, and 64 KiB by the bytes alone). */
+static bool star_wins(int n, int cores, uint64_t count)
+{
+    const sc_link_model_t m = {2e-6, 40e3 * 125e3, 0, 0, 5e-6, cores};
+    return cost(SC_ALLREDUCE, SC_ALGO_STAR, n, NULL, count, &m) <
+           cost(SC_ALLREDUCE, SC_ALGO_RD, n, NULL, count, &m);
+}
+
+static void test_cost_small(void **state)
+{
+    (void)state;
+    /* Measured faster by the slowest call and the span (docs/perf.md). */
+    assert_true(star_wins(4, 2, 1024)); /* 4 KiB */
+    assert_true(star_wins(4, 2, 4096)); /* 16 KiB */
+    assert_true(star_wins(6, 2, 1024));
+    assert_true(star_wins(8, 2, 1024));
+    assert_true(star_wins(8, 2, 16384)); /* 64 KiB */
+    assert_true(star_wins(4, 2, 16384));
+    /* 3 ranks: the busiest rank has 4 message ends in both (a tie, and
+     * measured alike): rd, one step fewer. */
+    assert_false(star_wins(3, 2, 1024));
+    assert_false(star_wins(2, 2, 1024));
+    assert_false(star_wins(2, 1, 1024));
+    assert_false(star_wins(4, 4, 1024));
+    assert_false(star_wins(8, 16, 1024));
+    assert_false(star_wins(8, 0, 1024)); /* no CPU term */
+    /* Without the CPU term the star is the alpha-beta cost of its root's link. */
+    const sc_link_model_t ab = {2e-6, 40e3 * 125e3, 0, 0, 0, 0};
+    double t = cost(SC_ALLREDUCE, SC_ALGO_STAR, 4, NULL, 1024, &ab);
+    assert_true(fabs(t - 2 * (2e-6 + 3 * 4096.0 / (40e3 * 125e3))) < 1e-15);
 }
 
 static void test_broadcast(void **state)
@@ -1648,13 +1685,21 @@ static void test_executor_catches(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_args),     cmocka_unit_test(test_resolve_algo),
-        cmocka_unit_test(test_executor_catches), cmocka_unit_test(test_allreduce),
-        cmocka_unit_test(test_allreduce_hier),   cmocka_unit_test(test_other_hier),
-        cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_broadcast),
-        cmocka_unit_test(test_allgather),        cmocka_unit_test(test_reduce_scatter),
-        cmocka_unit_test(test_barrier),          cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_subset),           cmocka_unit_test(test_direct_window),
+        cmocka_unit_test(test_invalid_args),
+        cmocka_unit_test(test_resolve_algo),
+        cmocka_unit_test(test_executor_catches),
+        cmocka_unit_test(test_allreduce),
+        cmocka_unit_test(test_allreduce_hier),
+        cmocka_unit_test(test_other_hier),
+        cmocka_unit_test(test_cost_model),
+        cmocka_unit_test(test_cost_small),
+        cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_allgather),
+        cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_subset),
+        cmocka_unit_test(test_direct_window),
         cmocka_unit_test(test_many_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
