@@ -433,6 +433,11 @@ int main(int argc, char **argv)
             coh_request_free(req);
             if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
         }
+        /* This rank's CPU over the timed iterations, read before the check
+         * and the gathering below (as mpi-bench and gloo-bench do): checking
+         * 16 MiB took longer than two of its allreduces, and a figure read
+         * after it put cohort at 1.1-1.3x its own CPU per GB in run.sh. */
+        double cpu = pb_cpu_s() - cpu0;
         double rate = (pb_compute_flops(&comp) - f0) / ((now_us() - w0) * 1e-6);
         if (o.device) {
             if (o.check && (st = coh_mem_copy(ctx, hrecv, recv, recv_n * es)))
@@ -448,7 +453,7 @@ int main(int argc, char **argv)
         if (st) die("gathering times", st, NULL);
         /* w3[3]: every rank's CPU seconds over the timed iterations; w3[4]: its
          * compute threads' flops per second then. */
-        double w3[5] = {(double)wrong, lossacc[0], lossacc[1], pb_cpu_s() - cpu0, rate};
+        double w3[5] = {(double)wrong, lossacc[0], lossacc[1], cpu, rate};
         st = coh_allreduce_sync(W, NULL, w3, 5, COH_F64, COH_SUM);
         if (st) die("gathering checks", st, NULL);
         double w = w3[0];
