@@ -275,12 +275,18 @@ int rx_config_local_size(void)
     return 1;
 }
 
+/* Online CPUs of this host (every rank on it reads the same); 0 if unknown. */
+int rx_config_cores(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 && cpus <= INT_MAX ? (int)cpus : 0;
+}
+
 /* More ranks on this host than cores. */
 bool rx_config_oversubscribed(void)
 {
-    long local = rx_config_local_size();
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus > 0 && local > cpus;
+    int cores = rx_config_cores();
+    return cores > 0 && rx_config_local_size() > cores;
 }
 
 /* How long coh_wait drives the loop before sleeping. Auto (-1): 5 ms.

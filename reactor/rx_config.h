@@ -290,6 +290,8 @@ int rx_config_spin_us(const coh_config_t *cfg);
 size_t rx_config_shm_ring_bytes(const coh_config_t *cfg, int local_n, bool oversubscribed);
 /* Ranks on this host, from the launcher's variables (1 when none says). */
 int rx_config_local_size(void);
+/* Online CPUs of this host; 0 if unknown. */
+int rx_config_cores(void);
 /* More local ranks than cores (from the launcher's variables). */
 bool rx_config_oversubscribed(void);
 

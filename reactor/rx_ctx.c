@@ -747,6 +747,20 @@ static void ctx_stop(struct coh_ctx *ctx)
     rx_member_fini(ctx);
 }
 
+/* A plan knob (COHORT_ALGO, COHORT_SMALL_ALGO): auto or one of two plans. */
+static int plan_knob(const char *knob, const char *env, const char *a, int va, const char *b,
+                     int vb, int *out)
+{
+    const char *v = "auto";
+    int st = rx_env_knob_str(knob, &v);
+    if (st) return st;
+    if (!strcmp(v, "auto") || !strcmp(v, a) || !strcmp(v, b)) {
+        *out = !strcmp(v, a) ? va : !strcmp(v, b) ? vb : SC_ALGO_AUTO;
+        return 0;
+    }
+    return bs_fail(COH_EINVAL, "coh_init: %s must be auto, %s or %s (%s)", env, a, b, v);
+}
+
 COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
 {
     if (!out) return bs_fail(COH_EINVAL, "coh_init: ctx pointer is NULL");
@@ -801,28 +815,14 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
         goto fail;
     }
     BS_CHECK_GOTO(host_identity(ctx), st, fail);
-    const char *algo = "auto";
-    BS_CHECK_GOTO(rx_env_knob_str("algo", &algo), st, fail);
-    if (!strcmp(algo, "ring") || !strcmp(algo, "hd") || !strcmp(algo, "auto")) {
-        ctx->ar_algo = algo[0] == 'r' ? SC_ALGO_RING : algo[0] == 'h' ? SC_ALGO_HD : SC_ALGO_AUTO;
-    } else {
-        st = bs_fail(COH_EINVAL, "coh_init: COHORT_ALGO must be auto, ring or hd (%s)", algo);
-        goto fail;
-    }
-    const char *small = "auto";
-    BS_CHECK_GOTO(rx_env_knob_str("small_algo", &small), st, fail);
-    if (!strcmp(small, "rd") || !strcmp(small, "star") || !strcmp(small, "auto")) {
-        ctx->small_algo = small[0] == 'r'   ? SC_ALGO_RD
-                          : small[0] == 's' ? SC_ALGO_STAR
-                                            : SC_ALGO_AUTO;
-    } else {
-        st =
-            bs_fail(COH_EINVAL, "coh_init: COHORT_SMALL_ALGO must be auto, rd or star (%s)", small);
-        goto fail;
-    }
+    BS_CHECK_GOTO(
+        plan_knob("algo", "COHORT_ALGO", "ring", SC_ALGO_RING, "hd", SC_ALGO_HD, &ctx->ar_algo), st,
+        fail);
+    BS_CHECK_GOTO(plan_knob("small_algo", "COHORT_SMALL_ALGO", "rd", SC_ALGO_RD, "star",
+                            SC_ALGO_STAR, &ctx->small_algo),
+                  st, fail);
     BS_CHECK_GOTO(rx_env_knob_int("hier_local_msg_us", &ctx->msg_cpu_us), st, fail);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    ctx->cores = cpus > 0 ? (int)cpus : 1;
+    ctx->cores = rx_config_cores();
     if (ctx->cfg.shm && ctx->world > 1 && !ctx->cfg.rejoin) {
         BS_CHECK_GOTO(rx_env_knob_str("shm_dir", &ctx->shm_dir), st, fail);
         /* Unique on the host: two jobs with one token (or two contexts of

@@ -28,7 +28,7 @@ struct coh_ctx {
     int ar_algo;         /* COHORT_ALGO: sc_algo of large allreduces (SC_ALGO_AUTO: by cost) */
     int small_algo; /* COHORT_SMALL_ALGO: sc_algo of small allreduces (SC_ALGO_AUTO: by cost) */
     int msg_cpu_us; /* COHORT_HIER_LOCAL_MSG_US */
-    int cores;      /* online CPUs of this host */
+    int cores;      /* online CPUs of this host (rx_config_cores; 0: unknown) */
     rx_rail_t *rails;
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     bool rail_udp[RX_MAX_RAILS];     /* COHORT_NICS NIC:udp: a datagram socket beside the rail */

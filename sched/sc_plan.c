@@ -505,10 +505,9 @@ static void build_allreduce_star(bld_t *b)
         uint64_t scr = len * (uint64_t)(p - 1);
         uint32_t rv =
             add(b, SC_RECV, SC_BUF_SCRATCH, SC_BUF_SCRATCH, p, 1, scr, scr, len, 0, NODEPS);
-        last = last == NONE ? add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, scr, lo, len,
-                                  0, DEPS(rv))
-                            : add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, scr, lo, len,
-                                  0, DEPS(rv, last));
+        const uint32_t dep[2] = {rv, last}; /* the sum so far, if any, first */
+        last = add(b, SC_REDUCE, SC_BUF_SCRATCH, SC_BUF_RECV, LOCAL, 0, scr, lo, len, 0, dep,
+                   last == NONE ? 1 : 2);
     }
     if (divisor(b) > 0)
         last =
@@ -1271,12 +1270,12 @@ static double log2_ceil(int n)
  * 2(n-1), of which the root handles half. The op takes at least that, and at
  * least its path of latencies. 4 ranks on 2 cores over TCP, the slowest
  * call: 4 KiB 78 us against 130, 64 KiB 152 against 265 (docs/perf.md). */
-static double small_cpu(const sc_coll_t *c, double s, const sc_link_model_t *m)
+static double small_cpu(const sc_coll_t *c, sc_algo algo, double s, const sc_link_model_t *m)
 {
     const int n = c->nranks;
     if (m->cores <= 0 || !(m->msg_cpu > 0) || n < 2) return 0;
     double most, all;
-    if (sc_plan_resolve_algo(c) == SC_ALGO_STAR) {
+    if (algo == SC_ALGO_STAR) {
         most = 2.0 * (n - 1);
         all = 4.0 * (n - 1);
     } else { /* recursive doubling, with the fold of build_allreduce_rd */
@@ -1316,9 +1315,9 @@ double sc_plan_cost(const sc_coll_t *c, size_t es, const sc_link_model_t *m)
     switch (c->kind) {
     case SC_ALLREDUCE:
         /* Two lower bounds, the path and the CPU: the larger. */
-        if (algo == SC_ALGO_RD) return fmax(log2_ceil(n) * (an + s / bn), small_cpu(c, s, m));
+        if (algo == SC_ALGO_RD) return fmax(log2_ceil(n) * (an + s / bn), small_cpu(c, algo, s, m));
         if (algo == SC_ALGO_STAR) /* the root's link carries every message */
-            return fmax(2 * (an + (n - 1) * s / bn), small_cpu(c, s, m));
+            return fmax(2 * (an + (n - 1) * s / bn), small_cpu(c, algo, s, m));
         if (algo == SC_ALGO_DIRECT) return 2 * (an + (n - 1) * (s / n) / bn);
         if (algo == SC_ALGO_HD) { /* a fold for non-powers of two: the buffer each way */
             const int l = ilog2_floor(n), P = 1 << l;
