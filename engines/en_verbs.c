@@ -1,7 +1,9 @@
 /*
- * The verbs transport (rdma-core): a rail's links over RDMA reliable
- * connections (COHORT_NICS=NIC:verbs; docs/verbs.md). Built with
- * libibverbs; never run here (no RDMA device on these machines).
+ * The verbs transport: a rail's links over RDMA reliable connections
+ * (COHORT_NICS=NIC:verbs; docs/verbs.md). Built with libibverbs' headers;
+ * its calls go through a provider (en_ibv.h): rdma-core and a NIC (never
+ * run here: these machines have no RDMA device), or the soft provider
+ * (en_softrdma.c, RC in user space over TCP), which the tests run here.
  *
  * A link is one RC queue pair per peer and a ring per direction, as on
  * shared memory (en_shm.c), except that the ring lives in the reader's
@@ -58,6 +60,7 @@
 
 #include "base/bs_alloc.h"
 #include "engines/en_link.h"
+#include "engines/en_ibv.h"
 #include "engines/en_regcache.h"
 
 #define VB_EP_SIZE      64
@@ -130,6 +133,7 @@ typedef struct vb_conn {
 typedef struct en_verbs {
     en_rail_t *rail;
     en_transport_ops_t ops;
+    const en_ibv_t *ib; /* the provider: rdma-core, or soft (en_ibv.h) */
     char dev_name[IBV_SYSFS_NAME_MAX];
     int port, gid_index;
     size_t ring_bytes;
@@ -203,7 +207,7 @@ static uint64_t wr_id(vb_conn_t *t, vb_kind k)
 static int post_recv(vb_conn_t *t)
 {
     struct ibv_recv_wr wr = {.wr_id = wr_id(t, VB_WR_RECV)}, *bad;
-    int e = ibv_post_recv(t->qp, &wr, &bad);
+    int e = t->tr->ib->post_recv(t->qp, &wr, &bad);
     if (e == 0) t->wr_out++;
     return e;
 }
@@ -225,7 +229,7 @@ static int post_write_from(vb_conn_t *t, uint64_t pos, const void *src, uint32_t
     if (imm_on) wr.imm_data = htonl(imm);
     wr.wr.rdma.remote_addr = t->theirs.ring_addr + at;
     wr.wr.rdma.rkey = t->theirs.ring_rkey;
-    int e = ibv_post_send(t->qp, &wr, &bad);
+    int e = t->tr->ib->post_send(t->qp, &wr, &bad);
     if (e == 0) {
         t->wr_out++;
         t->sq_out++;
@@ -568,7 +572,7 @@ static bool drain(en_verbs_t *tr)
     struct ibv_wc wc[32];
     bool any = false;
     int n;
-    while (tr->cq && (n = ibv_poll_cq(tr->cq, 32, wc)) > 0) {
+    while (tr->cq && (n = tr->ib->poll_cq(tr->cq, 32, wc)) > 0) {
         any = true;
         for (int i = 0; i < n; i++) on_wc(tr, &wc[i]);
     }
@@ -583,9 +587,9 @@ static void on_channel(uv_poll_t *h, int status, int events)
     en_verbs_t *tr = h->data;
     struct ibv_cq *cq;
     void *cctx;
-    while (ibv_get_cq_event(tr->ch, &cq, &cctx) == 0) ibv_ack_cq_events(cq, 1);
+    while (tr->ib->get_cq_event(tr->ch, &cq, &cctx) == 0) tr->ib->ack_cq_events(cq, 1);
     /* Ask again, then drain: a completion between the two is not lost. */
-    ibv_req_notify_cq(tr->cq, 0);
+    tr->ib->req_notify_cq(tr->cq, 0);
     drain(tr);
 }
 
@@ -611,9 +615,9 @@ static void conn_free(vb_conn_t *t)
     else if (tr->dead == t)
         tr->dead = t->next;
     if (t->next) t->next->prev = t->prev;
-    if (t->qp) ibv_destroy_qp(t->qp);
-    if (t->rx_mr) ibv_dereg_mr(t->rx_mr);
-    if (t->tx_mr) ibv_dereg_mr(t->tx_mr);
+    if (t->qp) tr->ib->destroy_qp(t->qp);
+    if (t->rx_mr) tr->ib->dereg_mr(t->rx_mr);
+    if (t->tx_mr) tr->ib->dereg_mr(t->tx_mr);
     free(t->rx_ring);
     free(t->tx_ring);
     if (t->fd >= 0) close(t->fd);
@@ -656,7 +660,7 @@ static void conn_close(vb_conn_t *t, int status, const char *why)
     /* The error state flushes every posted work request back to us. */
     if (t->qp) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-        ibv_modify_qp(t->qp, &a, IBV_QP_STATE);
+        t->tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
     }
     uv_close((uv_handle_t *)&t->poll, handle_closed);
     uv_close((uv_handle_t *)&t->timer, handle_closed);
@@ -705,9 +709,9 @@ static int qp_create(vb_conn_t *t)
         posix_memalign((void **)&t->tx_ring, 4096, t->size) != 0)
         return bs_fail(COH_ENOMEM, "verbs: out of memory for the rings");
     memset(t->tx_ring, 0, t->size);
-    t->rx_mr =
-        ibv_reg_mr(tr->pd, t->rx_ring, t->size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    t->tx_mr = ibv_reg_mr(tr->pd, t->tx_ring, t->size, IBV_ACCESS_LOCAL_WRITE);
+    t->rx_mr = tr->ib->reg_mr(tr->pd, t->rx_ring, t->size,
+                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    t->tx_mr = tr->ib->reg_mr(tr->pd, t->tx_ring, t->size, IBV_ACCESS_LOCAL_WRITE);
     if (!t->rx_mr || !t->tx_mr)
         return bs_fail(COH_ESYS, "verbs: registering the rings: %s", strerror(errno));
     struct ibv_qp_init_attr ia = {.send_cq = tr->cq,
@@ -718,14 +722,14 @@ static int qp_create(vb_conn_t *t)
                                           .max_recv_sge = 1},
                                   .qp_type = IBV_QPT_RC,
                                   .sq_sig_all = 1};
-    t->qp = ibv_create_qp(tr->pd, &ia);
+    t->qp = tr->ib->create_qp(tr->pd, &ia);
     if (!t->qp) return bs_fail(COH_ESYS, "verbs: ibv_create_qp: %s", strerror(errno));
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                             .pkey_index = 0,
                             .port_num = (uint8_t)tr->port,
                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-    if (ibv_modify_qp(t->qp, &a,
-                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    if (t->tr->ib->modify_qp(
+            t->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
         return bs_fail(COH_ESYS, "verbs: QP to INIT: %s", strerror(errno));
     for (int i = 0; i < VB_RQ_DEPTH; i++)
         if (post_recv(t) != 0) return bs_fail(COH_ESYS, "verbs: posting receives failed");
@@ -762,9 +766,10 @@ static int qp_connect(vb_conn_t *t)
         a.ah_attr.grh.sgid_index = (uint8_t)tr->gid_index;
         a.ah_attr.grh.hop_limit = 64;
     }
-    if (ibv_modify_qp(t->qp, &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
+    if (t->tr->ib->modify_qp(t->qp, &a,
+                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                 IBV_QP_MIN_RNR_TIMER) != 0)
         return bs_fail(COH_ESYS, "verbs: QP to RTR: %s", strerror(errno));
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
                             .timeout = 14,
@@ -772,9 +777,9 @@ static int qp_connect(vb_conn_t *t)
                             .rnr_retry = 7, /* a receive not reposted yet: retry, never fail */
                             .sq_psn = t->mine.psn,
                             .max_rd_atomic = 1};
-    if (ibv_modify_qp(t->qp, &s,
-                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
+    if (t->tr->ib->modify_qp(t->qp, &s,
+                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
         return bs_fail(COH_ESYS, "verbs: QP to RTS: %s", strerror(errno));
     return 0;
 }
@@ -949,32 +954,12 @@ static void on_accept(uv_poll_t *h, int status, int events)
 
 /* ---- the device ---- */
 
-/* The verbs device behind an interface (/sys/class/net/IF/device/infiniband). */
-static int dev_of_netdev(const char *ifname, char *out, size_t cap)
-{
-    char path[256];
-    snprintf(path, sizeof(path), "/sys/class/net/%s/device/infiniband", ifname);
-    struct ibv_device **list = ibv_get_device_list(NULL);
-    if (!list) return COH_EUNSUPPORTED;
-    int st = COH_EUNSUPPORTED;
-    for (int i = 0; list[i] && st; i++) {
-        char p[320];
-        snprintf(p, sizeof(p), "%s/%s", path, ibv_get_device_name(list[i]));
-        if (access(p, F_OK) == 0) {
-            snprintf(out, cap, "%s", ibv_get_device_name(list[i]));
-            st = 0;
-        }
-    }
-    ibv_free_device_list(list);
-    return st;
-}
-
 /* The registration cache's registrar: the rail's protection domain. The
  * memory is only ever read by the device (the source of RDMA writes). */
 static int mr_reg(void *arg, void *addr, size_t len, void **handle, uint32_t *key)
 {
     en_verbs_t *tr = arg;
-    struct ibv_mr *mr = ibv_reg_mr(tr->pd, addr, len, 0);
+    struct ibv_mr *mr = tr->ib->reg_mr(tr->pd, addr, len, 0);
     if (!mr) {
         bs_log(COH_LOG_WARN, "rank %d rail %d: registering %zu bytes of declared memory: %s",
                tr->rail->rank, tr->rail->index, len, strerror(errno));
@@ -988,31 +973,25 @@ static int mr_reg(void *arg, void *addr, size_t len, void **handle, uint32_t *ke
 
 static void mr_dereg(void *arg, void *handle)
 {
-    (void)arg;
-    ibv_dereg_mr(handle);
+    en_verbs_t *tr = arg;
+    tr->ib->dereg_mr(handle);
 }
 
 static int dev_open(en_verbs_t *tr)
 {
-    int n = 0;
-    struct ibv_device **list = ibv_get_device_list(&n);
-    if (!list || n == 0) {
-        if (list) ibv_free_device_list(list);
-        return bs_fail(COH_EUNSUPPORTED, "verbs: no RDMA device on this host");
-    }
-    for (int i = 0; i < n && !tr->ctx; i++)
-        if (!strcmp(ibv_get_device_name(list[i]), tr->dev_name)) tr->ctx = ibv_open_device(list[i]);
-    ibv_free_device_list(list);
-    if (!tr->ctx) return bs_fail(COH_EUNSUPPORTED, "verbs: no RDMA device %s", tr->dev_name);
-    if (ibv_query_port(tr->ctx, (uint8_t)tr->port, &tr->pattr) != 0)
+    tr->ctx = tr->ib->open_device(tr->dev_name);
+    if (!tr->ctx)
+        return bs_fail(COH_EUNSUPPORTED, "verbs: no RDMA device %s (provider %s)", tr->dev_name,
+                       tr->ib->name);
+    if (tr->ib->query_port(tr->ctx, (uint8_t)tr->port, &tr->pattr) != 0)
         return bs_fail(COH_ESYS, "verbs: %s port %d: %s", tr->dev_name, tr->port, strerror(errno));
     if (tr->pattr.state != IBV_PORT_ACTIVE)
         return bs_fail(COH_EUNSUPPORTED, "verbs: %s port %d is not active", tr->dev_name, tr->port);
-    if (ibv_query_gid(tr->ctx, (uint8_t)tr->port, tr->gid_index, &tr->gid) != 0)
+    if (tr->ib->query_gid(tr->ctx, (uint8_t)tr->port, tr->gid_index, &tr->gid) != 0)
         return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", tr->dev_name, tr->gid_index,
                        strerror(errno));
-    tr->pd = ibv_alloc_pd(tr->ctx);
-    tr->ch = ibv_create_comp_channel(tr->ctx);
+    tr->pd = tr->ib->alloc_pd(tr->ctx);
+    tr->ch = tr->ib->create_comp_channel(tr->ctx);
     if (!tr->pd || !tr->ch) return bs_fail(COH_ESYS, "verbs: PD / channel: %s", strerror(errno));
     if (tr->regions && tr->zcopy_bytes) {
         en_regcache_ops_t ro = {.arg = tr, .reg = mr_reg, .dereg = mr_dereg};
@@ -1022,13 +1001,13 @@ static int dev_open(en_verbs_t *tr)
     /* Room for every link's work requests at once. */
     struct ibv_device_attr da;
     int cqe = (tr->rail->world > 1 ? tr->rail->world : 2) * (VB_RQ_DEPTH + VB_SQ_DEPTH) + 64;
-    if (ibv_query_device(tr->ctx, &da) == 0 && cqe > da.max_cqe) cqe = da.max_cqe;
-    tr->cq = ibv_create_cq(tr->ctx, cqe, tr, tr->ch, 0);
+    if (tr->ib->query_device(tr->ctx, &da) == 0 && cqe > da.max_cqe) cqe = da.max_cqe;
+    tr->cq = tr->ib->create_cq(tr->ctx, cqe, tr, tr->ch, 0);
     if (!tr->cq) return bs_fail(COH_ESYS, "verbs: ibv_create_cq: %s", strerror(errno));
     int fl = fcntl(tr->ch->fd, F_GETFL);
     if (fl < 0 || fcntl(tr->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0)
         return bs_fail(COH_ESYS, "verbs: fcntl: %s", strerror(errno));
-    if (ibv_req_notify_cq(tr->cq, 0) != 0) return bs_fail(COH_ESYS, "verbs: ibv_req_notify_cq");
+    if (tr->ib->req_notify_cq(tr->cq, 0) != 0) return bs_fail(COH_ESYS, "verbs: ibv_req_notify_cq");
     en_rail_t *rail = tr->rail;
     if (uv_poll_init(rail->loop, &tr->ch_poll, tr->ch->fd) != 0)
         return bs_fail(COH_ESYS, "verbs: poll on the completion channel");
@@ -1161,6 +1140,12 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     if (!tr) return bs_fail(COH_ENOMEM, "out of memory");
     tr->rail = rail;
     tr->lfd = -1;
+    tr->ib = en_ibv_find(cfg->verbs_provider);
+    if (!tr->ib) {
+        coh_free(tr);
+        return bs_fail(COH_EINVAL, "COHORT_VERBS_PROVIDER: '%s' is none of rdma-core, soft",
+                       cfg->verbs_provider);
+    }
     tr->port = cfg->verbs_port > 0 ? cfg->verbs_port : 1;
     tr->gid_index = cfg->verbs_gid;
     tr->regions = cfg->regions;
@@ -1172,7 +1157,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     int st = 0;
     if (dev && *dev)
         snprintf(tr->dev_name, sizeof(tr->dev_name), "%s", dev);
-    else if (!netdev || dev_of_netdev(netdev, tr->dev_name, sizeof(tr->dev_name)) != 0)
+    else if (!netdev || tr->ib->dev_of_netdev(netdev, tr->dev_name, sizeof(tr->dev_name)) != 0)
         st = bs_fail(COH_EUNSUPPORTED,
                      "verbs: no RDMA device behind interface %s (COHORT_VERBS_DEVICE names one)",
                      netdev ? netdev : "?");
@@ -1197,10 +1182,10 @@ void en_verbs_fini(en_rail_t *rail)
         conn_free(t);
     }
     en_regcache_free(tr->regs); /* every link is gone: nothing holds one */
-    if (tr->cq) ibv_destroy_cq(tr->cq);
-    if (tr->ch) ibv_destroy_comp_channel(tr->ch);
-    if (tr->pd) ibv_dealloc_pd(tr->pd);
-    if (tr->ctx) ibv_close_device(tr->ctx);
+    if (tr->cq) tr->ib->destroy_cq(tr->cq);
+    if (tr->ch) tr->ib->destroy_comp_channel(tr->ch);
+    if (tr->pd) tr->ib->dealloc_pd(tr->pd);
+    if (tr->ctx) tr->ib->close_device(tr->ctx);
     if (tr->lfd >= 0) close(tr->lfd);
     coh_free(tr);
     rail->verbs = NULL;

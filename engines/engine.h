@@ -435,6 +435,7 @@ typedef struct en_rail_cfg {
      * GID index, and each link's ring per direction. */
     bool verbs;
     const char *verbs_netdev, *verbs_dev;
+    const char *verbs_provider; /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
     int verbs_port, verbs_gid;
     size_t verbs_ring_bytes;
     /* Memory the application declared for zero copy (coh_mem_register):

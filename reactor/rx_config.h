@@ -222,6 +222,9 @@ typedef enum rx_knob_kind {
     X(verbs_device, RX_K_STR, "", "COHORT_VERBS_DEVICE", 0, 63,                                    \
       "the RDMA device of NIC:verbs rails (mlx5_0); empty: the one behind the named interface "    \
       "(docs/verbs.md)")                                                                           \
+    X(verbs_provider, RX_K_STR, "rdma-core", "COHORT_VERBS_PROVIDER", 1, 15,                       \
+      "who carries NIC:verbs rails: rdma-core (libibverbs and an RDMA NIC) or soft (cohort's "     \
+      "reliable connections in user space over TCP, for machines without RDMA; docs/verbs.md)")    \
     X(verbs_port, RX_K_INT, "1", "COHORT_VERBS_PORT", 1, 255, "the RDMA device's port")            \
     X(verbs_gid_index, RX_K_INT, "0", "COHORT_VERBS_GID_INDEX", 0, 255,                            \
       "the GID of that port to use (RoCE: the index of the RoCE v2 address, e.g. 3)")              \

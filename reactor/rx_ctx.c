@@ -316,10 +316,11 @@ static int parse_nics(struct coh_ctx *ctx)
 static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
 {
 #ifdef COHORT_HAVE_VERBS
-    const char *dev = NULL;
+    const char *dev = NULL, *provider = NULL;
     int port = 1, gid = 0;
     size_t ring = 0;
     BS_CHECK(rx_env_knob_str("verbs_device", &dev));
+    BS_CHECK(rx_env_knob_str("verbs_provider", &provider));
     BS_CHECK(rx_env_knob_int("verbs_port", &port));
     BS_CHECK(rx_env_knob_int("verbs_gid_index", &gid));
     BS_CHECK(rx_env_knob_size("verbs_ring_bytes", &ring));
@@ -330,6 +331,7 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     rc->verbs = true;
     rc->verbs_netdev = ctx->rail_nic[r];
     rc->verbs_dev = dev;
+    rc->verbs_provider = provider;
     rc->verbs_port = port;
     rc->verbs_gid = gid;
     rc->verbs_ring_bytes = ring;

@@ -1,0 +1,108 @@
+/*
+ * The rdma-core provider of the verbs engine (en_ibv.h): libibverbs' calls
+ * as they are, and the lookup of providers by name.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cohort.h"
+#include "engines/en_ibv.h"
+
+/* The device behind an interface (/sys/class/net/IF/device/infiniband). */
+static int rc_dev_of_netdev(const char *ifname, char *out, size_t cap)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "/sys/class/net/%s/device/infiniband", ifname);
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    if (!list) return COH_EUNSUPPORTED;
+    int st = COH_EUNSUPPORTED;
+    for (int i = 0; list[i] && st; i++) {
+        char p[320];
+        snprintf(p, sizeof(p), "%s/%s", path, ibv_get_device_name(list[i]));
+        if (access(p, F_OK) == 0) {
+            snprintf(out, cap, "%s", ibv_get_device_name(list[i]));
+            st = 0;
+        }
+    }
+    ibv_free_device_list(list);
+    return st;
+}
+
+static struct ibv_context *rc_open_device(const char *name)
+{
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; list && i < n && !ctx; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), name)) ctx = ibv_open_device(list[i]);
+    if (list) ibv_free_device_list(list);
+    if (!ctx && errno == 0) errno = ENODEV;
+    return ctx;
+}
+
+/* libibverbs' inline calls, as functions for the table. */
+static int rc_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    return ibv_req_notify_cq(cq, solicited_only);
+}
+
+static int rc_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+    return ibv_poll_cq(cq, n, wc);
+}
+
+static int rc_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    return ibv_post_send(qp, wr, bad);
+}
+
+static int rc_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    return ibv_post_recv(qp, wr, bad);
+}
+
+static struct ibv_mr *rc_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+    return ibv_reg_mr(pd, addr, len, access); /* a macro in newer headers */
+}
+
+static int rc_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+{
+    return ibv_query_port(ctx, port, attr); /* a macro too */
+}
+
+const en_ibv_t en_ibv_rdma_core = {
+    .name = "rdma-core",
+    .dev_of_netdev = rc_dev_of_netdev,
+    .open_device = rc_open_device,
+    .close_device = ibv_close_device,
+    .query_device = ibv_query_device,
+    .query_port = rc_query_port,
+    .query_gid = ibv_query_gid,
+    .alloc_pd = ibv_alloc_pd,
+    .dealloc_pd = ibv_dealloc_pd,
+    .reg_mr = rc_reg_mr,
+    .dereg_mr = ibv_dereg_mr,
+    .create_comp_channel = ibv_create_comp_channel,
+    .destroy_comp_channel = ibv_destroy_comp_channel,
+    .create_cq = ibv_create_cq,
+    .destroy_cq = ibv_destroy_cq,
+    .req_notify_cq = rc_req_notify_cq,
+    .get_cq_event = ibv_get_cq_event,
+    .ack_cq_events = ibv_ack_cq_events,
+    .poll_cq = rc_poll_cq,
+    .create_qp = ibv_create_qp,
+    .modify_qp = ibv_modify_qp,
+    .destroy_qp = ibv_destroy_qp,
+    .post_send = rc_post_send,
+    .post_recv = rc_post_recv,
+};
+
+const en_ibv_t *en_ibv_find(const char *name)
+{
+    if (!name || !*name || !strcmp(name, en_ibv_rdma_core.name)) return &en_ibv_rdma_core;
+    if (!strcmp(name, en_ibv_soft.name)) return &en_ibv_soft;
+    return NULL;
+}

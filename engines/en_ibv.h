@@ -1,0 +1,67 @@
+/*
+ * en_ibv.h - the verbs calls the verbs engine (en_verbs.c) makes, behind a
+ * table, so that the same engine runs on two providers
+ * (COHORT_VERBS_PROVIDER):
+ *   - rdma-core: libibverbs and an RDMA NIC (InfiniBand, RoCE, iWARP);
+ *   - soft: en_softrdma.c, reliable connections in user space over TCP
+ *     between the hosts' interfaces, as the kernel's rxe and siw are over
+ *     Ethernet. It lets the engine run on machines without an RDMA device
+ *     (these: no device, and no rxe or siw module), and through the
+ *     namespace cluster's shaped and lossy links.
+ * Every object is libibverbs' own struct, so the engine's code does not
+ * change with the provider; only the calls go through the table.
+ */
+#ifndef COH_EN_IBV_H
+#define COH_EN_IBV_H
+
+#include <infiniband/verbs.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct en_ibv {
+    const char *name;
+    /* The device behind a network interface, its name into out; <0 (a
+     * COH_ status) when there is none. */
+    int (*dev_of_netdev)(const char *ifname, char *out, size_t cap);
+    /* Open the device called name; NULL (errno set) when there is none. */
+    struct ibv_context *(*open_device)(const char *name);
+    int (*close_device)(struct ibv_context *ctx);
+    int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
+    int (*query_port)(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
+    int (*query_gid)(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
+    struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
+    int (*dealloc_pd)(struct ibv_pd *pd);
+    struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t len, int access);
+    int (*dereg_mr)(struct ibv_mr *mr);
+    struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *ctx);
+    int (*destroy_comp_channel)(struct ibv_comp_channel *ch);
+    struct ibv_cq *(*create_cq)(struct ibv_context *ctx, int cqe, void *cq_ctx,
+                                struct ibv_comp_channel *ch, int vector);
+    int (*destroy_cq)(struct ibv_cq *cq);
+    int (*req_notify_cq)(struct ibv_cq *cq, int solicited_only);
+    int (*get_cq_event)(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_ctx);
+    void (*ack_cq_events)(struct ibv_cq *cq, unsigned int n);
+    int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+    struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+    int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
+    int (*destroy_qp)(struct ibv_qp *qp);
+    int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+    int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+} en_ibv_t;
+
+extern const en_ibv_t en_ibv_rdma_core; /* en_verbs.c */
+extern const en_ibv_t en_ibv_soft;      /* en_softrdma.c */
+
+/* The provider called name ("rdma-core", "soft"), or NULL. */
+const en_ibv_t *en_ibv_find(const char *name);
+
+/* The soft provider's device for an interface is "soft_IFNAME". Its GID is
+ * the interface's IPv4 address, mapped (::ffff:a.b.c.d, as RoCE v2's), and
+ * its LID the TCP port its NIC thread listens on. Test hooks, for the
+ * provider's own tests only: */
+typedef struct en_soft_stats {
+    uint64_t requests_in, rnr_waits, retry_timeouts, access_errors;
+} en_soft_stats_t;
+void en_soft_stats(struct ibv_context *ctx, en_soft_stats_t *out);
+
+#endif
