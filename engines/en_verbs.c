@@ -68,15 +68,24 @@
 #define VB_SQ_DEPTH     512
 #define VB_SQ_SLACK     8 /* sends kept free for the head's immediate */
 #define VB_HANDSHAKE_MS 10000
+#define VB_RESUME_MS    5000 /* a failed link resumes within this, or its ops fail */
+#define VB_RESUME_TICK  50   /* ms: a resume's dials and deadline are checked */
+#define VB_DIAL_MS      1000 /* a resume dial not answered by then is tried again */
 #define VB_IMM_HEAD     0x80000000u /* an immediate carrying the reader's head */
 #define VB_POS_MASK     0x7fffffffu
 #define VB_READY        0x52          /* the dialler's last handshake byte */
+#define VB_REFUSE       0x4e /* alone, then the end: a resume of a link this side has not */
 #define VB_PIECE        (256u * 1024) /* written per work request at most */
 
 typedef enum vb_kind { VB_WR_RECV = 0, VB_WR_SEND = 1 } vb_kind;
-/* VB_CONNECTING: the dialler's TCP connect is in flight (non-blocking, under
- * the handshake's deadline). */
-typedef enum vb_phase { VB_HELLO = 0, VB_WAIT_READY, VB_LIVE, VB_CLOSED, VB_CONNECTING } vb_phase;
+/* A link: set up, live, resuming on a new QP after a failure (failover,
+ * below), closed. */
+typedef enum vb_phase { VB_SETUP = 0, VB_LIVE, VB_RESUMING, VB_CLOSED } vb_phase;
+/* Its TCP socket: connecting (the dialler's connect is in flight, under the
+ * handshake's deadline), waiting for the peer's HELLO, waiting for the
+ * dialler's READY, live (the liveness check). SK_ANSWER: an accepted
+ * resume whose answer waits until this side's new QP exists. */
+typedef enum vb_sk_phase { SK_CONNECTING = 0, SK_HELLO, SK_WAIT_READY, SK_LIVE, SK_ANSWER } vb_sk_phase;
 
 /* What one side tells the other: its QP and the ring the other writes to. */
 typedef struct vb_ep {
@@ -89,18 +98,29 @@ typedef struct vb_ep {
     uint32_t mtu; /* enum ibv_mtu */
 } vb_ep_t;
 
+/* A TCP socket beside the QP: set-up, then liveness. Separate from the link
+ * so that a resume's socket can replace it (the poll handle frees itself
+ * once closed). */
+typedef struct vb_sock {
+    uv_poll_t poll;
+    int fd;
+    int phase;
+    bool resume; /* it carries a resume */
+    struct vb_conn *t;
+    uint8_t in[EN_HELLO_SIZE + VB_EP_SIZE];
+    size_t got;
+} vb_sock_t;
+
 typedef struct vb_conn {
     en_conn_t base; /* first member */
     struct en_verbs *tr;
     struct vb_conn *prev, *next;
-    int fd; /* the TCP socket: set-up, then liveness */
-    uv_poll_t poll;
-    uv_timer_t timer; /* the handshake's deadline */
+    vb_sock_t *sk;    /* set-up, then liveness */
+    vb_sock_t *rsk;   /* resuming: our dial, or the peer's waiting for an answer */
+    uv_timer_t timer; /* the handshake's deadline; resuming: the resume's tick */
     int handles;
     int phase;
     int expect_peer;
-    uint8_t in[EN_HELLO_SIZE + VB_EP_SIZE];
-    size_t got;
     struct ibv_qp *qp;
     vb_ep_t mine, theirs;
     uint8_t *rx_ring, *tx_ring; /* ring_size each */
@@ -118,7 +138,8 @@ typedef struct vb_conn {
     uint64_t peer_head; /* the peer consumed (its immediates) */
     /* Zero copy: the head frame's registration (NULL: copied); frames whose
      * writes are posted, oldest first, each done when sq_done reaches its
-     * tr.vb.mark; send work requests posted and completed, ever. */
+     * tr.vb.mark (with failover: when the peer's head passes its end); send
+     * work requests posted and completed, ever. */
     en_reg_t *q_reg;
     en_wreq_t *zc_head, *zc_tail;
     uint64_t sq_posted, sq_done;
@@ -128,6 +149,20 @@ typedef struct vb_conn {
     uint64_t rx_told; /* the head the peer was last told */
     uint64_t rx_pad;
     en_kick_t kick; /* process and pump, not nested (en_link.h) */
+    /* Failover (several rails): a failed QP is replaced and the link goes
+     * on from where each side's ring stopped. keep: frames from declared
+     * memory complete when consumed, so they can be written again. */
+    bool keep;
+    struct ibv_qp *old_qp; /* the failed QP, until its work requests flushed */
+    int old_out;
+    bool qp_up;              /* resuming: the new QP is connected */
+    uint64_t peer_off;       /* resuming: where the peer's ring stopped (its HELLO) */
+    uint64_t t_fail0_ns;     /* the first failure not yet followed by traffic */
+    uint64_t t_resume_ns;    /* this resume began */
+    uint64_t t_dial_ns;      /* our resume dial began */
+    uint64_t epoch;          /* resumes so far */
+    bool moved;              /* a failover was reported, not its return */
+    char why[160];
 } vb_conn_t;
 
 typedef struct en_verbs {
@@ -334,6 +369,7 @@ static void pump_tx(vb_conn_t *t)
         uint64_t room = t->size - (t->tx_tail - t->peer_head);
         if (room < 8 || (t->q_off == 0 && room < EN_HDR_SIZE)) break; /* its head frees room */
         if (t->q_off == 0) {
+            w->tx_off = t->tx_tail; /* where it starts in the stream (failover rewrites) */
             ring_put(t, w->hdr, EN_HDR_SIZE);
             t->q_off = EN_HDR_SIZE;
             room -= EN_HDR_SIZE;
@@ -366,8 +402,8 @@ static void pump_tx(vb_conn_t *t)
         if (t->q_off < padded) continue;
         t->q_off = 0;
         en_wreq_t *f = q_pop(t, total);
-        if (t->q_reg) { /* done when its last write is */
-            f->tr.vb.mark = t->sq_posted;
+        if (t->q_reg) { /* done when its last write is, or when consumed (keep) */
+            f->tr.vb.mark = t->keep ? f->tx_off + padded : t->sq_posted;
             f->tr.vb.reg = t->q_reg;
             t->q_reg = NULL;
             en_wq_push(&t->zc_head, &t->zc_tail, f);
@@ -508,15 +544,71 @@ static void vb_resume(en_conn_t *c)
 /* ---- completions ---- */
 
 static void conn_free(vb_conn_t *t);
+static void maybe_free(vb_conn_t *t);
+static void fail_link(vb_conn_t *t, const char *why);
+static void qp_flushed(vb_conn_t *t);
+
+/* Frames from declared memory that are done: their writes completed, or
+ * with failover the peer consumed them (they may have to be written
+ * again until then). */
+static void zc_reap(vb_conn_t *t)
+{
+    en_verbs_t *tr = t->tr;
+    while (t->zc_head && t->zc_head->tr.vb.mark <= (t->keep ? t->peer_head : t->sq_done)) {
+        en_wreq_t *f = t->zc_head;
+        t->zc_head = f->tx_next;
+        if (!t->zc_head) t->zc_tail = NULL;
+        en_regcache_put(tr->regs, f->tr.vb.reg);
+        en_wq_push(&tr->done_head, &tr->done_tail, f);
+    }
+}
+
+/* The peer's new tail (data for us) or head (room) from an immediate;
+ * false when it cannot be (the link is closed then). */
+static bool take_imm(vb_conn_t *t, uint32_t imm)
+{
+    if (imm & VB_IMM_HEAD) {
+        uint64_t h = pos_from(t->peer_head, imm & VB_POS_MASK);
+        if (h - t->peer_head > t->tx_tail - t->peer_head) {
+            conn_close(t, COH_EPROTO, "the peer's head passed what was written");
+            return false;
+        }
+        t->peer_head = h;
+        if (t->keep) zc_reap(t);
+    } else {
+        uint64_t tl = pos_from(t->rx_tail, imm & VB_POS_MASK);
+        if (tl - t->rx_head > t->size || (tl & 7)) {
+            conn_close(t, COH_EPROTO, "the peer's tail is outside the ring");
+            return false;
+        }
+        t->rx_tail = tl;
+    }
+    return true;
+}
 
 static void on_wc(en_verbs_t *tr, const struct ibv_wc *wc)
 {
+    (void)tr;
     vb_conn_t *t = (vb_conn_t *)(uintptr_t)(wc->wr_id & ~(uint64_t)1);
     vb_kind k = (vb_kind)(wc->wr_id & 1);
+    if (t->old_qp && wc->qp_num == t->old_qp->qp_num) {
+        /* The failed QP's: what arrived before it failed still counts (the
+         * ring's tail and head); the rest are flushes. */
+        t->old_out--;
+        if (wc->status == IBV_WC_SUCCESS && k == VB_WR_RECV && t->phase != VB_CLOSED &&
+            !take_imm(t, ntohl(wc->imm_data)))
+            return;
+        if (t->old_out > 0) return;
+        if (t->phase == VB_CLOSED)
+            maybe_free(t);
+        else
+            qp_flushed(t);
+        return;
+    }
     t->wr_out--;
     if (k == VB_WR_SEND) t->sq_out--;
     if (t->phase == VB_CLOSED) {
-        if (t->wr_out == 0 && t->handles == 0) conn_free(t);
+        maybe_free(t);
         return;
     }
     if (wc->status != IBV_WC_SUCCESS) {
@@ -525,18 +617,12 @@ static void on_wc(en_verbs_t *tr, const struct ibv_wc *wc)
                  k == VB_WR_RECV ? "receive" : "write", t->base.peer, ibv_wc_status_str(wc->status),
                  wc->vendor_err);
         t->err = true;
-        conn_close(t, COH_EPEER, why);
+        fail_link(t, why);
         return;
     }
     if (k == VB_WR_SEND) { /* room in the send queue: what waited for it */
         t->sq_done++;
-        while (t->zc_head && t->zc_head->tr.vb.mark <= t->sq_done) { /* its writes are done */
-            en_wreq_t *f = t->zc_head;
-            t->zc_head = f->tx_next;
-            if (!t->zc_head) t->zc_tail = NULL;
-            en_regcache_put(tr->regs, f->tr.vb.reg);
-            en_wq_push(&tr->done_head, &tr->done_tail, f);
-        }
+        if (!t->keep) zc_reap(t);
         if (t->tx_posted != t->tx_tail || t->tx_told != t->tx_tail || t->rx_told != t->rx_head ||
             t->q_head)
             kick(t);
@@ -547,22 +633,8 @@ static void on_wc(en_verbs_t *tr, const struct ibv_wc *wc)
         conn_close(t, COH_ESYS, "posting an RDMA receive failed");
         return;
     }
-    uint32_t imm = ntohl(wc->imm_data);
-    if (imm & VB_IMM_HEAD) {
-        uint64_t h = pos_from(t->peer_head, imm & VB_POS_MASK);
-        if (h - t->peer_head > t->tx_posted - t->peer_head) {
-            conn_close(t, COH_EPROTO, "the peer's head passed what was written");
-            return;
-        }
-        t->peer_head = h;
-    } else {
-        uint64_t tl = pos_from(t->rx_tail, imm & VB_POS_MASK);
-        if (tl - t->rx_head > t->size || (tl & 7)) {
-            conn_close(t, COH_EPROTO, "the peer's tail is outside the ring");
-            return;
-        }
-        t->rx_tail = tl;
-    }
+    if (!take_imm(t, ntohl(wc->imm_data))) return;
+    if (t->phase == VB_LIVE) t->t_fail0_ns = 0; /* traffic: a later failure starts afresh */
     kick(t);
 }
 
@@ -600,11 +672,56 @@ bool en_verbs_poll(en_rail_t *rail)
 
 /* ---- links ---- */
 
+static void sock_closed(uv_handle_t *h)
+{
+    vb_sock_t *s = h->data;
+    if (s->fd >= 0) close(s->fd);
+    coh_free(s);
+}
+
+static void poll_cb(uv_poll_t *h, int status, int events);
+
+/* A socket of link t on fd, polled for ev. NULL when it cannot be (fd is
+ * closed then). */
+static vb_sock_t *sock_new(vb_conn_t *t, int fd, int phase, int ev)
+{
+    vb_sock_t *s = coh_zalloc(sizeof(*s));
+    if (!s || uv_poll_init(t->base.rail->loop, &s->poll, fd) != 0) {
+        coh_free(s);
+        close(fd);
+        return NULL;
+    }
+    s->fd = fd;
+    s->t = t;
+    s->phase = phase;
+    s->poll.data = s;
+    if (uv_poll_start(&s->poll, ev, poll_cb) != 0) {
+        s->t = NULL;
+        uv_close((uv_handle_t *)&s->poll, sock_closed);
+        return NULL;
+    }
+    return s;
+}
+
+static void sock_close(vb_sock_t *s)
+{
+    if (!s) return;
+    s->t = NULL;
+    uv_poll_stop(&s->poll);
+    uv_close((uv_handle_t *)&s->poll, sock_closed);
+}
+
 static void handle_closed(uv_handle_t *h)
 {
     vb_conn_t *t = h->data;
-    if (--t->handles > 0) return;
-    if (t->wr_out == 0) conn_free(t);
+    t->handles--;
+    maybe_free(t);
+}
+
+static void maybe_free(vb_conn_t *t)
+{
+    if (t->phase == VB_CLOSED && t->wr_out == 0 && t->old_out == 0 && t->handles == 0)
+        conn_free(t);
 }
 
 static void conn_free(vb_conn_t *t)
@@ -616,23 +733,19 @@ static void conn_free(vb_conn_t *t)
         tr->dead = t->next;
     if (t->next) t->next->prev = t->prev;
     if (t->qp) tr->ib->destroy_qp(t->qp);
+    if (t->old_qp) tr->ib->destroy_qp(t->old_qp);
     if (t->rx_mr) tr->ib->dereg_mr(t->rx_mr);
     if (t->tx_mr) tr->ib->dereg_mr(t->tx_mr);
     free(t->rx_ring);
     free(t->tx_ring);
-    if (t->fd >= 0) close(t->fd);
     coh_free(t);
 }
 
-static void conn_close(vb_conn_t *t, int status, const char *why)
+/* From the live list to the dead one: closed, until its work requests and
+ * timer are back. */
+static void to_dead(vb_conn_t *t)
 {
-    en_conn_t *c = &t->base;
-    if (t->phase == VB_CLOSED) return;
-    int was = c->state;
-    t->phase = VB_CLOSED;
-    c->state = EN_CONN_CLOSING;
     en_verbs_t *tr = t->tr;
-    /* From the live list to the dead one, until its work requests flush. */
     if (t->prev)
         t->prev->next = t->next;
     else if (tr->conns == t)
@@ -642,9 +755,24 @@ static void conn_close(vb_conn_t *t, int status, const char *why)
     t->next = tr->dead;
     if (tr->dead) tr->dead->prev = t;
     tr->dead = t;
-    uv_poll_stop(&t->poll);
+    t->phase = VB_CLOSED;
+    sock_close(t->sk);
+    sock_close(t->rsk);
+    t->sk = t->rsk = NULL;
     uv_timer_stop(&t->timer);
+    uv_close((uv_handle_t *)&t->timer, handle_closed);
+}
+
+static void conn_close(vb_conn_t *t, int status, const char *why)
+{
+    en_conn_t *c = &t->base;
+    if (t->phase == VB_CLOSED) return;
+    int was = c->state;
+    en_verbs_t *tr = t->tr;
+    c->state = EN_CONN_CLOSING;
+    to_dead(t);
     en_rail_conn_unlink(c);
+    if (t->moved) en_rail_event(c->rail, EN_RAIL_GONE, c->peer, -1, 0, why);
     /* Frames in the staging ring were sent, as a write TCP took is. */
     en_wq_done_of(c, &tr->done_head, &tr->done_tail);
     en_rail_conn_lost(c->rail, c, was == EN_CONN_READY ? status : (status ? status : COH_EPROTO),
@@ -660,10 +788,17 @@ static void conn_close(vb_conn_t *t, int status, const char *why)
     /* The error state flushes every posted work request back to us. */
     if (t->qp) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-        t->tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
+        tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
     }
-    uv_close((uv_handle_t *)&t->poll, handle_closed);
-    uv_close((uv_handle_t *)&t->timer, handle_closed);
+}
+
+/* A connection accepted for a resume that another link took over: it goes
+ * without a word to the rail (it never was a link). */
+static void conn_forget(vb_conn_t *t)
+{
+    t->base.state = EN_CONN_CLOSED;
+    to_dead(t);
+    en_rail_conn_unlink(&t->base);
 }
 
 static void hs_timeout(uv_timer_t *h)
@@ -673,35 +808,29 @@ static void hs_timeout(uv_timer_t *h)
     conn_close(t, COH_ETIMEDOUT, "no RDMA handshake in time");
 }
 
-static vb_conn_t *conn_new(en_verbs_t *tr, int fd)
+static vb_conn_t *conn_new(en_verbs_t *tr)
 {
     en_rail_t *rail = tr->rail;
     vb_conn_t *t = coh_zalloc(sizeof(*t));
     if (!t) return NULL;
     t->tr = tr;
-    t->fd = fd;
     t->base.rail = rail;
     t->base.peer = -1;
     t->base.ops = &tr->ops;
     t->base.state = EN_CONN_HANDSHAKE;
+    t->keep = rail->failover;
     en_rail_conn_link(rail, &t->base);
-    if (uv_poll_init(rail->loop, &t->poll, fd) != 0) {
-        en_rail_conn_unlink(&t->base);
-        coh_free(t);
-        return NULL;
-    }
-    t->poll.data = t;
     uv_timer_init(rail->loop, &t->timer);
     t->timer.data = t;
-    t->handles = 2;
+    t->handles = 1;
     t->next = tr->conns;
     if (tr->conns) tr->conns->prev = t;
     tr->conns = t;
     return t;
 }
 
-/* The QP, the rings and their registrations; our endpoint in t->mine. */
-static int qp_create(vb_conn_t *t)
+/* The rings and their registrations (once per link: a resume keeps them). */
+static int rings_create(vb_conn_t *t)
 {
     en_verbs_t *tr = t->tr;
     t->size = tr->ring_bytes;
@@ -709,11 +838,18 @@ static int qp_create(vb_conn_t *t)
         posix_memalign((void **)&t->tx_ring, 4096, t->size) != 0)
         return bs_fail(COH_ENOMEM, "verbs: out of memory for the rings");
     memset(t->tx_ring, 0, t->size);
-    t->rx_mr = tr->ib->reg_mr(tr->pd, t->rx_ring, t->size,
-                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    t->rx_mr =
+        tr->ib->reg_mr(tr->pd, t->rx_ring, t->size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     t->tx_mr = tr->ib->reg_mr(tr->pd, t->tx_ring, t->size, IBV_ACCESS_LOCAL_WRITE);
     if (!t->rx_mr || !t->tx_mr)
         return bs_fail(COH_ESYS, "verbs: registering the rings: %s", strerror(errno));
+    return 0;
+}
+
+/* A QP in INIT with its receives posted; our endpoint in t->mine. */
+static int qp_new(vb_conn_t *t)
+{
+    en_verbs_t *tr = t->tr;
     struct ibv_qp_init_attr ia = {.send_cq = tr->cq,
                                   .recv_cq = tr->cq,
                                   .cap = {.max_send_wr = VB_SQ_DEPTH,
@@ -724,12 +860,13 @@ static int qp_create(vb_conn_t *t)
                                   .sq_sig_all = 1};
     t->qp = tr->ib->create_qp(tr->pd, &ia);
     if (!t->qp) return bs_fail(COH_ESYS, "verbs: ibv_create_qp: %s", strerror(errno));
+    t->qp_up = false;
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                             .pkey_index = 0,
                             .port_num = (uint8_t)tr->port,
                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-    if (t->tr->ib->modify_qp(
-            t->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    if (tr->ib->modify_qp(t->qp, &a,
+                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
         return bs_fail(COH_ESYS, "verbs: QP to INIT: %s", strerror(errno));
     for (int i = 0; i < VB_RQ_DEPTH; i++)
         if (post_recv(t) != 0) return bs_fail(COH_ESYS, "verbs: posting receives failed");
@@ -744,6 +881,12 @@ static int qp_create(vb_conn_t *t)
                         .mtu = (uint32_t)tr->pattr.active_mtu};
     memcpy(t->mine.gid, tr->gid.raw, 16);
     return 0;
+}
+
+static int qp_create(vb_conn_t *t)
+{
+    BS_CHECK(rings_create(t));
+    return qp_new(t);
 }
 
 /* RTR then RTS towards the peer's endpoint. */
@@ -766,10 +909,9 @@ static int qp_connect(vb_conn_t *t)
         a.ah_attr.grh.sgid_index = (uint8_t)tr->gid_index;
         a.ah_attr.grh.hop_limit = 64;
     }
-    if (t->tr->ib->modify_qp(t->qp, &a,
-                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                 IBV_QP_MIN_RNR_TIMER) != 0)
+    if (tr->ib->modify_qp(t->qp, &a,
+                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
         return bs_fail(COH_ESYS, "verbs: QP to RTR: %s", strerror(errno));
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
                             .timeout = 14,
@@ -777,10 +919,11 @@ static int qp_connect(vb_conn_t *t)
                             .rnr_retry = 7, /* a receive not reposted yet: retry, never fail */
                             .sq_psn = t->mine.psn,
                             .max_rd_atomic = 1};
-    if (t->tr->ib->modify_qp(t->qp, &s,
-                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
+    if (tr->ib->modify_qp(t->qp, &s,
+                          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
         return bs_fail(COH_ESYS, "verbs: QP to RTS: %s", strerror(errno));
+    t->qp_up = true;
     return 0;
 }
 
@@ -796,15 +939,23 @@ static int send_all(int fd, const uint8_t *b, size_t n)
     return 0;
 }
 
-static int send_hello(vb_conn_t *t)
+/* Our HELLO and endpoint on s; a resume's carries where our ring stopped
+ * (the bytes of the peer's stream it holds). */
+static int send_hello(vb_conn_t *t, vb_sock_t *s)
 {
     uint8_t out[EN_HELLO_SIZE + VB_EP_SIZE];
     en_hello_t h;
     en_rail_fill_hello(t->base.rail, &h);
+    if (s->resume) {
+        h.flags |= EN_HELLO_RESUME;
+        h.resume_off = t->rx_tail;
+        h.epoch = t->epoch;
+        h.via = (uint32_t)t->base.rail->index;
+    }
     en_hello_encode(&h, out);
     ep_encode(&t->mine, out + EN_HELLO_SIZE);
     /* Small and the socket is fresh: it goes at once or the link fails. */
-    return send_all(t->fd, out, sizeof(out));
+    return send_all(s->fd, out, sizeof(out));
 }
 
 static void go_live(vb_conn_t *t)
@@ -812,21 +963,316 @@ static void go_live(vb_conn_t *t)
     en_conn_t *c = &t->base;
     uv_timer_stop(&t->timer);
     t->phase = VB_LIVE;
+    t->sk->phase = SK_LIVE;
     c->state = EN_CONN_READY;
     c->rstate = EN_RD_HDR;
     en_rail_conn_ready(c->rail, c);
     kick(t);
 }
 
-/* The peer's HELLO and endpoint are in. */
-static void on_hello(vb_conn_t *t)
+/* ---- failover: a failed QP replaced, the link resumed ---- */
+
+/* The rings outlive the QP: each side's ring holds every byte the other
+ * told it of (its immediates), and the writer's staging ring every byte
+ * the reader has not consumed. So after a failure the link needs a new QP
+ * pair, and each writer writes again from where the reader's ring stopped
+ * (its resume_off): the same bytes at the same places, so a byte that had
+ * landed lands again unchanged and none is consumed twice. Frames from
+ * declared memory complete only when consumed (keep), and their payloads
+ * are copied into the staging ring to be written again.
+ *
+ * The side that notices closes the liveness socket, so the other notices
+ * too. Each moves its QP to error and waits for its work requests to come
+ * back (then its ring's tail is final), then makes a new QP. The lower
+ * rank dials the peer's listener of this rail with a RESUME HELLO; the
+ * other answers the same way once its QP exists; READY, and both write
+ * again. A dial refused (nothing listens: the peer's process is gone)
+ * ends the link at once; otherwise it ends when VB_RESUME_MS have passed
+ * since the first failure without traffic in between. The rail reports
+ * the failover and the return, so the balancer moves the world's ops off
+ * this rail meanwhile. */
+
+static void resume_gone(vb_conn_t *t, const char *what)
 {
+    char why[BS_ERR_LEN];
+    snprintf(why, sizeof(why), "RDMA link to rank %d not resumed: %s (after: %s)", t->base.peer,
+             what, t->why);
+    conn_close(t, COH_EPEER, why);
+}
+
+static void resume_step(vb_conn_t *t);
+static void resume_sock_failed(vb_sock_t *s, bool refused);
+
+static void resume_tick(uv_timer_t *h)
+{
+    resume_step(h->data);
+}
+
+static void begin_resume(vb_conn_t *t, const char *why)
+{
+    en_rail_t *rail = t->base.rail;
+    en_verbs_t *tr = t->tr;
+    uint64_t now = bs_now_ns();
+    if (t->phase == VB_LIVE) {
+        snprintf(t->why, sizeof(t->why), "%s", why);
+        if (!t->moved) en_rail_event(rail, EN_RAIL_FAILOVER, t->base.peer, rail->index, 0, why);
+        t->moved = true;
+    }
+    t->phase = VB_RESUMING;
+    t->t_resume_ns = now;
+    if (!t->t_fail0_ns) t->t_fail0_ns = now;
+    sock_close(t->sk); /* the peer notices */
+    sock_close(t->rsk);
+    t->sk = t->rsk = NULL;
+    if (t->qp && !t->old_qp) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
+        t->old_qp = t->qp;
+        t->old_out = t->wr_out;
+        t->qp = NULL;
+        t->wr_out = t->sq_out = 0;
+    }
+    t->qp_up = false;
+    uv_timer_start(&t->timer, resume_tick, VB_RESUME_TICK, VB_RESUME_TICK);
+    if (t->old_qp && t->old_out == 0) qp_flushed(t);
+}
+
+/* A link failed: resume it when the rail fails over, else close it. */
+static void fail_link(vb_conn_t *t, const char *why)
+{
+    en_rail_t *rail = t->base.rail;
+    if (!rail->failover || rail->closing || t->base.peer_bye ||
+        (t->phase != VB_LIVE && t->phase != VB_RESUMING)) {
+        conn_close(t, COH_EPEER, why);
+        return;
+    }
+    begin_resume(t, why);
+}
+
+/* The old QP's work requests are all back: the ring's tail is final. */
+static void qp_flushed(vb_conn_t *t)
+{
+    t->tr->ib->destroy_qp(t->old_qp);
+    t->old_qp = NULL;
+    if (qp_new(t) != 0) {
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why), "%s", coh_last_error());
+        conn_close(t, COH_ESYS, why);
+        return;
+    }
+    resume_step(t);
+}
+
+static void dial_resume(vb_conn_t *t)
+{
+    en_rail_t *rail = t->base.rail;
+    struct sockaddr_storage to;
+    if (!en_rail_route(rail, t->base.peer, rail->index, &to) || to.ss_family == 0) {
+        resume_gone(t, "no route to its listener");
+        return;
+    }
+    int fd = socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return; /* the next tick tries again */
+    socklen_t al = to.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    int r = bind(fd, (struct sockaddr *)&rail->local, al);
+    if (r == 0) {
+        do r = connect(fd, (struct sockaddr *)&to, al);
+        while (r != 0 && errno == EINTR);
+        if (r != 0 && errno == EINPROGRESS) r = 0;
+    }
+    if (r != 0) {
+        int err = errno;
+        close(fd);
+        if (err == ECONNREFUSED) resume_gone(t, "its listener refused (the process is gone)");
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    vb_sock_t *s = sock_new(t, fd, SK_CONNECTING, UV_WRITABLE);
+    if (!s) return;
+    s->resume = true;
+    t->rsk = s;
+    t->t_dial_ns = bs_now_ns();
+}
+
+/* Our answer to the peer's resume (the listener's side), once our QP is. */
+static void answer_resume(vb_conn_t *t)
+{
+    vb_sock_t *s = t->rsk;
+    if (!t->qp_up && qp_connect(t) != 0) {
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why), "%s", coh_last_error());
+        conn_close(t, COH_ESYS, why);
+        return;
+    }
+    if (send_hello(t, s) != 0) {
+        sock_close(s); /* the dialler tries again */
+        t->rsk = NULL;
+        return;
+    }
+    s->phase = SK_WAIT_READY;
+}
+
+static void resume_step(vb_conn_t *t)
+{
+    if (t->phase != VB_RESUMING) return;
+    en_rail_t *rail = t->base.rail;
+    uint64_t now = bs_now_ns();
+    if (now - t->t_fail0_ns > (uint64_t)VB_RESUME_MS * 1000000ull) {
+        resume_gone(t, "no resume in time");
+        return;
+    }
+    if (t->old_qp || !t->qp) return; /* the old QP is flushing */
+    if (rail->rank < t->base.peer) {
+        if (t->rsk && t->rsk->phase != SK_LIVE && now - t->t_dial_ns > VB_DIAL_MS * 1000000ull) {
+            sock_close(t->rsk); /* unanswered: again */
+            t->rsk = NULL;
+        }
+        if (!t->rsk) dial_resume(t);
+    } else if (t->rsk && t->rsk->phase == SK_ANSWER) {
+        answer_resume(t);
+    }
+}
+
+/* The first n payload bytes of frame f, written from declared memory,
+ * into the staging ring at their places, from stream position off on. Only
+ * from off: the staging ring holds no more than the bytes from the peer's
+ * head, and before it the slots may carry later bytes already (copying a
+ * whole frame that began before the head overwrote the next frame's
+ * header: mp.verbs.soft.cut.zcopy). */
+static void restage(vb_conn_t *t, const en_wreq_t *f, uint64_t n, uint64_t off)
+{
+    uint64_t p0 = f->tx_off + EN_HDR_SIZE, skip = off > p0 ? off - p0 : 0;
+    if (skip >= n) return;
+    uint64_t keep_tail = t->tx_tail;
+    t->tx_tail = p0 + skip;
+    ring_put(t, f->payload + skip, n - skip);
+    t->tx_tail = keep_tail;
+}
+
+/* Both QPs are up and READY went: write again from where the peer's ring
+ * stopped. */
+static void resumed(vb_conn_t *t)
+{
+    en_rail_t *rail = t->base.rail;
+    uint64_t off = t->peer_off;
+    if (off < t->peer_head || off > t->tx_tail || (off & 7)) {
+        char why[160];
+        snprintf(why, sizeof(why), "resume at byte %llu, outside the %llu..%llu not consumed",
+                 (unsigned long long)off, (unsigned long long)t->peer_head,
+                 (unsigned long long)t->tx_tail);
+        conn_close(t, COH_EPROTO, why);
+        return;
+    }
+    /* What was written from declared memory and not consumed comes again
+     * from the staging ring, at its place in the stream. */
+    for (en_wreq_t *f = t->zc_head; f; f = f->tx_next) restage(t, f, f->len, off);
+    if (t->q_reg && t->q_off > EN_HDR_SIZE) /* the head frame, written in part from it */
+        restage(t, t->q_head, t->q_off - EN_HDR_SIZE, off);
+    sock_close(t->sk);
+    t->sk = t->rsk;
+    t->rsk = NULL;
+    t->sk->phase = SK_LIVE;
+    atomic_fetch_add(&rail->stat_resent, t->tx_tail - off);
+    t->tx_posted = t->tx_told = off;
+    t->rx_told = t->rx_head - 1; /* tell our head again */
+    t->err = false;
+    t->phase = VB_LIVE;
+    t->epoch++;
+    uv_timer_stop(&t->timer);
+    double pause = (double)(bs_now_ns() - t->t_resume_ns) / 1e9;
+    char why[224];
+    snprintf(why, sizeof(why), "RDMA link resumed on a new queue pair at byte %llu (after: %s)",
+             (unsigned long long)off, t->why);
+    t->moved = false;
+    en_rail_event(rail, EN_RAIL_RETURN, t->base.peer, rail->index, pause, why);
+    kick(t);
+}
+
+/* A resume this side cannot take (the link is gone here, or this rank is
+ * finalizing): say so, so that the dialler gives up at once instead of
+ * dialling until VB_RESUME_MS (a peer that finalized while a link was
+ * failing kept an op 5 s: mp.verbs.soft.kill.n4.rails2). */
+static void refuse_resume(vb_conn_t *t, vb_sock_t *s, const char *why)
+{
+    uint8_t no = VB_REFUSE;
+    (void)send(s->fd, &no, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    atomic_fetch_add(&t->base.rail->stat_rejected, 1);
+    conn_close(t, COH_EPROTO, why);
+}
+
+/* A resume HELLO and endpoint on s: the peer's dial (accepted: s is still
+ * the temporary link's) or its answer to ours. */
+static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
+{
+    vb_conn_t *t = s->t;
+    en_rail_t *rail = t->base.rail;
+    if (s->resume) { /* the answer to our dial */
+        if ((int)h->rank != t->base.peer) {
+            resume_gone(t, "another rank answered");
+            return;
+        }
+        ep_decode(s->in + EN_HELLO_SIZE, &t->theirs);
+        t->peer_off = h->resume_off;
+        uint8_t ready = VB_READY;
+        if (qp_connect(t) != 0 || send_all(s->fd, &ready, 1) != 0) {
+            sock_close(s); /* the next tick dials again */
+            t->rsk = NULL;
+            if (t->qp_up) begin_resume(t, t->why); /* this QP is spent */
+            return;
+        }
+        resumed(t);
+        return;
+    }
+    /* The peer dials: the link it resumes is ours to that rank. */
+    int p = (int)h->rank;
+    vb_conn_t *l = p >= 0 && p < rail->world ? (vb_conn_t *)rail->peers[p] : NULL;
+    if (!l || l == t || (l->phase != VB_LIVE && l->phase != VB_RESUMING)) {
+        refuse_resume(t, s, "a resume of no link");
+        return;
+    }
+    vb_ep_t ep;
+    ep_decode(s->in + EN_HELLO_SIZE, &ep);
+    if (l->qp_up && ep.qpn != l->theirs.qpn) { /* our QP went up for another of its QPs */
+        sock_close(l->rsk);
+        l->rsk = NULL;
+        begin_resume(l, l->why);
+    }
+    t->sk = NULL; /* the socket moves to the link */
+    s->t = l;
+    s->resume = true;
+    s->phase = SK_ANSWER;
+    conn_forget(t);
+    if (l->phase == VB_LIVE) begin_resume(l, "the peer resumes the link");
+    if (l->rsk) sock_close(l->rsk);
+    l->rsk = s;
+    l->theirs = ep;
+    l->peer_off = h->resume_off;
+    resume_step(l);
+}
+
+/* The peer's HELLO and endpoint are in. */
+static void on_hello(vb_sock_t *s)
+{
+    vb_conn_t *t = s->t;
     en_conn_t *c = &t->base;
     en_rail_t *rail = c->rail;
     en_hello_t h;
     char why[BS_ERR_LEN];
-    int r = en_link_hello(c, t->in, t->expect_peer, "an RDMA", &h, why, sizeof(why));
-    ep_decode(t->in + EN_HELLO_SIZE, &t->theirs);
+    if (en_hello_decode(s->in, EN_HELLO_SIZE, &h) == EN_HELLO_SIZE &&
+        (h.flags & EN_HELLO_RESUME)) {
+        if (en_rail_check_hello(rail, &h, !s->resume && !c->outgoing, why, sizeof(why)) != 0) {
+            if (s->resume)
+                resume_sock_failed(s, false);
+            else
+                refuse_resume(t, s, why);
+            return;
+        }
+        on_resume_hello(s, &h);
+        return;
+    }
+    int r = en_link_hello(c, s->in, t->expect_peer, "an RDMA", &h, why, sizeof(why));
+    ep_decode(s->in + EN_HELLO_SIZE, &t->theirs);
     if (r == 0 && t->theirs.ring_size != t->tr->ring_bytes) {
         snprintf(why, sizeof(why), "rings of %llu and %llu bytes (COHORT_VERBS_RING_BYTES)",
                  (unsigned long long)t->theirs.ring_size, (unsigned long long)t->tr->ring_bytes);
@@ -834,7 +1280,7 @@ static void on_hello(vb_conn_t *t)
     }
     if (r == 0 && !c->outgoing && qp_create(t) != 0) r = COH_ESYS;
     if (r == 0 && qp_connect(t) != 0) r = COH_ESYS;
-    if (r == 0 && !c->outgoing && send_hello(t) != 0) r = COH_ESYS;
+    if (r == 0 && !c->outgoing && send_hello(t, s) != 0) r = COH_ESYS;
     if (r == COH_ESYS) snprintf(why, sizeof(why), "%s", coh_last_error());
     if (r < 0) {
         atomic_fetch_add(&rail->stat_rejected, 1);
@@ -844,92 +1290,140 @@ static void on_hello(vb_conn_t *t)
     c->peer = (int)h.rank;
     if (c->outgoing) { /* our QP is up: the listener may write now */
         uint8_t ready = VB_READY;
-        if (send_all(t->fd, &ready, 1) != 0) {
+        if (send_all(s->fd, &ready, 1) != 0) {
             conn_close(t, COH_EPEER, coh_last_error());
             return;
         }
         go_live(t);
     } else {
-        t->phase = VB_WAIT_READY;
+        s->phase = SK_WAIT_READY;
     }
+}
+
+/* A resume's socket failed before the link was live on it: drop it; the
+ * dialler tries again (a refused dial: the peer is gone). */
+static void resume_sock_failed(vb_sock_t *s, bool refused)
+{
+    vb_conn_t *t = s->t;
+    if (t->rsk == s) t->rsk = NULL;
+    sock_close(s);
+    if (refused) resume_gone(t, "refused (the process or its link is gone)");
 }
 
 static void poll_cb(uv_poll_t *h, int status, int events)
 {
-    vb_conn_t *t = h->data;
-    if (t->phase == VB_CLOSED) return;
+    vb_sock_t *s = h->data;
+    vb_conn_t *t = s->t;
+    if (!t || t->phase == VB_CLOSED) return;
+    bool resuming = s != t->sk; /* a resume's socket (t->rsk) */
     if (status < 0) {
-        conn_close(t, COH_EPEER, uv_strerror(status));
+        /* libuv reports POLLERR so (UV_EBADF): a refused connect among them. */
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (s->phase != SK_CONNECTING || getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
+            err = 0;
+        if (resuming)
+            resume_sock_failed(s, err == ECONNREFUSED);
+        else if (s->phase == SK_LIVE)
+            fail_link(t, uv_strerror(status));
+        else
+            conn_close(t, COH_EPEER, uv_strerror(status));
         return;
     }
-    if (t->phase == VB_CONNECTING) {
+    if (s->phase == SK_CONNECTING) {
         if (!(events & (UV_WRITABLE | UV_DISCONNECT))) return;
         int err = 0;
         socklen_t el = sizeof(err);
-        if (getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
         char why[BS_ERR_LEN];
         if (err) {
+            if (resuming) {
+                resume_sock_failed(s, err == ECONNREFUSED);
+                return;
+            }
             snprintf(why, sizeof(why), "connecting to rank %d: %s", t->expect_peer, strerror(err));
             conn_close(t, COH_EPEER, why);
             return;
         }
-        if (send_hello(t) != 0) {
+        if (send_hello(t, s) != 0) {
+            if (resuming) {
+                resume_sock_failed(s, false);
+                return;
+            }
             snprintf(why, sizeof(why), "%s", coh_last_error());
             conn_close(t, COH_EPEER, why);
             return;
         }
-        int e = uv_poll_start(&t->poll, UV_READABLE | UV_DISCONNECT, poll_cb);
+        int e = uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, poll_cb);
         if (e) {
             conn_close(t, COH_ESYS, uv_strerror(e));
             return;
         }
-        t->phase = VB_HELLO;
+        s->phase = SK_HELLO;
         return;
     }
-    if (t->phase == VB_HELLO || t->phase == VB_WAIT_READY) {
-        size_t want = t->phase == VB_HELLO ? sizeof(t->in) : 1;
+    if (s->phase == SK_HELLO || s->phase == SK_WAIT_READY) {
         for (;;) {
+            bool hello = s->phase == SK_HELLO;
             uint8_t b;
-            uint8_t *dst = t->phase == VB_HELLO ? t->in + t->got : &b;
-            ssize_t n = recv(t->fd, dst, t->phase == VB_HELLO ? want - t->got : 1, MSG_DONTWAIT);
+            uint8_t *dst = hello ? s->in + s->got : &b;
+            ssize_t n = recv(s->fd, dst, hello ? sizeof(s->in) - s->got : 1, MSG_DONTWAIT);
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
             if (n <= 0) {
-                conn_close(t, COH_EPEER, "connection closed during the RDMA handshake");
+                if (resuming)
+                    resume_sock_failed(s, hello && s->got == 1 && s->in[0] == VB_REFUSE);
+                else
+                    conn_close(t, COH_EPEER, "connection closed during the RDMA handshake");
                 return;
             }
-            if (t->phase == VB_WAIT_READY) {
+            if (!hello) {
                 if (b != VB_READY) {
                     conn_close(t, COH_EPROTO, "bad RDMA handshake");
                     return;
                 }
-                go_live(t);
+                if (resuming)
+                    resumed(t);
+                else
+                    go_live(t);
                 return;
             }
-            t->got += (size_t)n;
-            if (t->got == want) {
-                on_hello(t);
+            s->got += (size_t)n;
+            if (s->got == sizeof(s->in)) {
+                on_hello(s);
                 return;
             }
         }
     }
-    /* Live: the socket carries nothing more; readable means the peer went. */
+    if (s->phase == SK_ANSWER) { /* the peer gave up this dial before our answer */
+        uint8_t b;
+        ssize_t n = recv(s->fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            resume_sock_failed(s, false);
+        return;
+    }
+    /* Live: the socket carries nothing more; readable means the peer went
+     * (or, with failover, resumes the link). */
     uint8_t buf[64];
     ssize_t n;
     bool gone = (events & UV_DISCONNECT) != 0;
-    while ((n = recv(t->fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+    while ((n = recv(s->fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
     }
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone = true;
     drain(t->tr); /* what the peer wrote before it went is still delivered */
-    if (gone && t->phase == VB_LIVE)
-        conn_close(t, COH_EPEER, t->base.peer_bye ? "peer finalized" : "connection closed by peer");
+    if (gone && t->phase == VB_LIVE && t->sk == s) {
+        if (t->base.peer_bye)
+            conn_close(t, COH_EPEER, "peer finalized");
+        else
+            fail_link(t, "connection closed by peer");
+    }
 }
 
-static int conn_start(vb_conn_t *t)
+static int conn_start(vb_conn_t *t, int fd, int phase)
 {
-    int ev = t->phase == VB_CONNECTING ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
-    int e = uv_poll_start(&t->poll, ev, poll_cb);
-    if (e) return bs_fail(COH_ESYS, "verbs: poll: %s", uv_strerror(e));
+    int ev = phase == SK_CONNECTING ? UV_WRITABLE : UV_READABLE | UV_DISCONNECT;
+    t->sk = sock_new(t, fd, phase, ev);
+    if (!t->sk) return bs_fail(COH_ESYS, "verbs: poll on a socket failed");
     uv_timer_start(&t->timer, hs_timeout, VB_HANDSHAKE_MS, 0);
     return 0;
 }
@@ -942,13 +1436,13 @@ static void on_accept(uv_poll_t *h, int status, int events)
     for (;;) {
         int fd = accept4(tr->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
-        vb_conn_t *t = conn_new(tr, fd);
+        vb_conn_t *t = conn_new(tr);
         if (!t) {
             close(fd);
             continue;
         }
         t->base.outgoing = false;
-        if (conn_start(t) != 0) conn_close(t, COH_ESYS, coh_last_error());
+        if (conn_start(t, fd, SK_HELLO) != 0) conn_close(t, COH_ESYS, coh_last_error());
     }
 }
 
@@ -1066,15 +1560,18 @@ static int vb_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    vb_conn_t *t = conn_new(tr, fd);
+    vb_conn_t *t = conn_new(tr);
     if (!t) {
         close(fd);
         return bs_fail(COH_ENOMEM, "out of memory");
     }
     t->base.outgoing = true;
     t->expect_peer = peer;
-    t->phase = VB_CONNECTING;
-    if (qp_create(t) != 0 || conn_start(t) != 0) {
+    if (qp_create(t) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0 || conn_start(t, fd, SK_CONNECTING) != 0) {
         char why[BS_ERR_LEN];
         snprintf(why, sizeof(why), "%s", coh_last_error());
         conn_close(t, COH_ESYS, why);
@@ -1088,16 +1585,33 @@ static void vb_close(en_conn_t *c, int status, const char *why)
     conn_close((vb_conn_t *)c, status, why);
 }
 
+/* Tests: the link fails as with a failing NIC: every work request in
+ * flight is flushed with an error, and the liveness socket ends. */
 static void vb_cut(en_conn_t *c)
 {
-    shutdown(((vb_conn_t *)c)->fd, SHUT_RDWR);
+    vb_conn_t *t = (vb_conn_t *)c;
+    if (t->qp && t->phase == VB_LIVE) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        t->tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
+    }
+    if (t->sk) shutdown(t->sk->fd, SHUT_RDWR);
 }
 
 static bool flushing(const en_verbs_t *tr)
 {
     for (const vb_conn_t *t = tr->dead; t; t = t->next)
-        if (t->wr_out > 0) return true;
+        if (t->wr_out > 0 || t->old_out > 0) return true;
     return false;
+}
+
+/* The listener closes with the rail, not at fini: a peer's resume dial to a
+ * rank that is finalizing is refused at once, instead of waiting in the
+ * backlog of a socket nobody accepts from any more (until its deadline). */
+static void listener_closed(uv_handle_t *h)
+{
+    en_verbs_t *tr = h->data;
+    if (tr->lfd >= 0) close(tr->lfd);
+    tr->lfd = -1;
 }
 
 static void vb_shutdown(en_rail_t *rail)
@@ -1106,7 +1620,7 @@ static void vb_shutdown(en_rail_t *rail)
     if (!tr) return;
     while (tr->conns) conn_close(tr->conns, COH_ECANCELED, "rail stopping");
     if (tr->lpoll_open) {
-        uv_close((uv_handle_t *)&tr->lpoll, NULL);
+        uv_close((uv_handle_t *)&tr->lpoll, listener_closed);
         tr->lpoll_open = false;
     }
     /* The flushes of the closed links come back before the channel goes
@@ -1178,7 +1692,7 @@ void en_verbs_fini(en_rail_t *rail)
     /* Links still flushing when the rail stopped: their memory goes now. */
     while (tr->dead) {
         vb_conn_t *t = tr->dead;
-        t->wr_out = 0;
+        t->wr_out = t->old_out = 0;
         conn_free(t);
     }
     en_regcache_free(tr->regs); /* every link is gone: nothing holds one */

@@ -917,8 +917,9 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             .stash_bytes = ctx->cfg.stash_bytes,
             .spare_idle_ms = ctx->cfg.spare_idle_ms,
             .local = (struct sockaddr *)&ctx->rail_addr[r],
-            /* A link moves to another interface by TCP's resume: not verbs'. */
-            .failover = ctx->cfg.rail_failover != 0 && !ctx->rail_verbs[r],
+            /* A TCP link moves to another interface; a verbs link resumes
+             * on a new QP of its device (en_verbs.c). */
+            .failover = ctx->cfg.rail_failover != 0,
             .stall_ms = ctx->cfg.rail_stall_ms,
             .probe_ms = ctx->cfg.rail_probe_ms,
             .test_resume_delay_ms = test_resume_delay_ms(),

@@ -12,6 +12,11 @@
  * come back (returns counted: COHORT_RAIL_PROBE_MS is small here). Without
  * failover (COHORT_RAIL_FAILOVER=0) the first cut fails an op: the test
  * fails, which is how it was checked.
+ *
+ * MP_DECLARE=1 declares the buffers (coh_mem_register), so verbs rails
+ * write them without a copy and a resume must write them again from the
+ * application's memory (mp.verbs.soft.cut.zcopy); it fails unless some
+ * bytes went so.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,9 +71,11 @@ static int run_cut(int ops, int every)
     size_t cnt[INFLIGHT];
     coh_request_t *req[INFLIGHT] = {0};
     int id[INFLIGHT];
+    bool declare = getenv("MP_DECLARE") && atoi(getenv("MP_DECLARE")) == 1;
     for (int k = 0; k < INFLIGHT; k++) {
         buf[k] = malloc(sizes[2] * sizeof(float));
         if (!buf[k]) MP_FAIL("out of memory");
+        if (declare) MP_OK(coh_mem_register(ctx, buf[k], sizes[2] * sizeof(float)));
     }
     int cutter = 0, cuts = 0, victim = (cutter + 1) % size;
     double t0 = mp_now_s();
@@ -116,7 +123,11 @@ static int run_cut(int ops, int every)
     MP_EQ_INT(st.rail_failovers, stat_sum(ctx, 0));
     MP_EQ_INT(st.rail_returns, stat_sum(ctx, 1));
     MP_EQ_INT(st.rail_resent_bytes, stat_sum(ctx, 2));
-    for (int k = 0; k < INFLIGHT; k++) free(buf[k]);
+    if (declare && st.zcopy_bytes_sent == 0) MP_FAIL("declared, but nothing went without a copy");
+    for (int k = 0; k < INFLIGHT; k++) {
+        if (declare) MP_OK(coh_mem_deregister(ctx, buf[k]));
+        free(buf[k]);
+    }
     MP_OK(coh_finalize(ctx));
     printf("rank %d: OK\n", rank);
     return 0;
