@@ -68,12 +68,13 @@
 #define VB_SQ_DEPTH     512
 #define VB_SQ_SLACK     8 /* sends kept free for the head's immediate */
 #define VB_HANDSHAKE_MS 10000
-#define VB_RESUME_MS    5000 /* a failed link resumes within this, or its ops fail */
-#define VB_RESUME_TICK  50   /* ms: a resume's dials and deadline are checked */
-#define VB_DIAL_MS      1000 /* a resume dial not answered by then is tried again */
+#define VB_RESUME_MS    5000        /* a failed link resumes within this, or its ops fail */
+#define VB_RESUME_TICK  50          /* ms: a resume's dials and deadline are checked */
+#define VB_DIAL_MS      1000        /* a resume dial not answered by then is tried again */
+#define VB_POKE_MS      200         /* the higher rank, waiting for a dial, pokes this often */
 #define VB_IMM_HEAD     0x80000000u /* an immediate carrying the reader's head */
 #define VB_POS_MASK     0x7fffffffu
-#define VB_READY        0x52          /* the dialler's last handshake byte */
+#define VB_READY        0x52 /* the dialler's last handshake byte */
 #define VB_REFUSE       0x4e /* alone, then the end: a resume of a link this side has not */
 #define VB_PIECE        (256u * 1024) /* written per work request at most */
 
@@ -85,7 +86,13 @@ typedef enum vb_phase { VB_SETUP = 0, VB_LIVE, VB_RESUMING, VB_CLOSED } vb_phase
  * handshake's deadline), waiting for the peer's HELLO, waiting for the
  * dialler's READY, live (the liveness check). SK_ANSWER: an accepted
  * resume whose answer waits until this side's new QP exists. */
-typedef enum vb_sk_phase { SK_CONNECTING = 0, SK_HELLO, SK_WAIT_READY, SK_LIVE, SK_ANSWER } vb_sk_phase;
+typedef enum vb_sk_phase {
+    SK_CONNECTING = 0,
+    SK_HELLO,
+    SK_WAIT_READY,
+    SK_LIVE,
+    SK_ANSWER
+} vb_sk_phase;
 
 /* What one side tells the other: its QP and the ring the other writes to. */
 typedef struct vb_ep {
@@ -106,6 +113,7 @@ typedef struct vb_sock {
     int fd;
     int phase;
     bool resume; /* it carries a resume */
+    bool poke;   /* the higher rank's nudge: a resume HELLO, then the end */
     struct vb_conn *t;
     uint8_t in[EN_HELLO_SIZE + VB_EP_SIZE];
     size_t got;
@@ -117,6 +125,7 @@ typedef struct vb_conn {
     struct vb_conn *prev, *next;
     vb_sock_t *sk;    /* set-up, then liveness */
     vb_sock_t *rsk;   /* resuming: our dial, or the peer's waiting for an answer */
+    vb_sock_t *psk;   /* resuming, the higher rank: a poke in flight */
     uv_timer_t timer; /* the handshake's deadline; resuming: the resume's tick */
     int handles;
     int phase;
@@ -155,13 +164,13 @@ typedef struct vb_conn {
     bool keep;
     struct ibv_qp *old_qp; /* the failed QP, until its work requests flushed */
     int old_out;
-    bool qp_up;              /* resuming: the new QP is connected */
-    uint64_t peer_off;       /* resuming: where the peer's ring stopped (its HELLO) */
-    uint64_t t_fail0_ns;     /* the first failure not yet followed by traffic */
-    uint64_t t_resume_ns;    /* this resume began */
-    uint64_t t_dial_ns;      /* our resume dial began */
-    uint64_t epoch;          /* resumes so far */
-    bool moved;              /* a failover was reported, not its return */
+    bool qp_up;           /* resuming: the new QP is connected */
+    uint64_t peer_off;    /* resuming: where the peer's ring stopped (its HELLO) */
+    uint64_t t_fail0_ns;  /* the first failure not yet followed by traffic */
+    uint64_t t_resume_ns; /* this resume began */
+    uint64_t t_dial_ns;   /* our resume dial (or poke) began */
+    uint64_t epoch;       /* resumes so far */
+    bool moved;           /* a failover was reported, not its return */
     char why[160];
 } vb_conn_t;
 
@@ -720,8 +729,7 @@ static void handle_closed(uv_handle_t *h)
 
 static void maybe_free(vb_conn_t *t)
 {
-    if (t->phase == VB_CLOSED && t->wr_out == 0 && t->old_out == 0 && t->handles == 0)
-        conn_free(t);
+    if (t->phase == VB_CLOSED && t->wr_out == 0 && t->old_out == 0 && t->handles == 0) conn_free(t);
 }
 
 static void conn_free(vb_conn_t *t)
@@ -758,7 +766,8 @@ static void to_dead(vb_conn_t *t)
     t->phase = VB_CLOSED;
     sock_close(t->sk);
     sock_close(t->rsk);
-    t->sk = t->rsk = NULL;
+    sock_close(t->psk);
+    t->sk = t->rsk = t->psk = NULL;
     uv_timer_stop(&t->timer);
     uv_close((uv_handle_t *)&t->timer, handle_closed);
 }
@@ -838,8 +847,8 @@ static int rings_create(vb_conn_t *t)
         posix_memalign((void **)&t->tx_ring, 4096, t->size) != 0)
         return bs_fail(COH_ENOMEM, "verbs: out of memory for the rings");
     memset(t->tx_ring, 0, t->size);
-    t->rx_mr =
-        tr->ib->reg_mr(tr->pd, t->rx_ring, t->size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    t->rx_mr = tr->ib->reg_mr(tr->pd, t->rx_ring, t->size,
+                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     t->tx_mr = tr->ib->reg_mr(tr->pd, t->tx_ring, t->size, IBV_ACCESS_LOCAL_WRITE);
     if (!t->rx_mr || !t->tx_mr)
         return bs_fail(COH_ESYS, "verbs: registering the rings: %s", strerror(errno));
@@ -865,8 +874,8 @@ static int qp_new(vb_conn_t *t)
                             .pkey_index = 0,
                             .port_num = (uint8_t)tr->port,
                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-    if (tr->ib->modify_qp(t->qp, &a,
-                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    if (tr->ib->modify_qp(
+            t->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
         return bs_fail(COH_ESYS, "verbs: QP to INIT: %s", strerror(errno));
     for (int i = 0; i < VB_RQ_DEPTH; i++)
         if (post_recv(t) != 0) return bs_fail(COH_ESYS, "verbs: posting receives failed");
@@ -911,7 +920,8 @@ static int qp_connect(vb_conn_t *t)
     }
     if (tr->ib->modify_qp(t->qp, &a,
                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
+                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) !=
+        0)
         return bs_fail(COH_ESYS, "verbs: QP to RTR: %s", strerror(errno));
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
                             .timeout = 14,
@@ -1019,7 +1029,7 @@ static void begin_resume(vb_conn_t *t, const char *why)
         t->moved = true;
     }
     t->phase = VB_RESUMING;
-    t->t_resume_ns = now;
+    t->t_resume_ns = t->t_dial_ns = now;
     if (!t->t_fail0_ns) t->t_fail0_ns = now;
     sock_close(t->sk); /* the peer notices */
     sock_close(t->rsk);
@@ -1063,7 +1073,7 @@ static void qp_flushed(vb_conn_t *t)
     resume_step(t);
 }
 
-static void dial_resume(vb_conn_t *t)
+static void dial_resume(vb_conn_t *t, bool poke)
 {
     en_rail_t *rail = t->base.rail;
     struct sockaddr_storage to;
@@ -1073,7 +1083,8 @@ static void dial_resume(vb_conn_t *t)
     }
     int fd = socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return; /* the next tick tries again */
-    socklen_t al = to.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    socklen_t al =
+        to.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
     int r = bind(fd, (struct sockaddr *)&rail->local, al);
     if (r == 0) {
         do r = connect(fd, (struct sockaddr *)&to, al);
@@ -1091,7 +1102,11 @@ static void dial_resume(vb_conn_t *t)
     vb_sock_t *s = sock_new(t, fd, SK_CONNECTING, UV_WRITABLE);
     if (!s) return;
     s->resume = true;
-    t->rsk = s;
+    s->poke = poke;
+    if (poke)
+        t->psk = s;
+    else
+        t->rsk = s;
     t->t_dial_ns = bs_now_ns();
 }
 
@@ -1128,9 +1143,16 @@ static void resume_step(vb_conn_t *t)
             sock_close(t->rsk); /* unanswered: again */
             t->rsk = NULL;
         }
-        if (!t->rsk) dial_resume(t);
+        if (!t->rsk) dial_resume(t, false);
     } else if (t->rsk && t->rsk->phase == SK_ANSWER) {
         answer_resume(t);
+    } else if (!t->rsk && !t->psk && now - t->t_dial_ns > VB_POKE_MS * 1000000ull) {
+        /* No dial yet: the lower rank may not know. A failure that took the
+         * interface down first (a NIC reset) leaves its sockets and QP
+         * looking fine, and the balancer gives it nothing to write on this
+         * rail that would tell it (cluster.rails.failover.verbs: such a
+         * link waited out its 5 s and was lost). */
+        dial_resume(t, true);
     }
 }
 
@@ -1170,8 +1192,9 @@ static void resumed(vb_conn_t *t)
     if (t->q_reg && t->q_off > EN_HDR_SIZE) /* the head frame, written in part from it */
         restage(t, t->q_head, t->q_off - EN_HDR_SIZE, off);
     sock_close(t->sk);
+    sock_close(t->psk); /* a poke still connecting would resume the link again later */
     t->sk = t->rsk;
-    t->rsk = NULL;
+    t->rsk = t->psk = NULL;
     t->sk->phase = SK_LIVE;
     atomic_fetch_add(&rail->stat_resent, t->tx_tail - off);
     t->tx_posted = t->tx_told = off;
@@ -1231,6 +1254,18 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
         refuse_resume(t, s, "a resume of no link");
         return;
     }
+    /* A dial or poke from a resume that is over (its epoch is behind the
+     * link's: the dialler's epoch is never behind the answerer's) is
+     * dropped; taken, it would fail a live link again. */
+    if (h->epoch < l->epoch) {
+        conn_forget(t);
+        return;
+    }
+    if (p > rail->rank) { /* the higher rank's poke: we dial (if we did not know yet) */
+        conn_forget(t);
+        if (l->phase == VB_LIVE) begin_resume(l, "the peer resumes the link (it poked)");
+        return;
+    }
     vb_ep_t ep;
     ep_decode(s->in + EN_HELLO_SIZE, &ep);
     if (l->qp_up && ep.qpn != l->theirs.qpn) { /* our QP went up for another of its QPs */
@@ -1259,8 +1294,7 @@ static void on_hello(vb_sock_t *s)
     en_rail_t *rail = c->rail;
     en_hello_t h;
     char why[BS_ERR_LEN];
-    if (en_hello_decode(s->in, EN_HELLO_SIZE, &h) == EN_HELLO_SIZE &&
-        (h.flags & EN_HELLO_RESUME)) {
+    if (en_hello_decode(s->in, EN_HELLO_SIZE, &h) == EN_HELLO_SIZE && (h.flags & EN_HELLO_RESUME)) {
         if (en_rail_check_hello(rail, &h, !s->resume && !c->outgoing, why, sizeof(why)) != 0) {
             if (s->resume)
                 resume_sock_failed(s, false);
@@ -1315,6 +1349,14 @@ static void poll_cb(uv_poll_t *h, int status, int events)
     vb_sock_t *s = h->data;
     vb_conn_t *t = s->t;
     if (!t || t->phase == VB_CLOSED) return;
+    if (s->poke) { /* connected (or not): say RESUME and go */
+        if (status >= 0 && (events & (UV_WRITABLE | UV_DISCONNECT))) (void)send_hello(t, s);
+        if (status < 0 || (events & (UV_WRITABLE | UV_DISCONNECT))) {
+            t->psk = NULL;
+            sock_close(s);
+        }
+        return;
+    }
     bool resuming = s != t->sk; /* a resume's socket (t->rsk) */
     if (status < 0) {
         /* libuv reports POLLERR so (UV_EBADF): a refused connect among them. */

@@ -93,7 +93,8 @@ typedef enum rx_knob_kind {
       "ops running at once per rail; later ones queue (their timeout starts when they run)")       \
     X(rail_failover, RX_K_INT, "1", "COHORT_RAIL_FAILOVER", 0, 1,                                  \
       "with several rails, a link that fails or stalls moves to another interface and back "       \
-      "(frames are kept until the peer acknowledges them); 0: a failed link fails its ops")        \
+      "(frames are kept until the peer acknowledges them; a verbs link resumes on a new QP "       \
+      "pair instead); 0: a failed link fails its ops")                                             \
     X(rail_stall_ms, RX_K_INT, "100", "COHORT_RAIL_STALL_MS", 1, INT_MAX,                          \
       "a link whose sent frames go unacknowledged this long, while another rail's do not, "        \
       "is taken for failed")                                                                       \

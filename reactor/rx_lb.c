@@ -66,6 +66,9 @@ struct rx_lb {
     /* Control loop (coordinator): links reported failed over, per rail. */
     uint64_t *down[RX_MAX_RAILS];
     int ndown[RX_MAX_RAILS], capdown[RX_MAX_RAILS];
+    /* When each rail last came back into the table (live_mu): a slice that
+     * began before says nothing of the rail's rate (below). */
+    uint64_t t_back_ns[RX_MAX_RAILS];
 };
 
 /* ---- tables ---- */
@@ -337,7 +340,13 @@ void rx_lb_observe(struct coh_ctx *ctx, const coh_request_t *req, const en_resul
     double secs = (double)(r->t_end_ns - r->t_start_ns) / 1e9;
     uv_mutex_lock(&lb->live_mu);
     if (req->bytes > ctx->cfg.small_bytes) lb->busy = true;
-    sc_lb_observe(lb->live, s->rail, s->bytes, secs);
+    /* A slice that ran while a link of its rail was failed over measured the
+     * failure, not the rail. Such samples (a verbs link's 2.5 s pause) left
+     * the rail's rate so low that its share stayed small after it came back,
+     * and a small share never measured the large size again
+     * (cluster.rails.failover.verbs: ops at one rail's time for 50 s). */
+    if (sc_lb_is_up(lb->live, s->rail) && r->t_start_ns >= lb->t_back_ns[s->rail])
+        sc_lb_observe(lb->live, s->rail, s->bytes, secs);
     uv_mutex_unlock(&lb->live_mu);
 }
 
@@ -449,9 +458,11 @@ void rx_lb_on_rail(struct coh_ctx *ctx, int rank, const rx_ctl_rail_t *ev)
     for (int k = 0; k < lb->nrails; k++) any |= lb->ndown[k] == 0;
     for (int k = 0; k < lb->nrails; k++) {
         bool up = !any || lb->ndown[k] == 0; /* every rail down: use them all */
-        if (up != sc_lb_is_up(lb->live, k))
+        if (up != sc_lb_is_up(lb->live, k)) {
             bs_log(COH_LOG_INFO, "coordinator: rail %d %s the balancer's table", k,
                    up ? "is back in" : "is out of");
+            if (up) lb->t_back_ns[k] = bs_now_ns();
+        }
         sc_lb_set_up(lb->live, k, up);
     }
     lb->busy = true; /* the next tables cover one epoch each again */
