@@ -1350,11 +1350,14 @@ static void poll_cb(uv_poll_t *h, int status, int events)
     vb_conn_t *t = s->t;
     if (!t || t->phase == VB_CLOSED) return;
     if (s->poke) { /* connected (or not): say RESUME and go */
-        if (status >= 0 && (events & (UV_WRITABLE | UV_DISCONNECT))) (void)send_hello(t, s);
-        if (status < 0 || (events & (UV_WRITABLE | UV_DISCONNECT))) {
-            t->psk = NULL;
-            sock_close(s);
-        }
+        if (status >= 0 && !(events & (UV_WRITABLE | UV_DISCONNECT))) return;
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = 0;
+        if (status >= 0 && !err) (void)send_hello(t, s);
+        t->psk = NULL;
+        sock_close(s);
+        if (err == ECONNREFUSED) resume_gone(t, "refused (the process is gone)");
         return;
     }
     bool resuming = s != t->sk; /* a resume's socket (t->rsk) */
