@@ -116,9 +116,15 @@ void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
     char text[BS_ERR_LEN];
     snprintf(text, sizeof(text), "rank %d: rank %d failed (the coordinator excluded it)", ctx->rank,
              r);
-    for (int i = 0; i < nids; i++)
+    for (int i = 0; i < nids; i++) {
         for (int k = 0; k < ctx->nrails; k++)
             rx_rail_revoke(&ctx->rails[k], ids[i], COH_EPEER, text);
+        /* With several rails a world op may still wait for its epoch's
+         * table, which the coordinator, failing the op at submission, will
+         * never publish: it waited COHORT_TIMEOUT_MS (mp.hard.sync_stop.*
+         * with two rails: 4.0 s). */
+        rx_lb_revoke(ctx, ids[i], COH_EPEER, text);
+    }
     coh_free(ids);
     for (int i = 0; i < nh; i++) fn[i](comm[i], cr[i], why ? why : "", arg[i]);
 }

@@ -311,6 +311,22 @@ int rx_lb_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
         return bs_fail(lb->close_status, "%s: no rail table for epoch %llu: %s", L->desc,
                        (unsigned long long)e, lb->close_why);
     }
+    /* A member known failed: the coordinator fails this op at submission
+     * and publishes no table for it, so it would wait COHORT_TIMEOUT_MS.
+     * It ends now. (Checked under mu: a failure reported after this finds
+     * the op queued, rx_lb_revoke.) */
+    bool stale;
+    int gone = rx_comm_failed_member(ctx, &ctx->world_comm, &stale);
+    if (gone >= 0) {
+        if (L->seq + 1 > lb->launched) lb->launched = L->seq + 1;
+        uv_mutex_unlock(&lb->mu);
+        char why[BS_ERR_LEN];
+        snprintf(why, sizeof(why), "rank %d: rank %d failed (the coordinator excluded it)",
+                 ctx->rank, gone);
+        rx_request_set_error(req, COH_EPEER, why);
+        rx_request_complete(req);
+        return 0;
+    }
     lb_wait_t *w = coh_zalloc(sizeof(*w));
     if (!w) {
         uv_mutex_unlock(&lb->mu);
@@ -534,6 +550,30 @@ void rx_lb_close(struct coh_ctx *ctx, int status, const char *why)
         coh_free(w);
         w = next;
     }
+    uv_mutex_unlock(&lb->mu);
+}
+
+void rx_lb_revoke(struct coh_ctx *ctx, uint32_t comm, int status, const char *why)
+{
+    rx_lb_t *lb = ctx->lb;
+    if (!lb) return;
+    uv_mutex_lock(&lb->mu);
+    lb_wait_t **pw = &lb->qhead, *last = NULL;
+    while (*pw) {
+        lb_wait_t *w = *pw;
+        if (w->req->comm != comm) {
+            last = w;
+            pw = &w->next;
+            continue;
+        }
+        *pw = w->next;
+        if (w->L.seq + 1 > lb->launched) lb->launched = w->L.seq + 1;
+        rx_request_set_error(w->req, status, why);
+        rx_request_complete(w->req);
+        coh_free(w);
+    }
+    lb->qtail = last;
+    drain(lb);
     uv_mutex_unlock(&lb->mu);
 }
 

@@ -37,6 +37,10 @@ int rx_lb_start(struct coh_ctx *ctx);
 en_rail_observer_t *rx_lb_observer(struct coh_ctx *ctx);
 /* Any thread: no more tables will come: fail every queued launch. */
 void rx_lb_close(struct coh_ctx *ctx, int status, const char *why);
+/* Any thread: a member of communicator comm failed: its launches still
+ * waiting for a table fail now (the coordinator fails the op at submission
+ * and will publish no table for it). */
+void rx_lb_revoke(struct coh_ctx *ctx, uint32_t comm, int status, const char *why);
 /* Finalize (application thread): close, and the coordinator saves its
  * table to COHORT_LB_TABLE. */
 void rx_lb_finalize(struct coh_ctx *ctx);
