@@ -1334,6 +1334,28 @@ static void on_hello(vb_sock_t *s)
     }
 }
 
+/* An accepted connection whose HELLO is already wrong (garbage, another
+ * job's token, another kind of connection) is refused as soon as that
+ * shows, not when its endpoint would have followed: a stranger's short
+ * hello held the handshake until its 10 s deadline (mp.boot.reject.n2
+ * over verbs rails timed out). True when it was. */
+static bool early_refusal(vb_conn_t *t, vb_sock_t *s)
+{
+    en_rail_t *rail = t->base.rail;
+    en_hello_t h;
+    char why[BS_ERR_LEN];
+    size_t n = s->got < EN_HELLO_SIZE ? s->got : EN_HELLO_SIZE;
+    int d = en_hello_decode(s->in, n, &h);
+    if (d == 0) return false;
+    if (d < 0)
+        snprintf(why, sizeof(why), "malformed handshake");
+    else if (en_rail_check_hello(rail, &h, true, why, sizeof(why)) == 0)
+        return false;
+    atomic_fetch_add(&rail->stat_rejected, 1);
+    conn_close(t, COH_EPROTO, why);
+    return true;
+}
+
 /* A resume's socket failed before the link was live on it: drop it; the
  * dialler tries again (a refused dial: the peer is gone). */
 static void resume_sock_failed(vb_sock_t *s, bool refused)
@@ -1438,6 +1460,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
                 on_hello(s);
                 return;
             }
+            if (!resuming && !t->base.outgoing && early_refusal(t, s)) return;
         }
     }
     if (s->phase == SK_ANSWER) { /* the peer gave up this dial before our answer */
