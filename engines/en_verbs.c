@@ -595,9 +595,8 @@ static bool take_imm(vb_conn_t *t, uint32_t imm)
     return true;
 }
 
-static void on_wc(en_verbs_t *tr, const struct ibv_wc *wc)
+static void on_wc(const struct ibv_wc *wc)
 {
-    (void)tr;
     vb_conn_t *t = (vb_conn_t *)(uintptr_t)(wc->wr_id & ~(uint64_t)1);
     vb_kind k = (vb_kind)(wc->wr_id & 1);
     if (t->old_qp && wc->qp_num == t->old_qp->qp_num) {
@@ -655,7 +654,7 @@ static bool drain(en_verbs_t *tr)
     int n;
     while (tr->cq && (n = tr->ib->poll_cq(tr->cq, 32, wc)) > 0) {
         any = true;
-        for (int i = 0; i < n; i++) on_wc(tr, &wc[i]);
+        for (int i = 0; i < n; i++) on_wc(&wc[i]);
     }
     if (tr->regs) en_regcache_sweep(tr->regs); /* declarations taken back */
     return done_run(tr) || any;
@@ -1073,6 +1072,34 @@ static void qp_flushed(vb_conn_t *t)
     resume_step(t);
 }
 
+/* A non-blocking TCP connect to `to`, leaving through the rail's interface:
+ * the socket (its connect completes in poll_cb, under a deadline: an
+ * unreachable peer costs that, not the kernel's SYN retries, minutes), or
+ * -1 with errno (-2: no socket). The set-up dial and the resume's dials and
+ * pokes. */
+static int dial_fd(en_rail_t *rail, const struct sockaddr *to)
+{
+    int fd = socket(to->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -2;
+    socklen_t al =
+        to->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    int r = bind(fd, (struct sockaddr *)&rail->local, al);
+    if (r == 0) {
+        do r = connect(fd, to, al);
+        while (r != 0 && errno == EINTR);
+        if (r != 0 && errno == EINPROGRESS) r = 0;
+    }
+    if (r != 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+}
+
 static void dial_resume(vb_conn_t *t, bool poke)
 {
     en_rail_t *rail = t->base.rail;
@@ -1081,24 +1108,11 @@ static void dial_resume(vb_conn_t *t, bool poke)
         resume_gone(t, "no route to its listener");
         return;
     }
-    int fd = socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return; /* the next tick tries again */
-    socklen_t al =
-        to.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    int r = bind(fd, (struct sockaddr *)&rail->local, al);
-    if (r == 0) {
-        do r = connect(fd, (struct sockaddr *)&to, al);
-        while (r != 0 && errno == EINTR);
-        if (r != 0 && errno == EINPROGRESS) r = 0;
-    }
-    if (r != 0) {
-        int err = errno;
-        close(fd);
-        if (err == ECONNREFUSED) resume_gone(t, "its listener refused (the process is gone)");
+    int fd = dial_fd(rail, (struct sockaddr *)&to);
+    if (fd < 0) { /* refused: gone; else the next tick tries again */
+        if (errno == ECONNREFUSED) resume_gone(t, "its listener refused (the process is gone)");
         return;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     vb_sock_t *s = sock_new(t, fd, SK_CONNECTING, UV_WRITABLE);
     if (!s) return;
     s->resume = true;
@@ -1607,27 +1621,10 @@ static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockad
 static int vb_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
 {
     en_verbs_t *tr = rail->verbs;
-    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return bs_fail(COH_ESYS, "verbs: socket: %s", strerror(errno));
-    /* Leave through the rail's interface. The connect does not block the
-     * rail's loop: it completes in poll_cb, under the handshake's deadline
-     * (an unreachable peer costs VB_HANDSHAKE_MS, not the kernel's SYN
-     * retries, minutes). */
-    socklen_t al =
-        addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    int r = bind(fd, (struct sockaddr *)&rail->local, al);
-    if (r == 0) {
-        do r = connect(fd, addr, al);
-        while (r != 0 && errno == EINTR);
-        if (r != 0 && errno == EINPROGRESS) r = 0;
-    }
-    if (r != 0) {
-        int err = errno;
-        close(fd);
-        return bs_fail(COH_EPEER, "verbs: connecting to rank %d: %s", peer, strerror(err));
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    int fd = dial_fd(rail, addr); /* the handshake's deadline: VB_HANDSHAKE_MS */
+    if (fd == -2) return bs_fail(COH_ESYS, "verbs: socket: %s", strerror(errno));
+    if (fd < 0)
+        return bs_fail(COH_EPEER, "verbs: connecting to rank %d: %s", peer, strerror(errno));
     vb_conn_t *t = conn_new(tr);
     if (!t) {
         close(fd);
