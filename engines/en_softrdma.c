@@ -204,7 +204,9 @@ static void close_fd(int *fd)
 /* ---- the interface ---- */
 
 /* The IPv4 address of an interface. */
-static int if_addr(const char *ifname, struct in_addr *out)
+/* The interface's IPv4 address, and whether it is up and running (flags
+ * may be NULL). */
+static int if_addr_flags(const char *ifname, struct in_addr *out, unsigned *flags)
 {
     struct ifaddrs *ifs = NULL, *i;
     if (getifaddrs(&ifs) != 0) return -1;
@@ -212,11 +214,17 @@ static int if_addr(const char *ifname, struct in_addr *out)
     for (i = ifs; i; i = i->ifa_next)
         if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !strcmp(i->ifa_name, ifname)) {
             *out = ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr;
+            if (flags) *flags = i->ifa_flags;
             st = 0;
             break;
         }
     freeifaddrs(ifs);
     return st;
+}
+
+static int if_addr(const char *ifname, struct in_addr *out)
+{
+    return if_addr_flags(ifname, out, NULL);
 }
 
 static int sr_dev_of_netdev(const char *ifname, char *out, size_t cap)
@@ -825,14 +833,20 @@ static int sr_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_at
     sr_dev_t *d = dev_of(c);
     if (port != 1) return EINVAL;
     memset(a, 0, sizeof(*a));
-    a->state = IBV_PORT_ACTIVE;
+    /* The port follows its interface, as rxe's does: down (or not
+     * running) is IBV_PORT_DOWN. The engine's failover reads it. */
+    struct in_addr ia;
+    unsigned fl = 0;
+    bool up = if_addr_flags(d->ibdev.name + strlen(SR_PREFIX), &ia, &fl) == 0 && (fl & IFF_UP) &&
+              (fl & IFF_RUNNING);
+    a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     a->max_mtu = a->active_mtu = IBV_MTU_4096;
     a->gid_tbl_len = 1;
     a->lid = ntohs(d->addr.sin_port);
     a->link_layer = IBV_LINK_LAYER_ETHERNET;
     a->active_width = 1;
     a->active_speed = 1;
-    a->phys_state = 5; /* LinkUp */
+    a->phys_state = up ? 5 : 3; /* LinkUp, Disabled */
     return 0;
 }
 

@@ -114,6 +114,8 @@ typedef struct vb_sock {
     int phase;
     bool resume; /* it carries a resume */
     bool poke;   /* the higher rank's nudge: a resume HELLO, then the end */
+    bool back;   /* the lower rank's test of its own interface, off it */
+    int via;     /* a resume's: the rail whose device carries the new QPs */
     struct vb_conn *t;
     uint8_t in[EN_HELLO_SIZE + VB_EP_SIZE];
     size_t got;
@@ -131,9 +133,10 @@ typedef struct vb_conn {
     int phase;
     int expect_peer;
     struct ibv_qp *qp;
+    int via; /* the device its QP is on: the rail's own, or another's (moved) */
     vb_ep_t mine, theirs;
-    uint8_t *rx_ring, *tx_ring; /* ring_size each */
-    struct ibv_mr *rx_mr, *tx_mr;
+    uint8_t *rx_ring, *tx_ring;                               /* ring_size each */
+    struct ibv_mr *rx_mr[EN_MAX_RAILS], *tx_mr[EN_MAX_RAILS]; /* per device, once used */
     uint64_t size;
     int wr_out; /* work requests posted and not completed */
     int sq_out; /* of them, sends */
@@ -163,7 +166,11 @@ typedef struct vb_conn {
      * memory complete when consumed, so they can be written again. */
     bool keep;
     struct ibv_qp *old_qp; /* the failed QP, until its work requests flushed */
+    struct vb_dev *old_dev;
     int old_out;
+    int want;             /* resuming: the device of the next dial (-1: the next usable) */
+    int tries;            /* resuming: dials and pokes so far (which device is next) */
+    vb_sock_t *bsk;       /* moved, the lower rank: a dial through its own interface */
     bool qp_up;           /* resuming: the new QP is connected */
     uint64_t peer_off;    /* resuming: where the peer's ring stopped (its HELLO) */
     uint64_t t_fail0_ns;  /* the first failure not yet followed by traffic */
@@ -174,16 +181,13 @@ typedef struct vb_conn {
     char why[160];
 } vb_conn_t;
 
-typedef struct en_verbs {
-    en_rail_t *rail;
-    en_transport_ops_t ops;
-    const en_ibv_t *ib; /* the provider: rdma-core, or soft (en_ibv.h) */
-    char dev_name[IBV_SYSFS_NAME_MAX];
-    int port, gid_index;
-    size_t ring_bytes;
-    size_t zcopy_bytes, reg_cache_bytes; /* 0: no zero copy */
-    en_regtab_t *regions;                /* the context's declared memory */
-    en_regcache_t *regs;                 /* this rail's registrations of it */
+/* An RDMA device the rail's links use: its own, behind the rail's
+ * interface; or, with failover, the one behind another rail's interface,
+ * opened the first time a link moves there. */
+typedef struct vb_dev {
+    struct en_verbs *tr;
+    char name[IBV_SYSFS_NAME_MAX]; /* "": none known */
+    bool tried, ok;                /* opening was tried; it worked */
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_comp_channel *ch;
@@ -192,6 +196,21 @@ typedef struct en_verbs {
     union ibv_gid gid;
     uv_poll_t ch_poll;
     bool ch_poll_open;
+} vb_dev_t;
+
+typedef struct en_verbs {
+    en_rail_t *rail;
+    en_transport_ops_t ops;
+    const en_ibv_t *ib; /* the provider: rdma-core, or soft (en_ibv.h) */
+    int port, gid_index;
+    size_t ring_bytes;
+    size_t zcopy_bytes, reg_cache_bytes; /* 0: no zero copy */
+    en_regtab_t *regions;                /* the context's declared memory */
+    en_regcache_t *regs;                 /* this rail's registrations of it (own device) */
+    int own;                             /* the rail's index: dev[own] is its device */
+    int test_down_ms;                    /* tests: a cut takes the own port down this long */
+    uint64_t test_down_until_ns;
+    vb_dev_t dev[EN_MAX_RAILS];
     int lfd;
     uv_poll_t lpoll;
     bool lpoll_open;
@@ -202,6 +221,7 @@ typedef struct en_verbs {
 
 static void conn_close(vb_conn_t *t, int status, const char *why);
 static void kick(vb_conn_t *t);
+static bool dev_usable(en_verbs_t *tr, int k);
 
 static uint64_t pad8(uint64_t n)
 {
@@ -285,8 +305,8 @@ static int post_write_from(vb_conn_t *t, uint64_t pos, const void *src, uint32_t
 /* The same from the staging ring, at the same position. */
 static int post_write(vb_conn_t *t, uint64_t pos, uint64_t n, bool imm_on, uint32_t imm)
 {
-    return post_write_from(t, pos, t->tx_ring + (pos & (t->size - 1)), t->tx_mr->lkey, n, imm_on,
-                           imm);
+    return post_write_from(t, pos, t->tx_ring + (pos & (t->size - 1)), t->tx_mr[t->via]->lkey, n,
+                           imm_on, imm);
 }
 
 /* Room in the send queue for one more write (the rest waits for a send
@@ -382,15 +402,17 @@ static void pump_tx(vb_conn_t *t)
             ring_put(t, w->hdr, EN_HDR_SIZE);
             t->q_off = EN_HDR_SIZE;
             room -= EN_HDR_SIZE;
-            if (tr->regs && w->len >= tr->zcopy_bytes) /* regs: only with zcopy_bytes */
+            /* regs: only with zcopy_bytes; registered with the own device */
+            if (tr->regs && w->len >= tr->zcopy_bytes && t->via == tr->own)
                 t->q_reg = en_regcache_get(tr->regs, w->payload, w->len);
         }
         uint64_t left = padded - t->q_off, n = left < room ? left : room;
         if (n < left) n &= ~7ull; /* whole words until the end */
         uint64_t pay_at = t->q_off - EN_HDR_SIZE, pay_n = 0;
         if (pay_at < w->len) pay_n = w->len - pay_at < n ? w->len - pay_at : n;
-        if (t->q_reg && pay_n) {
-            /* what the staging ring holds goes first, then the payload */
+        if (t->q_reg && pay_n && t->via == tr->own) {
+            /* what the staging ring holds goes first, then the payload
+             * (moved to another device, whose keys these are not: copied) */
             if (post_pending(t) != 0) break;
             if (t->tx_posted != t->tx_tail) break; /* the send queue is full */
             int64_t k = zc_write(t, w->payload + pay_at, pay_n);
@@ -595,11 +617,12 @@ static bool take_imm(vb_conn_t *t, uint32_t imm)
     return true;
 }
 
-static void on_wc(const struct ibv_wc *wc)
+static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
 {
     vb_conn_t *t = (vb_conn_t *)(uintptr_t)(wc->wr_id & ~(uint64_t)1);
     vb_kind k = (vb_kind)(wc->wr_id & 1);
-    if (t->old_qp && wc->qp_num == t->old_qp->qp_num) {
+    /* QP numbers are per device: the old QP may be on another. */
+    if (t->old_qp && d == t->old_dev && wc->qp_num == t->old_qp->qp_num) {
         /* The failed QP's: what arrived before it failed still counts (the
          * ring's tail and head); the rest are flushes. */
         t->old_out--;
@@ -646,15 +669,19 @@ static void on_wc(const struct ibv_wc *wc)
     kick(t);
 }
 
-/* Drain the completion queue. True when there was anything. */
+/* Drain the completion queues (the own device's, and those links moved
+ * to). True when there was anything. */
 static bool drain(en_verbs_t *tr)
 {
     struct ibv_wc wc[32];
     bool any = false;
     int n;
-    while (tr->cq && (n = tr->ib->poll_cq(tr->cq, 32, wc)) > 0) {
-        any = true;
-        for (int i = 0; i < n; i++) on_wc(&wc[i]);
+    for (int k = 0; k < tr->rail->nrails && k < EN_MAX_RAILS; k++) {
+        const vb_dev_t *d = &tr->dev[k];
+        while (d->cq && (n = tr->ib->poll_cq(d->cq, 32, wc)) > 0) {
+            any = true;
+            for (int i = 0; i < n; i++) on_wc(d, &wc[i]);
+        }
     }
     if (tr->regs) en_regcache_sweep(tr->regs); /* declarations taken back */
     return done_run(tr) || any;
@@ -664,12 +691,13 @@ static void on_channel(uv_poll_t *h, int status, int events)
 {
     (void)status;
     (void)events;
-    en_verbs_t *tr = h->data;
+    vb_dev_t *d = h->data;
+    en_verbs_t *tr = d->tr;
     struct ibv_cq *cq;
     void *cctx;
-    while (tr->ib->get_cq_event(tr->ch, &cq, &cctx) == 0) tr->ib->ack_cq_events(cq, 1);
+    while (tr->ib->get_cq_event(d->ch, &cq, &cctx) == 0) tr->ib->ack_cq_events(cq, 1);
     /* Ask again, then drain: a completion between the two is not lost. */
-    tr->ib->req_notify_cq(tr->cq, 0);
+    tr->ib->req_notify_cq(d->cq, 0);
     drain(tr);
 }
 
@@ -741,8 +769,10 @@ static void conn_free(vb_conn_t *t)
     if (t->next) t->next->prev = t->prev;
     if (t->qp) tr->ib->destroy_qp(t->qp);
     if (t->old_qp) tr->ib->destroy_qp(t->old_qp);
-    if (t->rx_mr) tr->ib->dereg_mr(t->rx_mr);
-    if (t->tx_mr) tr->ib->dereg_mr(t->tx_mr);
+    for (int k = 0; k < EN_MAX_RAILS; k++) {
+        if (t->rx_mr[k]) tr->ib->dereg_mr(t->rx_mr[k]);
+        if (t->tx_mr[k]) tr->ib->dereg_mr(t->tx_mr[k]);
+    }
     free(t->rx_ring);
     free(t->tx_ring);
     coh_free(t);
@@ -766,7 +796,8 @@ static void to_dead(vb_conn_t *t)
     sock_close(t->sk);
     sock_close(t->rsk);
     sock_close(t->psk);
-    t->sk = t->rsk = t->psk = NULL;
+    sock_close(t->bsk);
+    t->sk = t->rsk = t->psk = t->bsk = NULL;
     uv_timer_stop(&t->timer);
     uv_close((uv_handle_t *)&t->timer, handle_closed);
 }
@@ -827,6 +858,8 @@ static vb_conn_t *conn_new(en_verbs_t *tr)
     t->base.ops = &tr->ops;
     t->base.state = EN_CONN_HANDSHAKE;
     t->keep = rail->failover;
+    t->via = tr->own;
+    t->want = -1;
     en_rail_conn_link(rail, &t->base);
     uv_timer_init(rail->loop, &t->timer);
     t->timer.data = t;
@@ -846,27 +879,42 @@ static int rings_create(vb_conn_t *t)
         posix_memalign((void **)&t->tx_ring, 4096, t->size) != 0)
         return bs_fail(COH_ENOMEM, "verbs: out of memory for the rings");
     memset(t->tx_ring, 0, t->size);
-    t->rx_mr = tr->ib->reg_mr(tr->pd, t->rx_ring, t->size,
-                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    t->tx_mr = tr->ib->reg_mr(tr->pd, t->tx_ring, t->size, IBV_ACCESS_LOCAL_WRITE);
-    if (!t->rx_mr || !t->tx_mr)
-        return bs_fail(COH_ESYS, "verbs: registering the rings: %s", strerror(errno));
     return 0;
 }
 
-/* A QP in INIT with its receives posted; our endpoint in t->mine. */
+/* The rings' registrations with device k (once per device: a link that
+ * moves back keeps them). */
+static int rings_reg(vb_conn_t *t, int k)
+{
+    en_verbs_t *tr = t->tr;
+    vb_dev_t *d = &tr->dev[k];
+    if (!t->rx_mr[k])
+        t->rx_mr[k] = tr->ib->reg_mr(d->pd, t->rx_ring, t->size,
+                                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!t->tx_mr[k])
+        t->tx_mr[k] = tr->ib->reg_mr(d->pd, t->tx_ring, t->size, IBV_ACCESS_LOCAL_WRITE);
+    if (!t->rx_mr[k] || !t->tx_mr[k])
+        return bs_fail(COH_ESYS, "verbs: registering the rings with %s: %s", d->name,
+                       strerror(errno));
+    return 0;
+}
+
+/* A QP on device t->via in INIT with its receives posted; our endpoint in
+ * t->mine. */
 static int qp_new(vb_conn_t *t)
 {
     en_verbs_t *tr = t->tr;
-    struct ibv_qp_init_attr ia = {.send_cq = tr->cq,
-                                  .recv_cq = tr->cq,
+    vb_dev_t *d = &tr->dev[t->via];
+    BS_CHECK(rings_reg(t, t->via));
+    struct ibv_qp_init_attr ia = {.send_cq = d->cq,
+                                  .recv_cq = d->cq,
                                   .cap = {.max_send_wr = VB_SQ_DEPTH,
                                           .max_recv_wr = VB_RQ_DEPTH,
                                           .max_send_sge = 1,
                                           .max_recv_sge = 1},
                                   .qp_type = IBV_QPT_RC,
                                   .sq_sig_all = 1};
-    t->qp = tr->ib->create_qp(tr->pd, &ia);
+    t->qp = tr->ib->create_qp(d->pd, &ia);
     if (!t->qp) return bs_fail(COH_ESYS, "verbs: ibv_create_qp: %s", strerror(errno));
     t->qp_up = false;
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
@@ -882,12 +930,12 @@ static int qp_new(vb_conn_t *t)
     if (getrandom(&psn, sizeof(psn), 0) != sizeof(psn)) psn = (uint32_t)bs_now_ns();
     t->mine = (vb_ep_t){.qpn = t->qp->qp_num,
                         .psn = psn & 0xffffff,
-                        .lid = tr->pattr.lid,
+                        .lid = d->pattr.lid,
                         .ring_addr = (uint64_t)(uintptr_t)t->rx_ring,
-                        .ring_rkey = t->rx_mr->rkey,
+                        .ring_rkey = t->rx_mr[t->via]->rkey,
                         .ring_size = t->size,
-                        .mtu = (uint32_t)tr->pattr.active_mtu};
-    memcpy(t->mine.gid, tr->gid.raw, 16);
+                        .mtu = (uint32_t)d->pattr.active_mtu};
+    memcpy(t->mine.gid, d->gid.raw, 16);
     return 0;
 }
 
@@ -901,6 +949,7 @@ static int qp_create(vb_conn_t *t)
 static int qp_connect(vb_conn_t *t)
 {
     en_verbs_t *tr = t->tr;
+    const vb_dev_t *d = &tr->dev[t->via];
     const vb_ep_t *p = &t->theirs;
     enum ibv_mtu mtu = (enum ibv_mtu)(p->mtu < t->mine.mtu ? p->mtu : t->mine.mtu);
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
@@ -911,7 +960,7 @@ static int qp_connect(vb_conn_t *t)
                             .min_rnr_timer = 12};
     a.ah_attr.port_num = (uint8_t)tr->port;
     a.ah_attr.dlid = p->lid;
-    if (tr->pattr.link_layer == IBV_LINK_LAYER_ETHERNET || tr->gid_index > 0) {
+    if (d->pattr.link_layer == IBV_LINK_LAYER_ETHERNET || tr->gid_index > 0) {
         a.ah_attr.is_global = 1;
         memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
         a.ah_attr.grh.sgid_index = (uint8_t)tr->gid_index;
@@ -959,7 +1008,7 @@ static int send_hello(vb_conn_t *t, vb_sock_t *s)
         h.flags |= EN_HELLO_RESUME;
         h.resume_off = t->rx_tail;
         h.epoch = t->epoch;
-        h.via = (uint32_t)t->base.rail->index;
+        h.via = (uint32_t)t->via; /* the device our new QP is on */
     }
     en_hello_encode(&h, out);
     ep_encode(&t->mine, out + EN_HELLO_SIZE);
@@ -1017,33 +1066,48 @@ static void resume_tick(uv_timer_t *h)
     resume_step(h->data);
 }
 
+/* The QP to error, to flush its work requests (then the ring's tail is
+ * final, and qp_flushed goes on). True when there is no old QP left to
+ * wait for. */
+static bool retire_qp(vb_conn_t *t)
+{
+    en_verbs_t *tr = t->tr;
+    if (t->qp && !t->old_qp) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
+        t->old_qp = t->qp;
+        t->old_dev = &tr->dev[t->via];
+        t->old_out = t->wr_out;
+        t->qp = NULL;
+        t->wr_out = t->sq_out = 0;
+    }
+    t->qp_up = false;
+    if (t->old_qp && t->old_out == 0) {
+        tr->ib->destroy_qp(t->old_qp);
+        t->old_qp = NULL;
+        t->old_dev = NULL;
+    }
+    return t->old_qp == NULL;
+}
+
 static void begin_resume(vb_conn_t *t, const char *why)
 {
     en_rail_t *rail = t->base.rail;
-    en_verbs_t *tr = t->tr;
     uint64_t now = bs_now_ns();
     if (t->phase == VB_LIVE) {
         snprintf(t->why, sizeof(t->why), "%s", why);
         if (!t->moved) en_rail_event(rail, EN_RAIL_FAILOVER, t->base.peer, rail->index, 0, why);
         t->moved = true;
     }
+    if (t->phase == VB_LIVE) t->tries = 0;
     t->phase = VB_RESUMING;
     t->t_resume_ns = t->t_dial_ns = now;
     if (!t->t_fail0_ns) t->t_fail0_ns = now;
     sock_close(t->sk); /* the peer notices */
     sock_close(t->rsk);
     t->sk = t->rsk = NULL;
-    if (t->qp && !t->old_qp) {
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-        tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
-        t->old_qp = t->qp;
-        t->old_out = t->wr_out;
-        t->qp = NULL;
-        t->wr_out = t->sq_out = 0;
-    }
-    t->qp_up = false;
     uv_timer_start(&t->timer, resume_tick, VB_RESUME_TICK, VB_RESUME_TICK);
-    if (t->old_qp && t->old_out == 0) qp_flushed(t);
+    if (retire_qp(t)) resume_step(t);
 }
 
 /* A link failed: resume it when the rail fails over, else close it. */
@@ -1063,13 +1127,38 @@ static void qp_flushed(vb_conn_t *t)
 {
     t->tr->ib->destroy_qp(t->old_qp);
     t->old_qp = NULL;
+    t->old_dev = NULL;
+    resume_step(t);
+}
+
+/* A QP on device k for the resume: true when there is one (made now, or
+ * there already); false while another QP of the link flushes (the step
+ * comes again then), or when the link closed. */
+static bool ensure_qp(vb_conn_t *t, int k)
+{
+    if (t->qp && t->via == k) return true;
+    if (!retire_qp(t)) return false;
+    t->via = k;
     if (qp_new(t) != 0) {
         char why[BS_ERR_LEN];
         snprintf(why, sizeof(why), "%s", coh_last_error());
         conn_close(t, COH_ESYS, why);
-        return;
+        return false;
     }
-    resume_step(t);
+    return true;
+}
+
+/* The device of the next dial or poke: the own one first, then the other
+ * rails' in turn, each while its port is active. -1: none is. */
+static int next_via(vb_conn_t *t)
+{
+    en_verbs_t *tr = t->tr;
+    int n = t->base.rail->nrails;
+    for (int i = 0; i < n; i++) {
+        int k = (tr->own + t->tries++) % n;
+        if (dev_usable(tr, k)) return k;
+    }
+    return -1;
 }
 
 /* A non-blocking TCP connect to `to`, leaving through the rail's interface:
@@ -1077,13 +1166,18 @@ static void qp_flushed(vb_conn_t *t)
  * unreachable peer costs that, not the kernel's SYN retries, minutes), or
  * -1 with errno (-2: no socket). The set-up dial and the resume's dials and
  * pokes. */
-static int dial_fd(en_rail_t *rail, const struct sockaddr *to)
+static int dial_fd(const struct sockaddr_storage *from, const struct sockaddr *to)
 {
     int fd = socket(to->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return -2;
     socklen_t al =
         to->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    int r = bind(fd, (struct sockaddr *)&rail->local, al);
+    struct sockaddr_storage local = *from; /* any port */
+    if (local.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&local)->sin6_port = 0;
+    else
+        ((struct sockaddr_in *)&local)->sin_port = 0;
+    int r = bind(fd, (struct sockaddr *)&local, al);
     if (r == 0) {
         do r = connect(fd, to, al);
         while (r != 0 && errno == EINTR);
@@ -1100,23 +1194,36 @@ static int dial_fd(en_rail_t *rail, const struct sockaddr *to)
     return fd;
 }
 
-static void dial_resume(vb_conn_t *t, bool poke)
+/* Dial the peer's listener of this rail through rail via's interface
+ * (where the peer's device of that rail is): a resume's dial, a poke, or
+ * (back) a test of the own interface. */
+static vb_sock_t *dial_via(vb_conn_t *t, int via, int kind)
 {
     en_rail_t *rail = t->base.rail;
     struct sockaddr_storage to;
-    if (!en_rail_route(rail, t->base.peer, rail->index, &to) || to.ss_family == 0) {
-        resume_gone(t, "no route to its listener");
-        return;
+    if (!en_rail_route(rail, t->base.peer, via, &to) || to.ss_family == 0) {
+        if (kind != 2) resume_gone(t, "no route to its listener");
+        return NULL;
     }
-    int fd = dial_fd(rail, (struct sockaddr *)&to);
+    int fd = dial_fd(&rail->locals[via], (struct sockaddr *)&to);
     if (fd < 0) { /* refused: gone; else the next tick tries again */
-        if (errno == ECONNREFUSED) resume_gone(t, "its listener refused (the process is gone)");
-        return;
+        if (errno == ECONNREFUSED && kind != 2)
+            resume_gone(t, "its listener refused (the process is gone)");
+        return NULL;
     }
     vb_sock_t *s = sock_new(t, fd, SK_CONNECTING, UV_WRITABLE);
+    if (!s) return NULL;
+    s->resume = kind != 2;
+    s->poke = kind == 1;
+    s->back = kind == 2;
+    s->via = via;
+    return s;
+}
+
+static void dial_resume(vb_conn_t *t, bool poke, int via)
+{
+    vb_sock_t *s = dial_via(t, via, poke ? 1 : 0);
     if (!s) return;
-    s->resume = true;
-    s->poke = poke;
     if (poke)
         t->psk = s;
     else
@@ -1151,22 +1258,49 @@ static void resume_step(vb_conn_t *t)
         resume_gone(t, "no resume in time");
         return;
     }
-    if (t->old_qp || !t->qp) return; /* the old QP is flushing */
+    if (t->old_qp) return; /* the old QP is flushing */
     if (rail->rank < t->base.peer) {
         if (t->rsk && t->rsk->phase != SK_LIVE && now - t->t_dial_ns > VB_DIAL_MS * 1000000ull) {
-            sock_close(t->rsk); /* unanswered: again */
+            sock_close(t->rsk); /* unanswered: again, maybe through another device */
             t->rsk = NULL;
         }
-        if (!t->rsk) dial_resume(t, false);
+        if (t->rsk) return;
+        if (t->bsk && t->bsk->phase == SK_HELLO) t->want = t->bsk->via; /* moving back */
+        if (t->want < 0) t->want = next_via(t);
+        if (t->want < 0 || !ensure_qp(t, t->want)) return; /* no port is up, or flushing */
+        t->want = -1;
+        if (t->bsk && t->bsk->phase == SK_HELLO && t->bsk->via == t->via) {
+            /* The test of the own interface connected: it carries the dial. */
+            vb_sock_t *s = t->bsk;
+            t->bsk = NULL;
+            s->back = false;
+            s->resume = true;
+            if (send_hello(t, s) != 0 ||
+                uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, poll_cb) != 0) {
+                sock_close(s);
+                return;
+            }
+            t->rsk = s;
+            t->t_dial_ns = now;
+            return;
+        }
+        dial_resume(t, false, t->via);
     } else if (t->rsk && t->rsk->phase == SK_ANSWER) {
-        answer_resume(t);
+        /* The dial says which device: the new QPs are on the same rail's. */
+        if (!dev_usable(t->tr, t->rsk->via)) {
+            resume_sock_failed(t->rsk, false); /* the dialler tries another */
+            return;
+        }
+        if (ensure_qp(t, t->rsk->via)) answer_resume(t);
     } else if (!t->rsk && !t->psk && now - t->t_dial_ns > VB_POKE_MS * 1000000ull) {
         /* No dial yet: the lower rank may not know. A failure that took the
          * interface down first (a NIC reset) leaves its sockets and QP
          * looking fine, and the balancer gives it nothing to write on this
          * rail that would tell it (cluster.rails.failover.verbs: such a
-         * link waited out its 5 s and was lost). */
-        dial_resume(t, true);
+         * link waited out its 5 s and was lost). Through the devices in
+         * turn, as the dials: the own interface may be what failed. */
+        int k = next_via(t);
+        if (k >= 0) dial_resume(t, true, k);
     }
 }
 
@@ -1184,6 +1318,28 @@ static void restage(vb_conn_t *t, const en_wreq_t *f, uint64_t n, uint64_t off)
     t->tx_tail = p0 + skip;
     ring_put(t, f->payload + skip, n - skip);
     t->tx_tail = keep_tail;
+}
+
+/* Moved, the lower rank: while the own device's port is active, dial the
+ * peer through the own interface; once that connects (poll_cb), the link
+ * moves back on that connection. A test unanswered for VB_DIAL_MS (the
+ * peer's interface still down) is dropped and made again. */
+static void back_tick(uv_timer_t *h)
+{
+    vb_conn_t *t = h->data;
+    en_verbs_t *tr = t->tr;
+    if (t->phase != VB_LIVE || t->via == tr->own) {
+        uv_timer_stop(h);
+        return;
+    }
+    if (t->bsk) {
+        if (bs_now_ns() - t->t_dial_ns <= VB_DIAL_MS * 1000000ull) return;
+        sock_close(t->bsk);
+        t->bsk = NULL;
+    }
+    if (!dev_usable(tr, tr->own)) return;
+    t->bsk = dial_via(t, tr->own, 2);
+    t->t_dial_ns = bs_now_ns();
 }
 
 /* Both QPs are up and READY went: write again from where the peer's ring
@@ -1207,8 +1363,9 @@ static void resumed(vb_conn_t *t)
         restage(t, t->q_head, t->q_off - EN_HDR_SIZE, off);
     sock_close(t->sk);
     sock_close(t->psk); /* a poke still connecting would resume the link again later */
+    sock_close(t->bsk);
     t->sk = t->rsk;
-    t->rsk = t->psk = NULL;
+    t->rsk = t->psk = t->bsk = NULL;
     t->sk->phase = SK_LIVE;
     atomic_fetch_add(&rail->stat_resent, t->tx_tail - off);
     t->tx_posted = t->tx_told = off;
@@ -1216,7 +1373,25 @@ static void resumed(vb_conn_t *t)
     t->err = false;
     t->phase = VB_LIVE;
     t->epoch++;
+    t->tries = 0;
+    t->want = -1;
     uv_timer_stop(&t->timer);
+    if (t->via != t->tr->own) {
+        /* Moved to another rail's device: the rail stays out of the
+         * balancer's table (no return yet), and the lower rank tests its
+         * own interface every probe_ms to move back. */
+        bs_log(COH_LOG_INFO,
+               "rank %d rail %d: RDMA link to rank %d moved to %s (rail %d's) at byte %llu "
+               "(after: %s)",
+               rail->rank, rail->index, t->base.peer, t->tr->dev[t->via].name, t->via,
+               (unsigned long long)off, t->why);
+        atomic_fetch_add(&rail->stat_moved, 1);
+        if (rail->rank < t->base.peer)
+            uv_timer_start(&t->timer, back_tick, (uint64_t)rail->probe_ms,
+                           (uint64_t)rail->probe_ms);
+        kick(t);
+        return;
+    }
     double pause = (double)(bs_now_ns() - t->t_resume_ns) / 1e9;
     char why[224];
     snprintf(why, sizeof(why), "RDMA link resumed on a new queue pair at byte %llu (after: %s)",
@@ -1275,6 +1450,10 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
         conn_forget(t);
         return;
     }
+    if (h->via >= (uint32_t)rail->nrails || h->via >= EN_MAX_RAILS) {
+        refuse_resume(t, s, "a resume through no rail");
+        return;
+    }
     if (p > rail->rank) { /* the higher rank's poke: we dial (if we did not know yet) */
         conn_forget(t);
         if (l->phase == VB_LIVE) begin_resume(l, "the peer resumes the link (it poked)");
@@ -1282,7 +1461,8 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
     }
     vb_ep_t ep;
     ep_decode(s->in + EN_HELLO_SIZE, &ep);
-    if (l->qp_up && ep.qpn != l->theirs.qpn) { /* our QP went up for another of its QPs */
+    if (l->qp_up && (ep.qpn != l->theirs.qpn || (int)h->via != l->via)) {
+        /* our QP went up for another of its QPs */
         sock_close(l->rsk);
         l->rsk = NULL;
         begin_resume(l, l->why);
@@ -1290,6 +1470,7 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
     t->sk = NULL; /* the socket moves to the link */
     s->t = l;
     s->resume = true;
+    s->via = (int)h->via;
     s->phase = SK_ANSWER;
     conn_forget(t);
     if (l->phase == VB_LIVE) begin_resume(l, "the peer resumes the link");
@@ -1385,6 +1566,21 @@ static void poll_cb(uv_poll_t *h, int status, int events)
     vb_sock_t *s = h->data;
     vb_conn_t *t = s->t;
     if (!t || t->phase == VB_CLOSED) return;
+    if (s->back) { /* the own interface answers (or not) */
+        if (status >= 0 && !(events & (UV_WRITABLE | UV_DISCONNECT))) return;
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        if (status < 0 || err || t->phase != VB_LIVE || s->phase != SK_CONNECTING) {
+            if (t->bsk == s) t->bsk = NULL;
+            sock_close(s);
+            return;
+        }
+        uv_poll_stop(&s->poll);
+        s->phase = SK_HELLO; /* connected, nothing said: the move back's dial */
+        begin_resume(t, "its own device answers again");
+        return;
+    }
     if (s->poke) { /* connected (or not): say RESUME and go */
         if (status >= 0 && !(events & (UV_WRITABLE | UV_DISCONNECT))) return;
         int err = 0;
@@ -1535,7 +1731,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
 static int mr_reg(void *arg, void *addr, size_t len, void **handle, uint32_t *key)
 {
     en_verbs_t *tr = arg;
-    struct ibv_mr *mr = tr->ib->reg_mr(tr->pd, addr, len, 0);
+    struct ibv_mr *mr = tr->ib->reg_mr(tr->dev[tr->own].pd, addr, len, 0);
     if (!mr) {
         bs_log(COH_LOG_WARN, "rank %d rail %d: registering %zu bytes of declared memory: %s",
                tr->rail->rank, tr->rail->index, len, strerror(errno));
@@ -1553,44 +1749,86 @@ static void mr_dereg(void *arg, void *handle)
     tr->ib->dereg_mr(handle);
 }
 
-static int dev_open(en_verbs_t *tr)
+/* Open device k: its context, PD, completion channel (watched by the
+ * rail's loop) and CQ. */
+static int dev_open(en_verbs_t *tr, int k)
 {
-    tr->ctx = tr->ib->open_device(tr->dev_name);
-    if (!tr->ctx)
-        return bs_fail(COH_EUNSUPPORTED, "verbs: no RDMA device %s (provider %s)", tr->dev_name,
+    vb_dev_t *d = &tr->dev[k];
+    en_rail_t *rail = tr->rail;
+    d->tr = tr;
+    d->tried = true;
+    d->ctx = tr->ib->open_device(d->name);
+    if (!d->ctx)
+        return bs_fail(COH_EUNSUPPORTED, "verbs: no RDMA device %s (provider %s)", d->name,
                        tr->ib->name);
-    if (tr->ib->query_port(tr->ctx, (uint8_t)tr->port, &tr->pattr) != 0)
-        return bs_fail(COH_ESYS, "verbs: %s port %d: %s", tr->dev_name, tr->port, strerror(errno));
-    if (tr->pattr.state != IBV_PORT_ACTIVE)
-        return bs_fail(COH_EUNSUPPORTED, "verbs: %s port %d is not active", tr->dev_name, tr->port);
-    if (tr->ib->query_gid(tr->ctx, (uint8_t)tr->port, tr->gid_index, &tr->gid) != 0)
-        return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", tr->dev_name, tr->gid_index,
-                       strerror(errno));
-    tr->pd = tr->ib->alloc_pd(tr->ctx);
-    tr->ch = tr->ib->create_comp_channel(tr->ctx);
-    if (!tr->pd || !tr->ch) return bs_fail(COH_ESYS, "verbs: PD / channel: %s", strerror(errno));
-    if (tr->regions && tr->zcopy_bytes) {
+    if (tr->ib->query_port(d->ctx, (uint8_t)tr->port, &d->pattr) != 0)
+        return bs_fail(COH_ESYS, "verbs: %s port %d: %s", d->name, tr->port, strerror(errno));
+    if (d->pattr.state != IBV_PORT_ACTIVE)
+        return bs_fail(COH_EUNSUPPORTED, "verbs: %s port %d is not active", d->name, tr->port);
+    if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, tr->gid_index, &d->gid) != 0)
+        return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, tr->gid_index, strerror(errno));
+    d->pd = tr->ib->alloc_pd(d->ctx);
+    d->ch = tr->ib->create_comp_channel(d->ctx);
+    if (!d->pd || !d->ch) return bs_fail(COH_ESYS, "verbs: PD / channel: %s", strerror(errno));
+    if (k == tr->own && tr->regions && tr->zcopy_bytes) {
         en_regcache_ops_t ro = {.arg = tr, .reg = mr_reg, .dereg = mr_dereg};
         tr->regs = en_regcache_new(tr->regions, &ro, tr->reg_cache_bytes);
         if (!tr->regs) return bs_fail(COH_ENOMEM, "verbs: out of memory");
     }
     /* Room for every link's work requests at once. */
     struct ibv_device_attr da;
-    int cqe = (tr->rail->world > 1 ? tr->rail->world : 2) * (VB_RQ_DEPTH + VB_SQ_DEPTH) + 64;
-    if (tr->ib->query_device(tr->ctx, &da) == 0 && cqe > da.max_cqe) cqe = da.max_cqe;
-    tr->cq = tr->ib->create_cq(tr->ctx, cqe, tr, tr->ch, 0);
-    if (!tr->cq) return bs_fail(COH_ESYS, "verbs: ibv_create_cq: %s", strerror(errno));
-    int fl = fcntl(tr->ch->fd, F_GETFL);
-    if (fl < 0 || fcntl(tr->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0)
+    int cqe = (rail->world > 1 ? rail->world : 2) * (VB_RQ_DEPTH + VB_SQ_DEPTH) + 64;
+    if (tr->ib->query_device(d->ctx, &da) == 0 && cqe > da.max_cqe) cqe = da.max_cqe;
+    d->cq = tr->ib->create_cq(d->ctx, cqe, d, d->ch, 0);
+    if (!d->cq) return bs_fail(COH_ESYS, "verbs: ibv_create_cq: %s", strerror(errno));
+    int fl = fcntl(d->ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(d->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0)
         return bs_fail(COH_ESYS, "verbs: fcntl: %s", strerror(errno));
-    if (tr->ib->req_notify_cq(tr->cq, 0) != 0) return bs_fail(COH_ESYS, "verbs: ibv_req_notify_cq");
-    en_rail_t *rail = tr->rail;
-    if (uv_poll_init(rail->loop, &tr->ch_poll, tr->ch->fd) != 0)
+    if (tr->ib->req_notify_cq(d->cq, 0) != 0) return bs_fail(COH_ESYS, "verbs: ibv_req_notify_cq");
+    if (uv_poll_init(rail->loop, &d->ch_poll, d->ch->fd) != 0)
         return bs_fail(COH_ESYS, "verbs: poll on the completion channel");
-    tr->ch_poll.data = tr;
-    tr->ch_poll_open = true;
-    uv_poll_start(&tr->ch_poll, UV_READABLE, on_channel);
+    d->ch_poll.data = d;
+    d->ch_poll_open = true;
+    uv_poll_start(&d->ch_poll, UV_READABLE, on_channel);
+    d->ok = true;
     return 0;
+}
+
+static void dev_close(en_verbs_t *tr, vb_dev_t *d)
+{
+    if (d->cq) tr->ib->destroy_cq(d->cq);
+    if (d->ch) tr->ib->destroy_comp_channel(d->ch);
+    if (d->pd) tr->ib->dealloc_pd(d->pd);
+    if (d->ctx) tr->ib->close_device(d->ctx);
+    d->cq = NULL;
+    d->ch = NULL;
+    d->pd = NULL;
+    d->ctx = NULL;
+    d->ok = false;
+}
+
+/* Device k can carry a link now: it exists (another rail's is opened the
+ * first time it is asked for) and its port is active. A port that went
+ * down (a NIC's link, an rxe's interface) is why a link moves. */
+static bool dev_usable(en_verbs_t *tr, int k)
+{
+    if (k < 0 || k >= tr->rail->nrails || k >= EN_MAX_RAILS) return false;
+    vb_dev_t *d = &tr->dev[k];
+    if (!d->tried && d->name[0]) {
+        if (dev_open(tr, k) != 0) {
+            bs_log(COH_LOG_INFO, "rank %d rail %d: links cannot move to %s: %s", tr->rail->rank,
+                   tr->rail->index, d->name, coh_last_error());
+            /* Its handle may be open; the rest goes at fini. */
+            if (!d->ch_poll_open) dev_close(tr, d);
+        }
+    }
+    if (!d->ok) return false;
+    if (k == tr->own && bs_now_ns() < tr->test_down_until_ns) return false;
+    struct ibv_port_attr pa;
+    if (tr->ib->query_port(d->ctx, (uint8_t)tr->port, &pa) != 0) return false;
+    d->pattr.lid = pa.lid;
+    d->pattr.active_mtu = pa.active_mtu;
+    return pa.state == IBV_PORT_ACTIVE;
 }
 
 /* ---- the transport ---- */
@@ -1598,18 +1836,26 @@ static int dev_open(en_verbs_t *tr)
 static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockaddr_storage *bound)
 {
     en_verbs_t *tr = rail->verbs;
-    BS_CHECK(dev_open(tr));
+    BS_CHECK(dev_open(tr, tr->own));
     tr->lfd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (tr->lfd < 0) return bs_fail(COH_ESYS, "verbs: socket: %s", strerror(errno));
     int one = 1;
     setsockopt(tr->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     socklen_t al =
         addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    if (bind(tr->lfd, addr, al) != 0 || listen(tr->lfd, 256) != 0)
+    /* With failover a resume may come through any interface (a link moved
+     * to another rail's device), as to a TCP rail's listener. */
+    struct sockaddr_storage at;
+    memcpy(&at, addr, al);
+    if (rail->failover && at.ss_family == AF_INET)
+        ((struct sockaddr_in *)&at)->sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(tr->lfd, (struct sockaddr *)&at, al) != 0 || listen(tr->lfd, 256) != 0)
         return bs_fail(COH_ESYS, "verbs: listening: %s", strerror(errno));
     socklen_t bl = sizeof(*bound);
     if (getsockname(tr->lfd, (struct sockaddr *)bound, &bl) != 0)
         return bs_fail(COH_ESYS, "verbs: getsockname: %s", strerror(errno));
+    if (rail->failover && at.ss_family == AF_INET)
+        ((struct sockaddr_in *)bound)->sin_addr = ((const struct sockaddr_in *)addr)->sin_addr;
     if (uv_poll_init(rail->loop, &tr->lpoll, tr->lfd) != 0)
         return bs_fail(COH_ESYS, "verbs: poll on the listener");
     tr->lpoll.data = tr;
@@ -1621,7 +1867,7 @@ static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockad
 static int vb_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
 {
     en_verbs_t *tr = rail->verbs;
-    int fd = dial_fd(rail, addr); /* the handshake's deadline: VB_HANDSHAKE_MS */
+    int fd = dial_fd(&rail->local, addr); /* the handshake's deadline: VB_HANDSHAKE_MS */
     if (fd == -2) return bs_fail(COH_ESYS, "verbs: socket: %s", strerror(errno));
     if (fd < 0)
         return bs_fail(COH_EPEER, "verbs: connecting to rank %d: %s", peer, strerror(errno));
@@ -1655,6 +1901,8 @@ static void vb_close(en_conn_t *c, int status, const char *why)
 static void vb_cut(en_conn_t *c)
 {
     vb_conn_t *t = (vb_conn_t *)c;
+    if (t->tr->test_down_ms > 0)
+        t->tr->test_down_until_ns = bs_now_ns() + (uint64_t)t->tr->test_down_ms * 1000000ull;
     if (t->qp && t->phase == VB_LIVE) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
         t->tr->ib->modify_qp(t->qp, &a, IBV_QP_STATE);
@@ -1717,10 +1965,11 @@ static void vb_shutdown(en_rail_t *rail)
         drain(tr);
         if (flushing(tr)) usleep(1000);
     }
-    if (tr->ch_poll_open) {
-        uv_close((uv_handle_t *)&tr->ch_poll, NULL);
-        tr->ch_poll_open = false;
-    }
+    for (int k = 0; k < EN_MAX_RAILS; k++)
+        if (tr->dev[k].ch_poll_open) {
+            uv_close((uv_handle_t *)&tr->dev[k].ch_poll, NULL);
+            tr->dev[k].ch_poll_open = false;
+        }
     done_run(tr);
 }
 
@@ -1750,22 +1999,33 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     }
     tr->port = cfg->verbs_port > 0 ? cfg->verbs_port : 1;
     tr->gid_index = cfg->verbs_gid;
+    tr->test_down_ms = cfg->verbs_test_port_down_ms;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;
     tr->reg_cache_bytes = cfg->verbs_reg_cache_bytes;
     size_t rb = 64 * 1024; /* a power of two, at least 64 KiB */
     while (rb < cfg->verbs_ring_bytes && rb < (1u << 30)) rb <<= 1;
     tr->ring_bytes = rb;
+    tr->own = rail->index;
+    vb_dev_t *own = &tr->dev[tr->own];
     int st = 0;
     if (dev && *dev)
-        snprintf(tr->dev_name, sizeof(tr->dev_name), "%s", dev);
-    else if (!netdev || tr->ib->dev_of_netdev(netdev, tr->dev_name, sizeof(tr->dev_name)) != 0)
+        snprintf(own->name, sizeof(own->name), "%s", dev);
+    else if (!netdev || tr->ib->dev_of_netdev(netdev, own->name, sizeof(own->name)) != 0)
         st = bs_fail(COH_EUNSUPPORTED,
                      "verbs: no RDMA device behind interface %s (COHORT_VERBS_DEVICE names one)",
                      netdev ? netdev : "?");
     if (st < 0) {
         coh_free(tr);
         return st;
+    }
+    /* Where a link may move: the devices behind the other rails'
+     * interfaces (none: it resumes on its own device only). */
+    for (int k = 0; rail->failover && k < rail->nrails && k < EN_MAX_RAILS; k++) {
+        const char *nd = cfg->verbs_netdevs[k];
+        if (k != tr->own && nd && *nd &&
+            tr->ib->dev_of_netdev(nd, tr->dev[k].name, sizeof(tr->dev[k].name)) != 0)
+            tr->dev[k].name[0] = 0;
     }
     tr->ops = en_verbs_ops;
     en_ops_complete(&tr->ops);
@@ -1784,10 +2044,7 @@ void en_verbs_fini(en_rail_t *rail)
         conn_free(t);
     }
     en_regcache_free(tr->regs); /* every link is gone: nothing holds one */
-    if (tr->cq) tr->ib->destroy_cq(tr->cq);
-    if (tr->ch) tr->ib->destroy_comp_channel(tr->ch);
-    if (tr->pd) tr->ib->dealloc_pd(tr->pd);
-    if (tr->ctx) tr->ib->close_device(tr->ctx);
+    for (int k = 0; k < EN_MAX_RAILS; k++) dev_close(tr, &tr->dev[k]);
     if (tr->lfd >= 0) close(tr->lfd);
     coh_free(tr);
     rail->verbs = NULL;

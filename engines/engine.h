@@ -435,7 +435,12 @@ typedef struct en_rail_cfg {
      * GID index, and each link's ring per direction. */
     bool verbs;
     const char *verbs_netdev, *verbs_dev;
-    const char *verbs_provider; /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
+    /* Failover: every rail's interface ([nrails], NULL where unknown). A
+     * link whose device fails may move to the RDMA device behind another
+     * rail's interface, as a TCP link moves to another interface. */
+    const char *verbs_netdevs[EN_MAX_RAILS];
+    int verbs_test_port_down_ms; /* tests: a cut takes the own port down this long */
+    const char *verbs_provider;  /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
     int verbs_port, verbs_gid;
     size_t verbs_ring_bytes;
     /* Memory the application declared for zero copy (coh_mem_register):
@@ -548,6 +553,7 @@ struct en_rail {
     _Atomic uint64_t stat_failovers; /* links moved off this rail's interface */
     _Atomic uint64_t stat_returns;   /* links back on it */
     _Atomic uint64_t stat_resent;    /* bytes sent again after a move */
+    _Atomic uint64_t stat_moved;     /* verbs links resumed on another rail's device */
     _Atomic uint64_t stat_shm_out, stat_shm_in; /* of stat_bytes_*: through shared memory */
     _Atomic uint64_t stat_cma_in;               /* of stat_shm_in: read from the sender's memory */
     _Atomic uint64_t stat_zcopy_out; /* of stat_bytes_out: written from declared memory (verbs) */

@@ -636,7 +636,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         }
         ff_pack_head(&pk, 0, NULL, r->type, has_id, r->id, 1);
         ff_pack_str(&pk, "stats");
-        msgpack_pack_map(&pk, 41);
+        msgpack_pack_map(&pk, 42);
         ff_pack_kv_uint(&pk, "bytes_sent", s.bytes_sent);
         ff_pack_kv_uint(&pk, "bytes_received", s.bytes_received);
         ff_pack_kv_uint(&pk, "requests_completed", s.requests_completed);
@@ -677,6 +677,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_uint(&pk, "gpu_ops_unmapped", s.gpu_ops_unmapped);
         ff_pack_kv_uint(&pk, "zcopy_bytes_sent", s.zcopy_bytes_sent);
         ff_pack_kv_uint(&pk, "mem_registrations", s.mem_registrations);
+        ff_pack_kv_uint(&pk, "rail_moves", s.rail_moves);
         /* the per-peer link estimates (the latest probe's: coh_ctx_links) */
         int cap = fc->size * fc->nrails;
         coh_link_probe_t *links = coh_malloc(sizeof(*links) * (size_t)(cap ? cap : 1));

@@ -388,6 +388,11 @@ typedef struct coh_stats {
      * because some member had not mapped the others' buffers yet (their
      * first use: the mapping is made meanwhile, for the next op). */
     uint64_t gpu_ops_unmapped;
+    /* Verbs rails: links (ends on this rank) that resumed on the RDMA
+     * device behind another rail's interface, their own device's port
+     * being down (docs/verbs.md); each counts in rail_failovers too, and
+     * in rail_returns once back. */
+    uint64_t rail_moves;
 } coh_stats_t;
 COH_API int coh_ctx_stats(coh_ctx_t *ctx, coh_stats_t *stats);
 /* The same counters for one rail (0 <= rail < coh_ctx_nrails): what went

@@ -229,6 +229,11 @@ typedef enum rx_knob_kind {
     X(verbs_port, RX_K_INT, "1", "COHORT_VERBS_PORT", 1, 255, "the RDMA device's port")            \
     X(verbs_gid_index, RX_K_INT, "0", "COHORT_VERBS_GID_INDEX", 0, 255,                            \
       "the GID of that port to use (RoCE: the index of the RoCE v2 address, e.g. 3)")              \
+    X(verbs_move, RX_K_INT, "1", "COHORT_VERBS_MOVE", 0, 1,                                        \
+      "with failover, a verbs link whose device's port is down (or whose dials through its own "   \
+      "interface go unanswered) resumes on the RDMA device behind another rail's interface, "      \
+      "and moves back when its own answers; 0: it waits for its own device (5 s, then its ops "    \
+      "fail)")                                                                                     \
     X(verbs_ring_bytes, RX_K_SIZE, "1M", "COHORT_VERBS_RING_BYTES", 65536, 1ull << 30,             \
       "each verbs link's ring per direction, registered memory (a power of two; every rank must "  \
       "get the same)")                                                                             \
@@ -251,7 +256,10 @@ typedef enum rx_knob_kind {
       "their reliable TCP copy")                                                                   \
     X(test_resume_delay, RX_K_INT, "0", "COHORT_TEST_RESUME_DELAY_MS", 0, 10000,                   \
       "tests only: the lower rank of a failing-over TCP link connects its resume dials this many " \
-      "ms late (the higher rank's dials meet a dial in progress and are turned away meanwhile)")
+      "ms late (the higher rank's dials meet a dial in progress and are turned away meanwhile)")   \
+    X(test_verbs_port_down, RX_K_INT, "0", "COHORT_TEST_VERBS_PORT_DOWN_MS", 0, 10000,             \
+      "tests only: a verbs link cut by a test also takes its device's port down this long in the " \
+      "engine's eyes, as a NIC's link would go: the link moves to another rail's device")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

@@ -317,12 +317,14 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
 {
 #ifdef COHORT_HAVE_VERBS
     const char *dev = NULL, *provider = NULL;
-    int port = 1, gid = 0;
+    int port = 1, gid = 0, move = 1;
     size_t ring = 0;
     BS_CHECK(rx_env_knob_str("verbs_device", &dev));
     BS_CHECK(rx_env_knob_str("verbs_provider", &provider));
     BS_CHECK(rx_env_knob_int("verbs_port", &port));
     BS_CHECK(rx_env_knob_int("verbs_gid_index", &gid));
+    BS_CHECK(rx_env_knob_int("verbs_move", &move));
+    BS_CHECK(rx_env_knob_int("test_verbs_port_down", &rc->verbs_test_port_down_ms));
     BS_CHECK(rx_env_knob_size("verbs_ring_bytes", &ring));
     BS_CHECK(rx_env_knob_size("verbs_zcopy_bytes", &rc->verbs_zcopy_bytes));
     BS_CHECK(rx_env_knob_size("verbs_reg_cache_bytes", &rc->verbs_reg_cache_bytes));
@@ -330,6 +332,8 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     rc->ops = &en_verbs_ops;
     rc->verbs = true;
     rc->verbs_netdev = ctx->rail_nic[r];
+    for (int j = 0; move && j < ctx->nrails && j < EN_MAX_RAILS; j++)
+        rc->verbs_netdevs[j] = ctx->rail_nic[j];
     rc->verbs_dev = dev;
     rc->verbs_provider = provider;
     rc->verbs_port = port;
@@ -1089,6 +1093,7 @@ static void rail_stats_add(const en_rail_t *en, coh_stats_t *s)
     s->shm_cma_bytes_received += atomic_load(&en->stat_cma_in);
     s->zcopy_bytes_sent += atomic_load(&en->stat_zcopy_out);
     s->mem_registrations += atomic_load(&en->stat_regs);
+    s->rail_moves += atomic_load(&en->stat_moved);
 }
 
 COH_API int coh_ctx_rail_stats(coh_ctx_t *ctx, int rail, coh_stats_t *s)

@@ -5,8 +5,13 @@
 #
 # --verbs: rail 1 (eth1) is a verbs rail on the soft provider (eth0 stays
 # TCP): a cut fails its QPs (a soft cut by the retry timer, so the link is
-# held down 2.5 s instead of 1; a hard cut at once), and its links resume on
-# new QP pairs once eth1 is back (docs/verbs.md, failover).
+# held down 2.5 s instead of 1; a hard cut at once). Its links resume on new
+# QP pairs on the RDMA device behind eth0 (the soft provider's port follows
+# its interface: eth1's is down), and move back once eth1 is up
+# (docs/verbs.md, failover). The last cut lasts 7 s, longer than a link
+# waits for its own device (5 s): the links must have moved, and ops must
+# complete while it lasts. With COHORT_VERBS_MOVE=0 that cut fails: the
+# links to the cut rank end and their ops fail.
 #
 # Four ranks, K rails each, every rail shaped to 300 Mbit/s. rails-stream runs
 # 4 MiB f32 sum allreduces one after the other, checking every element
@@ -134,6 +139,7 @@ fi
 # COHORT_RAILS_TEST_CUTS=n: only the first n cuts (for debugging)
 plan=("${plan[@]:0:${COHORT_RAILS_TEST_CUTS:-${#plan[@]}}}")
 rc=0 ncut=0
+long=7 # --verbs: the last cut's hold (longer than VB_RESUME_MS)
 for p in "${plan[@]}"; do
   kill -0 $pid 2>/dev/null || { echo "FAIL: the stream ended during the cuts"; rc=1; break; }
   read -r r hard devs <<<"$p"
@@ -144,15 +150,18 @@ for p in "${plan[@]}"; do
   # time, no failover anywhere), and a soft cut in that time had nothing
   # to fail over. So: the last ops at both rails' time first, and a cut
   # that moved no link is made once more (a second miss fails).
+  h=$hold
+  [ "$verbs" = 1 ] && [ "$ncut" = "${#plan[@]}" ] && h=$long
   for try in 1 2; do
     sleep 0.7
     for ((i = 0; i < 100; i++)); do recovered 0 "$base" && break; sleep 0.1; done
     t=$(mono)
-    echo "cut $ncut at $t: rank $r ${devs// /+} down for $hold s ($([ "$hard" = 1 ] && echo 'hard: sockets killed' || echo soft))"
+    echo "cut $ncut at $t: rank $r ${devs// /+} down for $h s ($([ "$hard" = 1 ] && echo 'hard: sockets killed' || echo soft))"
     # shellcheck disable=SC2086
     cut "$r" "$hard" $devs
     echo "$t" >>"$out/cuts"
-    sleep "$hold"
+    sleep "$h"
+    [ "$h" = "$long" ] && echo "$t $(mono)" >"$out/longcut"
     for d in $devs; do bring_up "$r" "$d" || rc=1; done
     # Wait (at most 6 s) for the failover of this cut and the links' return.
     for ((i = 0; i < 60; i++)); do
@@ -229,6 +238,22 @@ if [ "$verbs" = 1 ] && grep -E 'is gone|: gone \(|WARN .*lost rank' "$log" |
   awk -v t="$tstop" '$2 + 0 < t + 0 { f = 1 } END { exit !f }'; then
   echo "FAIL: a link was lost"
   fail=1
+fi
+# --verbs: the links moved to eth0's RDMA device, and during the long cut
+# the op in flight when it began ended before eth1 came back (on its own
+# device it would have waited for the interface, 5 s at most, then failed).
+if [ "$verbs" = 1 ]; then
+  moved=$(grep -c 'moved to soft_eth0' "$log" || true)
+  read -r l0 l1 <"$out/longcut" 2>/dev/null || { l0=0 l1=0; }
+  hit=$(awk -F, -v a="$l0" '/^\[0\] op,/ && $5 > a { printf "%.3f %.3f", $5 - a, $6; exit }' "$log")
+  read -r hit_s hit_ms <<<"${hit:-x x}"
+  during=$(awk -F, -v a="$l0" -v b="$l1" '/^\[0\] op,/ && $4 > a && $5 < b { n++ } END { print n + 0 }' "$log")
+  echo "links moved to eth0's device: $moved (log lines); long cut: $(awk -v a="$l0" -v b="$l1" 'BEGIN { printf "%.1f", b - a }') s," \
+    "the op in flight ended ${hit_s} s into it (${hit_ms} ms long), $during ops ran wholly inside it"
+  [ "$moved" -gt 0 ] || { echo "FAIL: no verbs link moved to another device"; fail=1; }
+  awk -v h="$hit_s" -v a="$l0" -v b="$l1" 'BEGIN { exit !(h != "x" && h + 0 < b - a) }' ||
+    { echo "FAIL: the op in flight at the long cut did not end before eth1 came back"; fail=1; }
+  [ "$during" -ge 3 ] || { echo "FAIL: only $during ops ran during the long cut"; fail=1; }
 fi
 # A return after the last cut, and ops after that return.
 lastcut=$(tail -1 "$out/cuts" 2>/dev/null || echo 0)

@@ -17,6 +17,11 @@
  * write them without a copy and a resume must write them again from the
  * application's memory (mp.verbs.soft.cut.zcopy); it fails unless some
  * bytes went so.
+ *
+ * MP_EXPECT_MOVES=1 (verbs, with COHORT_TEST_VERBS_PORT_DOWN_MS): each cut
+ * also takes the cutter's device's port down for a while, so the link
+ * must resume on another rail's device and move back (mp.verbs.soft.move):
+ * it fails unless both ends of the cut link counted moves.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +129,12 @@ static int run_cut(int ops, int every)
     MP_EQ_INT(st.rail_returns, stat_sum(ctx, 1));
     MP_EQ_INT(st.rail_resent_bytes, stat_sum(ctx, 2));
     if (declare && st.zcopy_bytes_sent == 0) MP_FAIL("declared, but nothing went without a copy");
+    bool moves = getenv("MP_EXPECT_MOVES") && atoi(getenv("MP_EXPECT_MOVES")) == 1;
+    if (moves)
+        printf("rank %d: %llu moves to another rail's device\n", rank,
+               (unsigned long long)st.rail_moves);
+    if (moves && (rank == cutter || rank == victim) && size > 1 && st.rail_moves == 0)
+        MP_FAIL("no link moved to another rail's device");
     for (int k = 0; k < INFLIGHT; k++) {
         if (declare) MP_OK(coh_mem_deregister(ctx, buf[k]));
         free(buf[k]);
