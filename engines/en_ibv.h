@@ -42,6 +42,10 @@ typedef struct en_ibv {
     int (*get_cq_event)(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_ctx);
     void (*ack_cq_events)(struct ibv_cq *cq, unsigned int n);
     int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+    /* The device's asynchronous events (ctx->async_fd: port up or down, a
+     * QP or the device fatal); each one got is acked. */
+    int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
+    void (*ack_async_event)(struct ibv_async_event *ev);
     struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
     int (*destroy_qp)(struct ibv_qp *qp);

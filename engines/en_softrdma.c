@@ -46,6 +46,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -162,6 +164,12 @@ struct sr_dev {
     struct ibv_device ibdev;
     struct sockaddr_in addr; /* the NIC thread's listener */
     int lfd, wfd;
+    /* The port follows the interface: link changes come on nlfd (netlink),
+     * and a change of the port's state goes to the application as an
+     * asynchronous event (one uint32 event type per write on aev[1];
+     * ctx.async_fd is aev[0]), as rxe's do. */
+    int nlfd, aev[2];
+    bool port_up;
     pthread_t thr;
     bool thr_on, stop;
     pthread_mutex_t mu;
@@ -225,6 +233,30 @@ static int if_addr_flags(const char *ifname, struct in_addr *out, unsigned *flag
 static int if_addr(const char *ifname, struct in_addr *out)
 {
     return if_addr_flags(ifname, out, NULL);
+}
+
+/* The device's interface is up and running. */
+static bool port_up(const sr_dev_t *d)
+{
+    struct in_addr ia;
+    unsigned fl = 0;
+    return if_addr_flags(d->ibdev.name + strlen(SR_PREFIX), &ia, &fl) == 0 && (fl & IFF_UP) &&
+           (fl & IFF_RUNNING);
+}
+
+/* A link message came (any interface's): tell the application when this
+ * port's state changed. */
+static void watch_port(sr_dev_t *d)
+{
+    char buf[8192];
+    while (recv(d->nlfd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+    }
+    bool up = port_up(d);
+    if (up == d->port_up) return;
+    d->port_up = up;
+    uint32_t ev = up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
+    ssize_t w = write(d->aev[1], &ev, sizeof(ev));
+    (void)w; /* a full pipe: the application has a backlog of events */
 }
 
 static int sr_dev_of_netdev(const char *ifname, char *out, size_t cap)
@@ -693,7 +725,7 @@ static void *nic_thread(void *arg)
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
         step(d);
-        size_t need = 2, n = 0;
+        size_t need = 3, n = 0;
         for (sr_qp_t *q = d->qps; q; q = q->next) need += 2;
         for (sr_pend_t *p = d->pend; p; p = p->next) need++;
         if (need > cap) {
@@ -704,6 +736,7 @@ static void *nic_thread(void *arg)
         }
         pf[n++] = (struct pollfd){.fd = d->wfd, .events = POLLIN};
         pf[n++] = (struct pollfd){.fd = d->lfd, .events = POLLIN};
+        pf[n++] = (struct pollfd){.fd = d->nlfd, .events = POLLIN}; /* -1: ignored */
         bool timed = false;
         for (sr_qp_t *q = d->qps; q; q = q->next) {
             if (q->out_fd >= 0) {
@@ -729,6 +762,7 @@ static void *nic_thread(void *arg)
             (void)k;
         }
         if (r > 0 && (pf[1].revents & POLLIN)) accept_new(d);
+        if (r > 0 && (pf[2].revents & POLLIN)) watch_port(d);
     }
     pthread_mutex_unlock(&d->mu);
     free(pf);
@@ -753,7 +787,7 @@ static struct ibv_context *sr_open_device(const char *name)
     d->ctx.device = &d->ibdev;
     d->ctx.async_fd = -1;
     d->ctx.cmd_fd = -1;
-    d->lfd = d->wfd = -1;
+    d->lfd = d->wfd = d->nlfd = d->aev[0] = d->aev[1] = -1;
     pthread_mutex_init(&d->mu, NULL);
     uint32_t r = 0;
     if (getrandom(&r, sizeof(r), 0) != sizeof(r)) r = (uint32_t)bs_now_ns();
@@ -764,8 +798,16 @@ static struct ibv_context *sr_open_device(const char *name)
     d->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     d->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (d->lfd < 0 || d->wfd < 0 || bind(d->lfd, (struct sockaddr *)&d->addr, al) != 0 ||
-        listen(d->lfd, 256) != 0 || getsockname(d->lfd, (struct sockaddr *)&d->addr, &al) != 0)
+        listen(d->lfd, 256) != 0 || getsockname(d->lfd, (struct sockaddr *)&d->addr, &al) != 0 ||
+        pipe2(d->aev, O_NONBLOCK | O_CLOEXEC) != 0)
         goto fail;
+    d->ctx.async_fd = d->aev[0];
+    /* Link changes (no netlink, as in some sandboxes: no port events, the
+     * state is still read at each query). */
+    d->nlfd = socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_ROUTE);
+    struct sockaddr_nl nl = {.nl_family = AF_NETLINK, .nl_groups = RTMGRP_LINK};
+    if (d->nlfd >= 0 && bind(d->nlfd, (struct sockaddr *)&nl, sizeof(nl)) != 0) close_fd(&d->nlfd);
+    d->port_up = port_up(d);
     if (pthread_create(&d->thr, NULL, nic_thread, d) != 0) goto fail;
     pthread_setname_np(d->thr, "cohort-softrdma");
     d->thr_on = true;
@@ -774,6 +816,9 @@ fail:;
     int e = errno;
     close_fd(&d->lfd);
     close_fd(&d->wfd);
+    close_fd(&d->nlfd);
+    close_fd(&d->aev[0]);
+    close_fd(&d->aev[1]);
     pthread_mutex_destroy(&d->mu);
     free(d);
     errno = e;
@@ -806,6 +851,9 @@ static int sr_close_device(struct ibv_context *c)
     }
     close_fd(&d->lfd);
     close_fd(&d->wfd);
+    close_fd(&d->nlfd);
+    close_fd(&d->aev[0]);
+    close_fd(&d->aev[1]);
     pthread_mutex_destroy(&d->mu);
     free(d);
     return 0;
@@ -835,10 +883,7 @@ static int sr_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_at
     memset(a, 0, sizeof(*a));
     /* The port follows its interface, as rxe's does: down (or not
      * running) is IBV_PORT_DOWN. The engine's failover reads it. */
-    struct in_addr ia;
-    unsigned fl = 0;
-    bool up = if_addr_flags(d->ibdev.name + strlen(SR_PREFIX), &ia, &fl) == 0 && (fl & IFF_UP) &&
-              (fl & IFF_RUNNING);
+    bool up = port_up(d);
     a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     a->max_mtu = a->active_mtu = IBV_MTU_4096;
     a->gid_tbl_len = 1;
@@ -961,6 +1006,23 @@ static void sr_ack_cq_events(struct ibv_cq *cq, unsigned int n)
 {
     (void)cq;
     (void)n;
+}
+
+/* The port's events only (PORT_ACTIVE, PORT_ERR on port 1). */
+static int sr_get_async_event(struct ibv_context *c, struct ibv_async_event *ev)
+{
+    uint32_t t;
+    ssize_t n = read(c->async_fd, &t, sizeof(t));
+    if (n != (ssize_t)sizeof(t)) return -1; /* errno: EAGAIN when non-blocking */
+    memset(ev, 0, sizeof(*ev));
+    ev->event_type = (enum ibv_event_type)t;
+    ev->element.port_num = 1;
+    return 0;
+}
+
+static void sr_ack_async_event(struct ibv_async_event *ev)
+{
+    (void)ev;
 }
 
 static int sr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
@@ -1192,6 +1254,8 @@ const en_ibv_t en_ibv_soft = {
     .req_notify_cq = sr_req_notify_cq,
     .get_cq_event = sr_get_cq_event,
     .ack_cq_events = sr_ack_cq_events,
+    .get_async_event = sr_get_async_event,
+    .ack_async_event = sr_ack_async_event,
     .poll_cq = sr_poll_cq,
     .create_qp = sr_create_qp,
     .modify_qp = sr_modify_qp,

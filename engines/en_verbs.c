@@ -196,6 +196,8 @@ typedef struct vb_dev {
     union ibv_gid gid;
     uv_poll_t ch_poll;
     bool ch_poll_open;
+    uv_poll_t async_poll; /* its asynchronous events (a port down or up, a QP fatal) */
+    bool async_open;
 } vb_dev_t;
 
 typedef struct en_verbs {
@@ -222,6 +224,7 @@ typedef struct en_verbs {
 static void conn_close(vb_conn_t *t, int status, const char *why);
 static void kick(vb_conn_t *t);
 static bool dev_usable(en_verbs_t *tr, int k);
+static void on_async(uv_poll_t *h, int status, int events);
 
 static uint64_t pad8(uint64_t n)
 {
@@ -1008,7 +1011,7 @@ static int send_hello(vb_conn_t *t, vb_sock_t *s)
         h.flags |= EN_HELLO_RESUME;
         h.resume_off = t->rx_tail;
         h.epoch = t->epoch;
-        h.via = (uint32_t)t->via; /* the device our new QP is on */
+        h.via = (uint32_t)s->via; /* the device of the new QPs (a poke: one we can use) */
     }
     en_hello_encode(&h, out);
     ep_encode(&t->mine, out + EN_HELLO_SIZE);
@@ -1456,7 +1459,19 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
     }
     if (p > rail->rank) { /* the higher rank's poke: we dial (if we did not know yet) */
         conn_forget(t);
-        if (l->phase == VB_LIVE) begin_resume(l, "the peer resumes the link (it poked)");
+        /* It names a device it can use: its own interface may be what is
+         * down, and a dial through ours to it would go unanswered (1 s). */
+        int via = (int)h->via;
+        bool usable = dev_usable(l->tr, via);
+        if (l->phase == VB_LIVE) {
+            if (usable) l->want = via;
+            begin_resume(l, "the peer resumes the link (it poked)");
+        } else if (usable && l->rsk && l->rsk->phase == SK_CONNECTING && l->rsk->via != via) {
+            sock_close(l->rsk);
+            l->rsk = NULL;
+            l->want = via;
+            resume_step(l);
+        }
         return;
     }
     vb_ep_t ep;
@@ -1790,8 +1805,74 @@ static int dev_open(en_verbs_t *tr, int k)
     d->ch_poll.data = d;
     d->ch_poll_open = true;
     uv_poll_start(&d->ch_poll, UV_READABLE, on_channel);
+    /* Asynchronous events: a port that goes down fails the links on it at
+     * once, instead of when their work requests run out of retries (the
+     * retry timer: seconds). */
+    int afd = d->ctx->async_fd;
+    if (afd >= 0 && (fl = fcntl(afd, F_GETFL)) >= 0 && fcntl(afd, F_SETFL, fl | O_NONBLOCK) == 0 &&
+        uv_poll_init(rail->loop, &d->async_poll, afd) == 0) {
+        d->async_poll.data = d;
+        d->async_open = true;
+        uv_poll_start(&d->async_poll, UV_READABLE, on_async);
+    }
     d->ok = true;
     return 0;
+}
+
+/* Device k's port went down (or the device failed): its live links fail
+ * now, and a resume dialling through it tries another device. */
+static void dev_down(en_verbs_t *tr, int k, const char *what)
+{
+    char why[160];
+    snprintf(why, sizeof(why), "%s (an asynchronous event of %s)", what, tr->dev[k].name);
+    for (vb_conn_t *t = tr->conns, *next; t; t = next) {
+        next = t->next; /* fail_link may close t */
+        if (t->via != k) continue;
+        if (t->phase == VB_LIVE && t->qp) {
+            fail_link(t, why);
+        } else if (t->phase == VB_RESUMING && t->rsk && t->rsk->phase != SK_LIVE &&
+                   t->rsk->phase != SK_ANSWER) {
+            sock_close(t->rsk); /* our dial through it: the next goes another way */
+            t->rsk = NULL;
+            resume_step(t);
+        }
+    }
+}
+
+static void on_async(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    vb_dev_t *d = h->data;
+    en_verbs_t *tr = d->tr;
+    int k = (int)(d - tr->dev);
+    struct ibv_async_event ev;
+    while (d->ctx && tr->ib->get_async_event(d->ctx, &ev) == 0) {
+        enum ibv_event_type ty = ev.event_type;
+        bool port = ty == IBV_EVENT_PORT_ERR || ty == IBV_EVENT_PORT_ACTIVE;
+        bool ours = !port || ev.element.port_num == tr->port;
+        struct ibv_qp *qp =
+            ty == IBV_EVENT_QP_FATAL || ty == IBV_EVENT_QP_REQ_ERR || ty == IBV_EVENT_QP_ACCESS_ERR
+                ? ev.element.qp
+                : NULL;
+        /* Acked first: destroying a QP waits for its events' acks. */
+        tr->ib->ack_async_event(&ev);
+        if (!ours) continue;
+        if (ty == IBV_EVENT_PORT_ERR || ty == IBV_EVENT_DEVICE_FATAL) {
+            dev_down(tr, k, ty == IBV_EVENT_PORT_ERR ? "the port went down" : "the device failed");
+        } else if (ty == IBV_EVENT_PORT_ACTIVE && k == tr->own) {
+            /* Moved links try their own device now, not at the next probe. */
+            for (vb_conn_t *t = tr->conns; t; t = t->next)
+                if (t->phase == VB_LIVE && t->via != k && !t->bsk && tr->rail->rank < t->base.peer)
+                    back_tick(&t->timer);
+        } else if (qp) {
+            for (vb_conn_t *t = tr->conns; t; t = t->next)
+                if (t->qp == qp && t->phase == VB_LIVE) {
+                    fail_link(t, ibv_event_type_str(ty));
+                    break;
+                }
+        }
+    }
 }
 
 static void dev_close(en_verbs_t *tr, vb_dev_t *d)
@@ -1965,11 +2046,12 @@ static void vb_shutdown(en_rail_t *rail)
         drain(tr);
         if (flushing(tr)) usleep(1000);
     }
-    for (int k = 0; k < EN_MAX_RAILS; k++)
-        if (tr->dev[k].ch_poll_open) {
-            uv_close((uv_handle_t *)&tr->dev[k].ch_poll, NULL);
-            tr->dev[k].ch_poll_open = false;
-        }
+    for (int k = 0; k < EN_MAX_RAILS; k++) {
+        vb_dev_t *d = &tr->dev[k];
+        if (d->ch_poll_open) uv_close((uv_handle_t *)&d->ch_poll, NULL);
+        if (d->async_open) uv_close((uv_handle_t *)&d->async_poll, NULL);
+        d->ch_poll_open = d->async_open = false;
+    }
     done_run(tr);
 }
 

@@ -4,8 +4,9 @@
 #   test_rails.sh RAILS_STREAM [--nics K] [--verbs]   (K = 2 or 3; default 2)
 #
 # --verbs: rail 1 (eth1) is a verbs rail on the soft provider (eth0 stays
-# TCP): a cut fails its QPs (a soft cut by the retry timer, so the link is
-# held down 2.5 s instead of 1; a hard cut at once). Its links resume on new
+# TCP): a cut fails its QPs (the cut rank's at once: its port goes down with
+# eth1 and the provider says so in an asynchronous event; a peer's by the
+# retry timer or the cut rank's poke; held down 2.5 s). Its links resume on new
 # QP pairs on the RDMA device behind eth0 (the soft provider's port follows
 # its interface: eth1's is down), and move back once eth1 is up
 # (docs/verbs.md, failover). The last cut lasts 7 s, longer than a link
