@@ -11,8 +11,9 @@
 # its interface: eth1's is down), and move back once eth1 is up
 # (docs/verbs.md, failover). The last cut lasts 7 s, longer than a link
 # waits for its own device (5 s): the links must have moved, and ops must
-# complete while it lasts. With COHORT_VERBS_MOVE=0 that cut fails: the
-# links to the cut rank end and their ops fail.
+# complete while it lasts (with COHORT_VERBS_MOVE=0 that cut fails: the
+# links to the cut rank end and their ops fail). Every cut must fail links
+# on the port's asynchronous event.
 #
 # Four ranks, K rails each, every rail shaped to 300 Mbit/s. rails-stream runs
 # 4 MiB f32 sum allreduces one after the other, checking every element
@@ -144,7 +145,7 @@ long=7 # --verbs: the last cut's hold (longer than VB_RESUME_MS)
 for p in "${plan[@]}"; do
   kill -0 $pid 2>/dev/null || { echo "FAIL: the stream ended during the cuts"; rc=1; break; }
   read -r r hard devs <<<"$p"
-  fo0=$(count "$FO")
+  fo0=$(count "$FO") ae0=$(count 'asynchronous event')
   ncut=$((ncut + 1))
   # A cut must hit a rail that carries traffic: under ASan the balancer
   # once left rail 1 idle for 1.8 s after a return (ops at one rail's
@@ -176,6 +177,12 @@ for p in "${plan[@]}"; do
     [ "$try" = 1 ] && echo "  no link failed over: once more"
   done
   [ "$fo" -gt "$fo0" ] || { echo "FAIL: cut $ncut: no link failed over"; rc=1; }
+  # --verbs: the cut rank's port went down with eth1, and its links failed
+  # on that event, not seconds later on the retry timer.
+  if [ "$verbs" = 1 ] && [ "$(count 'asynchronous event')" -le "$ae0" ]; then
+    echo "FAIL: cut $ncut: no link failed on the port's asynchronous event"
+    rc=1
+  fi
   # ... and until the rails carry their shares again (the balancer leaves a
   # rail that failed over out of its splits until it is back), so that the
   # next cut hits a busy rail: 3 ops in a row at <= 1.3x the time before.

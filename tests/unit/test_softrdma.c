@@ -9,9 +9,14 @@
  * QP in error flushes what is posted and what is posted after; a peer
  * that went fails the next write (RETRY_EXC_ERR); a responder that never
  * answers fails it after the retry time; the channel gets one event per
- * arming.
+ * arming; the port follows its interface, with an event for each change
+ * (root only).
  */
+
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -387,6 +392,76 @@ static void test_bad_setups(void **state)
     side_close(&a);
 }
 
+/* The port follows its interface, and says so (root only: a veth pair in a
+ * network namespace of its own, made in a child process). Down is
+ * IBV_PORT_DOWN and one IBV_EVENT_PORT_ERR on the async fd; up again is
+ * IBV_PORT_ACTIVE and one IBV_EVENT_PORT_ACTIVE. The verbs engine fails a
+ * link at once on the first, and moves it back on the second. */
+static int next_event(struct ibv_context *ctx, int ms)
+{
+    struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
+    if (poll(&p, 1, ms) != 1) return -1;
+    struct ibv_async_event ev;
+    if (ib->get_async_event(ctx, &ev) != 0) return -1;
+    int t = (int)ev.event_type;
+    if (ev.element.port_num != 1) t = -2;
+    ib->ack_async_event(&ev);
+    return t;
+}
+
+static int port_state(struct ibv_context *ctx)
+{
+    struct ibv_port_attr pa;
+    return ib->query_port(ctx, 1, &pa) == 0 ? (int)pa.state : -1;
+}
+
+static int port_events_child(void)
+{
+    if (unshare(CLONE_NEWNET) != 0) return 77;
+    if (system("ip link add cohva type veth peer name cohvb && ip addr add 10.251.0.1/24 dev "
+               "cohva && ip link set cohva up && ip link set cohvb up") != 0)
+        return 77;
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; i < 100 && !ctx; i++) { /* the veth comes up (carrier) in a moment */
+        if (i) usleep(20000);
+        ctx = ib->open_device("soft_cohva");
+        if (ctx && port_state(ctx) != IBV_PORT_ACTIVE) {
+            ib->close_device(ctx);
+            ctx = NULL;
+        }
+    }
+    if (!ctx) return 10;
+    int fl = fcntl(ctx->async_fd, F_GETFL);
+    if (fl < 0 || fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK) != 0) return 11;
+    if (next_event(ctx, 100) != -1) return 12; /* nothing happened yet */
+    if (system("ip link set cohva down") != 0) return 13;
+    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 14;
+    if (port_state(ctx) != IBV_PORT_DOWN) return 15;
+    if (system("ip link set cohva up") != 0) return 16;
+    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 17;
+    if (port_state(ctx) != IBV_PORT_ACTIVE) return 18;
+    /* The peer's end down takes the carrier (not running): down too. */
+    if (system("ip link set cohvb down") != 0) return 19;
+    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 20;
+    if (port_state(ctx) != IBV_PORT_DOWN) return 21;
+    ib->close_device(ctx);
+    return 0;
+}
+
+static void test_port_events(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(port_events_child());
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) skip(); /* no namespaces or no ip(8) here */
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -394,7 +469,7 @@ int main(void)
         cmocka_unit_test(test_remote_access_errors), cmocka_unit_test(test_local_protection),
         cmocka_unit_test(test_error_state_flushes),  cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_retry_timeout),        cmocka_unit_test(test_channel_events),
-        cmocka_unit_test(test_bad_setups),
+        cmocka_unit_test(test_bad_setups),           cmocka_unit_test(test_port_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
