@@ -193,7 +193,7 @@ for p in "${plan[@]}"; do
     sleep 0.1
   done
   if [ $ok = 1 ]; then
-    echo "  ops back at their time before the cuts"
+    echo "  ops back at their time before the cuts ($(awk -v a="$tup" -v b="$(mono)" 'BEGIN { printf "%.1f", b - a }') s after the return)"
   elif ! kill -0 $pid 2>/dev/null; then
     echo "FAIL: cut $ncut: the stream ended (an op failed: see below)"
     rc=1
