@@ -139,8 +139,7 @@ int rx_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
 static void abort_known_failed(struct coh_ctx *ctx, const coh_comm_t *comm, uint64_t seq, int gone)
 {
     char why[BS_ERR_LEN];
-    snprintf(why, sizeof(why), "rank %d: rank %d failed (the coordinator excluded it)", ctx->rank,
-             gone);
+    rx_excluded_why(ctx, gone, why, sizeof(why));
     rx_comm_abort_seq(ctx, comm, seq, COH_EPEER, why, gone);
 }
 

@@ -200,6 +200,9 @@ bool rx_ctx_electable(struct coh_ctx *ctx, int r);
  * it failed and rejoined since c was made (c holds its old incarnation).
  * This rank, not stale, once the coordinator excluded it. */
 int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c, bool *stale);
+/* The reason an op fails with when rank gone of its communicator is known
+ * failed: one text wherever it is found (submission, launch, the news). */
+void rx_excluded_why(const struct coh_ctx *ctx, int gone, char *out, size_t cap);
 /* The probe of every link (rx_probe.c); caller's thread. rounds > 0: only the
  * first that many rounds of pairs (each rank meets that many peers). */
 int rx_probe(struct coh_ctx *ctx, int rounds, coh_link_probe_t *links, int cap,

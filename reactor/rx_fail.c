@@ -38,6 +38,11 @@ bool rx_ctx_electable(struct coh_ctx *ctx, int r)
     return ok;
 }
 
+void rx_excluded_why(const struct coh_ctx *ctx, int gone, char *out, size_t cap)
+{
+    snprintf(out, cap, "rank %d: rank %d failed (the coordinator excluded it)", ctx->rank, gone);
+}
+
 int rx_comm_failed_member(struct coh_ctx *ctx, const coh_comm_t *c, bool *stale)
 {
     int r = -1;
@@ -114,8 +119,7 @@ void rx_ctx_rank_failed(struct coh_ctx *ctx, int r, const char *why)
      * news may wait only on live peers that stopped at an earlier failed op
      * and will never submit it. */
     char text[BS_ERR_LEN];
-    snprintf(text, sizeof(text), "rank %d: rank %d failed (the coordinator excluded it)", ctx->rank,
-             r);
+    rx_excluded_why(ctx, r, text, sizeof(text));
     for (int i = 0; i < nids; i++) {
         for (int k = 0; k < ctx->nrails; k++)
             rx_rail_revoke(&ctx->rails[k], ids[i], COH_EPEER, text);

@@ -321,8 +321,7 @@ int rx_lb_launch(struct coh_ctx *ctx, coh_request_t *req, const rx_launch_t *L)
         if (L->seq + 1 > lb->launched) lb->launched = L->seq + 1;
         uv_mutex_unlock(&lb->mu);
         char why[BS_ERR_LEN];
-        snprintf(why, sizeof(why), "rank %d: rank %d failed (the coordinator excluded it)",
-                 ctx->rank, gone);
+        rx_excluded_why(ctx, gone, why, sizeof(why));
         rx_request_set_error(req, COH_EPEER, why);
         rx_request_complete(req);
         return 0;
