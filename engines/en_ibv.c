@@ -3,6 +3,7 @@
  * as they are, and the lookup of providers by name.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +41,38 @@ static struct ibv_context *rc_open_device(const char *name)
     if (list) ibv_free_device_list(list);
     if (!ctx && errno == 0) errno = ENODEV;
     return ctx;
+}
+
+static int rc_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                           struct ibv_gid_entry *e)
+{
+    return ibv_query_gid_ex(ctx, port, index, e, 0);
+}
+
+int en_ibv_pick_gid(const en_ibv_t *ib, struct ibv_context *ctx, int port,
+                    const struct ibv_port_attr *pa, uint32_t ipv4)
+{
+    if (pa->link_layer != IBV_LINK_LAYER_ETHERNET) return 0;
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    static const uint8_t zero[16];
+    int best = 0, best_score = -1;
+    for (int i = 0; i < pa->gid_tbl_len; i++) {
+        struct ibv_gid_entry e;
+        memset(&e, 0, sizeof(e));
+        if (ib->query_gid_ex(ctx, (uint32_t)port, (uint32_t)i, &e) != 0) continue;
+        if (!memcmp(e.gid.raw, zero, 16)) continue;
+        bool v4 = !memcmp(e.gid.raw, mapped, 12);
+        uint32_t a;
+        memcpy(&a, e.gid.raw + 12, 4);
+        bool link_local = e.gid.raw[0] == 0xfe && (e.gid.raw[1] & 0xc0) == 0x80;
+        int score = (e.gid_type == IBV_GID_TYPE_ROCE_V2 ? 8 : 0) + (link_local ? 0 : 4) +
+                    (v4 ? 2 : 0) + (v4 && ipv4 && a == ipv4 ? 1 : 0);
+        if (score > best_score) {
+            best = i;
+            best_score = score;
+        }
+    }
+    return best;
 }
 
 /* libibverbs' inline calls, as functions for the table. */
@@ -81,6 +114,7 @@ const en_ibv_t en_ibv_rdma_core = {
     .query_device = ibv_query_device,
     .query_port = rc_query_port,
     .query_gid = ibv_query_gid,
+    .query_gid_ex = rc_query_gid_ex,
     .alloc_pd = ibv_alloc_pd,
     .dealloc_pd = ibv_dealloc_pd,
     .reg_mr = rc_reg_mr,

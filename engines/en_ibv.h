@@ -29,6 +29,10 @@ typedef struct en_ibv {
     int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
     int (*query_port)(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
     int (*query_gid)(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
+    /* One GID table entry with its type (RoCE v1 or v2, IB); nonzero when
+     * the entry is empty or there is none. */
+    int (*query_gid_ex)(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                        struct ibv_gid_entry *e);
     struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
     int (*dealloc_pd)(struct ibv_pd *pd);
     struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t len, int access);
@@ -58,6 +62,16 @@ extern const en_ibv_t en_ibv_soft;      /* en_softrdma.c */
 
 /* The provider called name ("rdma-core", "soft"), or NULL. */
 const en_ibv_t *en_ibv_find(const char *name);
+
+/* The GID index a port's QPs should use when none is configured
+ * (COHORT_VERBS_GID_INDEX=-1): 0 on InfiniBand; on Ethernet (RoCE) the
+ * entry that routes: RoCE v2 before v1, then a routable address before a
+ * link-local one (fe80::/10 does not cross subnets), an IPv4-mapped one
+ * before other IPv6, the interface's own address (ipv4, network order; 0:
+ * any) before another; the lowest index among equals; 0 when the table
+ * says nothing. */
+int en_ibv_pick_gid(const en_ibv_t *ib, struct ibv_context *ctx, int port,
+                    const struct ibv_port_attr *pa, uint32_t ipv4);
 
 /* The soft provider's device for an interface is "soft_IFNAME". Its GID is
  * the interface's IPv4 address, mapped (::ffff:a.b.c.d, as RoCE v2's), and

@@ -905,6 +905,19 @@ static int sr_query_gid(struct ibv_context *c, uint8_t port, int index, union ib
     return 0;
 }
 
+static int sr_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t index,
+                           struct ibv_gid_entry *e)
+{
+    memset(e, 0, sizeof(*e));
+    if (sr_query_gid(c, (uint8_t)port, (int)index, &e->gid) != 0) return ENODATA;
+    sr_dev_t *d = dev_of(c);
+    e->gid_index = index;
+    e->port_num = port;
+    e->gid_type = IBV_GID_TYPE_ROCE_V2; /* an IPv4-mapped address over IP */
+    e->ndev_ifindex = if_nametoindex(d->ibdev.name + strlen(SR_PREFIX));
+    return 0;
+}
+
 static struct ibv_pd *sr_alloc_pd(struct ibv_context *c)
 {
     struct ibv_pd *pd = calloc(1, sizeof(*pd));
@@ -1243,6 +1256,7 @@ const en_ibv_t en_ibv_soft = {
     .query_device = sr_query_device,
     .query_port = sr_query_port,
     .query_gid = sr_query_gid,
+    .query_gid_ex = sr_query_gid_ex,
     .alloc_pd = sr_alloc_pd,
     .dealloc_pd = sr_dealloc_pd,
     .reg_mr = sr_reg_mr,

@@ -193,6 +193,7 @@ typedef struct vb_dev {
     struct ibv_comp_channel *ch;
     struct ibv_cq *cq;
     struct ibv_port_attr pattr;
+    int gid_index; /* configured, or picked for this device (en_ibv_pick_gid) */
     union ibv_gid gid;
     uv_poll_t ch_poll;
     bool ch_poll_open;
@@ -203,8 +204,8 @@ typedef struct vb_dev {
 typedef struct en_verbs {
     en_rail_t *rail;
     en_transport_ops_t ops;
-    const en_ibv_t *ib; /* the provider: rdma-core, or soft (en_ibv.h) */
-    int port, gid_index;
+    const en_ibv_t *ib;  /* the provider: rdma-core, or soft (en_ibv.h) */
+    int port, gid_index; /* gid_index -1: each device picks (en_ibv_pick_gid) */
     size_t ring_bytes;
     size_t zcopy_bytes, reg_cache_bytes; /* 0: no zero copy */
     en_regtab_t *regions;                /* the context's declared memory */
@@ -963,10 +964,10 @@ static int qp_connect(vb_conn_t *t)
                             .min_rnr_timer = 12};
     a.ah_attr.port_num = (uint8_t)tr->port;
     a.ah_attr.dlid = p->lid;
-    if (d->pattr.link_layer == IBV_LINK_LAYER_ETHERNET || tr->gid_index > 0) {
+    if (d->pattr.link_layer == IBV_LINK_LAYER_ETHERNET || d->gid_index > 0) {
         a.ah_attr.is_global = 1;
         memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
-        a.ah_attr.grh.sgid_index = (uint8_t)tr->gid_index;
+        a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
         a.ah_attr.grh.hop_limit = 64;
     }
     if (tr->ib->modify_qp(t->qp, &a,
@@ -1780,8 +1781,14 @@ static int dev_open(en_verbs_t *tr, int k)
         return bs_fail(COH_ESYS, "verbs: %s port %d: %s", d->name, tr->port, strerror(errno));
     if (d->pattr.state != IBV_PORT_ACTIVE)
         return bs_fail(COH_EUNSUPPORTED, "verbs: %s port %d is not active", d->name, tr->port);
-    if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, tr->gid_index, &d->gid) != 0)
-        return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, tr->gid_index, strerror(errno));
+    /* RoCE: the GID whose address is the interface's (that of rail k). */
+    const struct sockaddr_storage *ifa = k == tr->own ? &rail->local : &rail->locals[k];
+    uint32_t v4 =
+        ifa->ss_family == AF_INET ? ((const struct sockaddr_in *)ifa)->sin_addr.s_addr : 0;
+    d->gid_index = tr->gid_index >= 0 ? tr->gid_index
+                                      : en_ibv_pick_gid(tr->ib, d->ctx, tr->port, &d->pattr, v4);
+    if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &d->gid) != 0)
+        return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, d->gid_index, strerror(errno));
     d->pd = tr->ib->alloc_pd(d->ctx);
     d->ch = tr->ib->create_comp_channel(d->ctx);
     if (!d->pd || !d->ch) return bs_fail(COH_ESYS, "verbs: PD / channel: %s", strerror(errno));

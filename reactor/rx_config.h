@@ -227,8 +227,9 @@ typedef enum rx_knob_kind {
       "who carries NIC:verbs rails: rdma-core (libibverbs and an RDMA NIC) or soft (cohort's "     \
       "reliable connections in user space over TCP, for machines without RDMA; docs/verbs.md)")    \
     X(verbs_port, RX_K_INT, "1", "COHORT_VERBS_PORT", 1, 255, "the RDMA device's port")            \
-    X(verbs_gid_index, RX_K_INT, "0", "COHORT_VERBS_GID_INDEX", 0, 255,                            \
-      "the GID of that port to use (RoCE: the index of the RoCE v2 address, e.g. 3)")              \
+    X(verbs_gid_index, RX_K_INT, "-1", "COHORT_VERBS_GID_INDEX", -1, 255,                          \
+      "the GID of that port to use; -1: picked per device (InfiniBand: 0; RoCE: the RoCE v2 "      \
+      "entry with the interface's IPv4 address, e.g. 3)")                                          \
     X(verbs_move, RX_K_INT, "1", "COHORT_VERBS_MOVE", 0, 1,                                        \
       "with failover, a verbs link whose device's port is down (or whose dials through its own "   \
       "interface go unanswered) resumes on the RDMA device behind another rail's interface, "      \

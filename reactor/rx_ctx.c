@@ -317,7 +317,7 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
 {
 #ifdef COHORT_HAVE_VERBS
     const char *dev = NULL, *provider = NULL;
-    int port = 1, gid = 0, move = 1;
+    int port = 1, gid = -1, move = 1;
     size_t ring = 0;
     BS_CHECK(rx_env_knob_str("verbs_device", &dev));
     BS_CHECK(rx_env_knob_str("verbs_provider", &provider));
