@@ -805,7 +805,8 @@ static struct ibv_context *sr_open_device(const char *name)
     /* Link changes (no netlink, as in some sandboxes: no port events, the
      * state is still read at each query). */
     d->nlfd = socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_ROUTE);
-    struct sockaddr_nl nl = {.nl_family = AF_NETLINK, .nl_groups = RTMGRP_LINK};
+    struct sockaddr_nl nl = {.nl_family = AF_NETLINK,
+                             .nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR}; /* an address back */
     if (d->nlfd >= 0 && bind(d->nlfd, (struct sockaddr *)&nl, sizeof(nl)) != 0) close_fd(&d->nlfd);
     d->port_up = port_up(d);
     if (pthread_create(&d->thr, NULL, nic_thread, d) != 0) goto fail;

@@ -171,6 +171,9 @@ typedef struct vb_conn {
     int want;             /* resuming: the device of the next dial (-1: the next usable) */
     int tries;            /* resuming: dials and pokes so far (which device is next) */
     vb_sock_t *bsk;       /* moved, the lower rank: a dial through its own interface */
+    bool backing;         /* this resume is a move back */
+    int back_fails;       /* moves back in a row that ended on another device again */
+    uint64_t back_at_ns;  /* the next move back is tried from then on */
     bool qp_up;           /* resuming: the new QP is connected */
     uint64_t peer_off;    /* resuming: where the peer's ring stopped (its HELLO) */
     uint64_t t_fail0_ns;  /* the first failure not yet followed by traffic */
@@ -188,6 +191,8 @@ typedef struct vb_dev {
     struct en_verbs *tr;
     char name[IBV_SYSFS_NAME_MAX]; /* "": none known */
     bool tried, ok;                /* opening was tried; it worked */
+    uint64_t retry_ns;             /* a failed open is tried again from then on */
+    bool gid_stale;                /* its port was down: read the GID again when up */
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_comp_channel *ch;
@@ -1099,7 +1104,7 @@ static void begin_resume(vb_conn_t *t, const char *why)
     en_rail_t *rail = t->base.rail;
     uint64_t now = bs_now_ns();
     if (t->phase == VB_LIVE) {
-        snprintf(t->why, sizeof(t->why), "%s", why);
+        if (why != t->why) snprintf(t->why, sizeof(t->why), "%s", why);
         if (!t->moved) en_rail_event(rail, EN_RAIL_FAILOVER, t->base.peer, rail->index, 0, why);
         t->moved = true;
     }
@@ -1211,7 +1216,7 @@ static vb_sock_t *dial_via(vb_conn_t *t, int via, int kind)
     }
     int fd = dial_fd(&rail->locals[via], (struct sockaddr *)&to);
     if (fd < 0) { /* refused: gone; else the next tick tries again */
-        if (errno == ECONNREFUSED && kind != 2)
+        if (errno == ECONNREFUSED && kind != 2 && via == t->tr->own)
             resume_gone(t, "its listener refused (the process is gone)");
         return NULL;
     }
@@ -1269,7 +1274,14 @@ static void resume_step(vb_conn_t *t)
             t->rsk = NULL;
         }
         if (t->rsk) return;
-        if (t->bsk && t->bsk->phase == SK_HELLO) t->want = t->bsk->via; /* moving back */
+        if (t->bsk && t->bsk->phase == SK_HELLO) { /* moving back */
+            if (dev_usable(t->tr, t->bsk->via)) {
+                t->want = t->bsk->via;
+            } else {
+                sock_close(t->bsk);
+                t->bsk = NULL;
+            }
+        }
         if (t->want < 0) t->want = next_via(t);
         if (t->want < 0 || !ensure_qp(t, t->want)) return; /* no port is up, or flushing */
         t->want = -1;
@@ -1279,6 +1291,7 @@ static void resume_step(vb_conn_t *t)
             t->bsk = NULL;
             s->back = false;
             s->resume = true;
+            t->tries = 1; /* the own device is tried: next, the others */
             if (send_hello(t, s) != 0 ||
                 uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, poll_cb) != 0) {
                 sock_close(s);
@@ -1341,7 +1354,7 @@ static void back_tick(uv_timer_t *h)
         sock_close(t->bsk);
         t->bsk = NULL;
     }
-    if (!dev_usable(tr, tr->own)) return;
+    if (bs_now_ns() < t->back_at_ns || !dev_usable(tr, tr->own)) return;
     t->bsk = dial_via(t, tr->own, 2);
     t->t_dial_ns = bs_now_ns();
 }
@@ -1380,6 +1393,14 @@ static void resumed(vb_conn_t *t)
     t->tries = 0;
     t->want = -1;
     uv_timer_stop(&t->timer);
+    /* A move back that ended on another device again (the peer's side of
+     * the own device was not usable though its interface answered): the
+     * next one waits longer, up to 16 probes. */
+    t->back_fails = t->via == t->tr->own ? 0 : t->back_fails + (t->backing ? 1 : 0);
+    t->backing = false;
+    t->back_at_ns =
+        bs_now_ns() +
+        ((uint64_t)rail->probe_ms << (t->back_fails < 4 ? t->back_fails : 4)) * 1000000ull;
     if (t->via != t->tr->own) {
         /* Moved to another rail's device: the rail stays out of the
          * balancer's table (no return yet), and the lower rank tests its
@@ -1594,6 +1615,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
         }
         uv_poll_stop(&s->poll);
         s->phase = SK_HELLO; /* connected, nothing said: the move back's dial */
+        t->backing = true;
         begin_resume(t, "its own device answers again");
         return;
     }
@@ -1605,7 +1627,10 @@ static void poll_cb(uv_poll_t *h, int status, int events)
         if (status >= 0 && !err) (void)send_hello(t, s);
         t->psk = NULL;
         sock_close(s);
-        if (err == ECONNREFUSED) resume_gone(t, "refused (the process is gone)");
+        /* Refused through the own interface: the process is gone. Through
+         * another, its listener may not be there (another address family). */
+        if (err == ECONNREFUSED && s->via == t->tr->own)
+            resume_gone(t, "refused (the process is gone)");
         return;
     }
     bool resuming = s != t->sk; /* a resume's socket (t->rsk) */
@@ -1616,7 +1641,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
         if (s->phase != SK_CONNECTING || getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
             err = 0;
         if (resuming)
-            resume_sock_failed(s, err == ECONNREFUSED);
+            resume_sock_failed(s, err == ECONNREFUSED && s->via == t->tr->own);
         else if (s->phase == SK_LIVE)
             fail_link(t, uv_strerror(status));
         else
@@ -1631,7 +1656,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
         char why[BS_ERR_LEN];
         if (err) {
             if (resuming) {
-                resume_sock_failed(s, err == ECONNREFUSED);
+                resume_sock_failed(s, err == ECONNREFUSED && s->via == t->tr->own);
                 return;
             }
             snprintf(why, sizeof(why), "connecting to rank %d: %s", t->expect_peer, strerror(err));
@@ -1765,6 +1790,25 @@ static void mr_dereg(void *arg, void *handle)
     tr->ib->dereg_mr(handle);
 }
 
+/* Device k's GID (picked when not configured): at open, and again when its
+ * port comes back (RoCE removes the entries with the interface's
+ * addresses and adds them again, maybe at other indexes). */
+static int dev_gid(en_verbs_t *tr, int k)
+{
+    vb_dev_t *d = &tr->dev[k];
+    en_rail_t *rail = tr->rail;
+    /* RoCE: the GID whose address is the interface's (that of rail k). */
+    const struct sockaddr_storage *ifa = k == tr->own ? &rail->local : &rail->locals[k];
+    uint32_t v4 =
+        ifa->ss_family == AF_INET ? ((const struct sockaddr_in *)ifa)->sin_addr.s_addr : 0;
+    d->gid_index = tr->gid_index >= 0 ? tr->gid_index
+                                      : en_ibv_pick_gid(tr->ib, d->ctx, tr->port, &d->pattr, v4);
+    if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &d->gid) != 0)
+        return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, d->gid_index, strerror(errno));
+    d->gid_stale = false;
+    return 0;
+}
+
 /* Open device k: its context, PD, completion channel (watched by the
  * rail's loop) and CQ. */
 static int dev_open(en_verbs_t *tr, int k)
@@ -1779,16 +1823,13 @@ static int dev_open(en_verbs_t *tr, int k)
                        tr->ib->name);
     if (tr->ib->query_port(d->ctx, (uint8_t)tr->port, &d->pattr) != 0)
         return bs_fail(COH_ESYS, "verbs: %s port %d: %s", d->name, tr->port, strerror(errno));
-    if (d->pattr.state != IBV_PORT_ACTIVE)
+    /* The own device must be up at start; another rail's may be down now
+     * (dev_usable reads its port each time, and its GID once it is up). */
+    bool up = d->pattr.state == IBV_PORT_ACTIVE;
+    if (!up && k == tr->own)
         return bs_fail(COH_EUNSUPPORTED, "verbs: %s port %d is not active", d->name, tr->port);
-    /* RoCE: the GID whose address is the interface's (that of rail k). */
-    const struct sockaddr_storage *ifa = k == tr->own ? &rail->local : &rail->locals[k];
-    uint32_t v4 =
-        ifa->ss_family == AF_INET ? ((const struct sockaddr_in *)ifa)->sin_addr.s_addr : 0;
-    d->gid_index = tr->gid_index >= 0 ? tr->gid_index
-                                      : en_ibv_pick_gid(tr->ib, d->ctx, tr->port, &d->pattr, v4);
-    if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &d->gid) != 0)
-        return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, d->gid_index, strerror(errno));
+    d->gid_stale = true;
+    if (up) BS_CHECK(dev_gid(tr, k));
     d->pd = tr->ib->alloc_pd(d->ctx);
     d->ch = tr->ib->create_comp_channel(d->ctx);
     if (!d->pd || !d->ch) return bs_fail(COH_ESYS, "verbs: PD / channel: %s", strerror(errno));
@@ -1832,8 +1873,14 @@ static void dev_down(en_verbs_t *tr, int k, const char *what)
 {
     char why[160];
     snprintf(why, sizeof(why), "%s (an asynchronous event of %s)", what, tr->dev[k].name);
+    tr->dev[k].gid_stale = true;
     for (vb_conn_t *t = tr->conns, *next; t; t = next) {
-        next = t->next; /* fail_link may close t */
+        next = t->next;                   /* fail_link may close t */
+        if (t->bsk && t->bsk->via == k) { /* a way back through it: not now */
+            sock_close(t->bsk);
+            t->bsk = NULL;
+        }
+        if (t->want == k) t->want = -1;
         if (t->via != k) continue;
         if (t->phase == VB_LIVE && t->qp) {
             fail_link(t, why);
@@ -1865,7 +1912,9 @@ static void on_async(uv_poll_t *h, int status, int events)
         /* Acked first: destroying a QP waits for its events' acks. */
         tr->ib->ack_async_event(&ev);
         if (!ours) continue;
-        if (ty == IBV_EVENT_PORT_ERR || ty == IBV_EVENT_DEVICE_FATAL) {
+        if (ty == IBV_EVENT_DEVICE_FATAL || (ty == IBV_EVENT_PORT_ERR && tr->rail->failover)) {
+            /* Without failover a port's flap is left to the QPs' retries:
+             * one shorter than they last costs nothing. */
             dev_down(tr, k, ty == IBV_EVENT_PORT_ERR ? "the port went down" : "the device failed");
         } else if (ty == IBV_EVENT_PORT_ACTIVE && k == tr->own) {
             /* Moved links try their own device now, not at the next probe. */
@@ -1902,21 +1951,31 @@ static bool dev_usable(en_verbs_t *tr, int k)
 {
     if (k < 0 || k >= tr->rail->nrails || k >= EN_MAX_RAILS) return false;
     vb_dev_t *d = &tr->dev[k];
-    if (!d->tried && d->name[0]) {
+    uint64_t now = bs_now_ns();
+    if (!d->ok && d->name[0] && now >= d->retry_ns) {
+        /* Not at all, or it failed: again, at most every probe_ms (a card
+         * being reset fails to open for a while). */
+        bool first = !d->tried;
         if (dev_open(tr, k) != 0) {
-            bs_log(COH_LOG_INFO, "rank %d rail %d: links cannot move to %s: %s", tr->rail->rank,
-                   tr->rail->index, d->name, coh_last_error());
-            /* Its handle may be open; the rest goes at fini. */
+            if (first)
+                bs_log(COH_LOG_INFO, "rank %d rail %d: links cannot move to %s now: %s",
+                       tr->rail->rank, tr->rail->index, d->name, coh_last_error());
+            /* Nothing it opened is watched yet: close it all. */
             if (!d->ch_poll_open) dev_close(tr, d);
+            d->retry_ns = now + (uint64_t)tr->rail->probe_ms * 1000000ull;
         }
     }
     if (!d->ok) return false;
-    if (k == tr->own && bs_now_ns() < tr->test_down_until_ns) return false;
+    if (k == tr->own && now < tr->test_down_until_ns) return false;
     struct ibv_port_attr pa;
     if (tr->ib->query_port(d->ctx, (uint8_t)tr->port, &pa) != 0) return false;
     d->pattr.lid = pa.lid;
     d->pattr.active_mtu = pa.active_mtu;
-    return pa.state == IBV_PORT_ACTIVE;
+    if (pa.state != IBV_PORT_ACTIVE) {
+        d->gid_stale = true;
+        return false;
+    }
+    return !d->gid_stale || dev_gid(tr, k) == 0;
 }
 
 /* ---- the transport ---- */

@@ -393,10 +393,11 @@ static void test_bad_setups(void **state)
 }
 
 /* The port follows its interface, and says so (root only: a veth pair in a
- * network namespace of its own, made in a child process). Down is
- * IBV_PORT_DOWN and one IBV_EVENT_PORT_ERR on the async fd; up again is
- * IBV_PORT_ACTIVE and one IBV_EVENT_PORT_ACTIVE. The verbs engine fails a
- * link at once on the first, and moves it back on the second. */
+ * network namespace of its own, made in a child process). Down (the link,
+ * its address, the carrier) is IBV_PORT_DOWN and one IBV_EVENT_PORT_ERR on
+ * the async fd; up again is IBV_PORT_ACTIVE and one IBV_EVENT_PORT_ACTIVE.
+ * The verbs engine fails a link at once on the first, and moves it back on
+ * the second. */
 static int next_event(struct ibv_context *ctx, int ms)
 {
     struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
@@ -440,6 +441,12 @@ static int port_events_child(void)
     if (system("ip link set cohva up") != 0) return 16;
     if (next_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 17;
     if (port_state(ctx) != IBV_PORT_ACTIVE) return 18;
+    /* Its address gone is down too (the device's GID is that address), and
+     * back when the address is (no link message comes then). */
+    if (system("ip addr flush dev cohva") != 0) return 22;
+    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 23;
+    if (system("ip addr add 10.251.0.1/24 dev cohva") != 0) return 24;
+    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 25;
     /* The peer's end down takes the carrier (not running): down too. */
     if (system("ip link set cohvb down") != 0) return 19;
     if (next_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 20;
