@@ -1203,35 +1203,38 @@ static int dial_fd(const struct sockaddr_storage *from, const struct sockaddr *t
     return fd;
 }
 
+/* What a dial is for: a resume, the higher rank's poke, or (moved) a test
+ * of the own interface, to move back. */
+typedef enum vb_dial { VB_DIAL_RESUME = 0, VB_DIAL_POKE, VB_DIAL_BACK } vb_dial;
+
 /* Dial the peer's listener of this rail through rail via's interface
- * (where the peer's device of that rail is): a resume's dial, a poke, or
- * (back) a test of the own interface. */
-static vb_sock_t *dial_via(vb_conn_t *t, int via, int kind)
+ * (where the peer's device of that rail is). */
+static vb_sock_t *dial_via(vb_conn_t *t, int via, vb_dial kind)
 {
     en_rail_t *rail = t->base.rail;
     struct sockaddr_storage to;
     if (!en_rail_route(rail, t->base.peer, via, &to) || to.ss_family == 0) {
-        if (kind != 2) resume_gone(t, "no route to its listener");
+        if (kind != VB_DIAL_BACK) resume_gone(t, "no route to its listener");
         return NULL;
     }
     int fd = dial_fd(&rail->locals[via], (struct sockaddr *)&to);
     if (fd < 0) { /* refused: gone; else the next tick tries again */
-        if (errno == ECONNREFUSED && kind != 2 && via == t->tr->own)
+        if (errno == ECONNREFUSED && kind != VB_DIAL_BACK && via == t->tr->own)
             resume_gone(t, "its listener refused (the process is gone)");
         return NULL;
     }
     vb_sock_t *s = sock_new(t, fd, SK_CONNECTING, UV_WRITABLE);
     if (!s) return NULL;
-    s->resume = kind != 2;
-    s->poke = kind == 1;
-    s->back = kind == 2;
+    s->resume = kind != VB_DIAL_BACK;
+    s->poke = kind == VB_DIAL_POKE;
+    s->back = kind == VB_DIAL_BACK;
     s->via = via;
     return s;
 }
 
 static void dial_resume(vb_conn_t *t, bool poke, int via)
 {
-    vb_sock_t *s = dial_via(t, via, poke ? 1 : 0);
+    vb_sock_t *s = dial_via(t, via, poke ? VB_DIAL_POKE : VB_DIAL_RESUME);
     if (!s) return;
     if (poke)
         t->psk = s;
@@ -1355,7 +1358,7 @@ static void back_tick(uv_timer_t *h)
         t->bsk = NULL;
     }
     if (bs_now_ns() < t->back_at_ns || !dev_usable(tr, tr->own)) return;
-    t->bsk = dial_via(t, tr->own, 2);
+    t->bsk = dial_via(t, tr->own, VB_DIAL_BACK);
     t->t_dial_ns = bs_now_ns();
 }
 
@@ -2134,7 +2137,7 @@ const en_transport_ops_t en_verbs_ops = {
 
 int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
 {
-    const char *netdev = cfg->verbs_netdev, *dev = cfg->verbs_dev;
+    const char *netdev = cfg->verbs_netdevs[rail->index], *dev = cfg->verbs_dev;
     en_verbs_t *tr = coh_zalloc(sizeof(*tr));
     if (!tr) return bs_fail(COH_ENOMEM, "out of memory");
     tr->rail = rail;
@@ -2169,7 +2172,8 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     }
     /* Where a link may move: the devices behind the other rails'
      * interfaces (none: it resumes on its own device only). */
-    for (int k = 0; rail->failover && k < rail->nrails && k < EN_MAX_RAILS; k++) {
+    for (int k = 0; rail->failover && cfg->verbs_move && k < rail->nrails && k < EN_MAX_RAILS;
+         k++) {
         const char *nd = cfg->verbs_netdevs[k];
         if (k != tr->own && nd && *nd &&
             tr->ib->dev_of_netdev(nd, tr->dev[k].name, sizeof(tr->dev[k].name)) != 0)

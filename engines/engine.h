@@ -430,15 +430,15 @@ typedef struct en_rail_cfg {
     const char *shm_name; /* this context's: rank, pid and a count (unique on the host) */
     size_t shm_ring_bytes;
     size_t shm_cma_bytes; /* single copy (process_vm_readv) from this frame size; 0: never */
-    /* A verbs rail (ops = &en_verbs_ops): the interface it was named by
-     * (its RDMA device is found behind it), or the device itself; port,
-     * GID index, and each link's ring per direction. */
-    bool verbs;
-    const char *verbs_netdev, *verbs_dev;
-    /* Failover: every rail's interface ([nrails], NULL where unknown). A
-     * link whose device fails may move to the RDMA device behind another
-     * rail's interface, as a TCP link moves to another interface. */
+    /* A verbs rail (ops = &en_verbs_ops): every rail's interface ([nrails];
+     * this rail's RDMA device is found behind its own), or the device
+     * itself; port, GID index, and each link's ring per direction. With
+     * failover and verbs_move, a link whose device fails may move to the
+     * RDMA device behind another rail's interface, as a TCP link moves to
+     * another interface. */
+    bool verbs, verbs_move;
     const char *verbs_netdevs[EN_MAX_RAILS];
+    const char *verbs_dev;
     int verbs_test_port_down_ms; /* tests: a cut takes the own port down this long */
     const char *verbs_provider;  /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
     int verbs_port, verbs_gid;

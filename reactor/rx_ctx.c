@@ -331,8 +331,8 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     rc->regions = ctx->regions;
     rc->ops = &en_verbs_ops;
     rc->verbs = true;
-    rc->verbs_netdev = ctx->rail_nic[r];
-    for (int j = 0; move && j < ctx->nrails && j < EN_MAX_RAILS; j++)
+    rc->verbs_move = move != 0;
+    for (int j = 0; j < ctx->nrails && j < EN_MAX_RAILS; j++)
         rc->verbs_netdevs[j] = ctx->rail_nic[j];
     rc->verbs_dev = dev;
     rc->verbs_provider = provider;
