@@ -176,7 +176,7 @@ typedef struct vb_conn {
     uint64_t back_at_ns;  /* the next move back is tried from then on */
     bool qp_up;           /* resuming: the new QP is connected */
     uint64_t peer_off;    /* resuming: where the peer's ring stopped (its HELLO) */
-    uint64_t t_fail0_ns;  /* the first failure not yet followed by traffic */
+    uint64_t t_fail0_ns;  /* the first failure not yet followed by traffic (or a move) */
     uint64_t t_resume_ns; /* this resume began */
     uint64_t t_dial_ns;   /* our resume dial (or poke) began */
     uint64_t epoch;       /* resumes so far */
@@ -1055,7 +1055,7 @@ static void go_live(vb_conn_t *t)
  * other answers the same way once its QP exists; READY, and both write
  * again. A dial refused (nothing listens: the peer's process is gone)
  * ends the link at once; otherwise it ends when VB_RESUME_MS have passed
- * since the first failure without traffic in between. The rail reports
+ * since the first failure without traffic (or a move) in between. The rail reports
  * the failover and the return, so the balancer moves the world's ops off
  * this rail meanwhile. */
 
@@ -1407,7 +1407,12 @@ static void resumed(vb_conn_t *t)
     if (t->via != t->tr->own) {
         /* Moved to another rail's device: the rail stays out of the
          * balancer's table (no return yet), and the lower rank tests its
-         * own interface every probe_ms to move back. */
+         * own interface every probe_ms to move back. The move is the
+         * failure's end: the move back, or a failure here, gets its own
+         * VB_RESUME_MS (a moved link carries little or nothing, and its
+         * move back after a port down over 5 s was "no resume in time":
+         * mp.verbs.soft.move.idle.n4.rails2). */
+        t->t_fail0_ns = 0;
         bs_log(COH_LOG_INFO,
                "rank %d rail %d: RDMA link to rank %d moved to %s (rail %d's) at byte %llu "
                "(after: %s)",
@@ -1619,6 +1624,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
         uv_poll_stop(&s->poll);
         s->phase = SK_HELLO; /* connected, nothing said: the move back's dial */
         t->backing = true;
+        t->t_fail0_ns = 0; /* not a failure: its own time to resume */
         begin_resume(t, "its own device answers again");
         return;
     }

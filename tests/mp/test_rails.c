@@ -22,6 +22,10 @@
  * also takes the cutter's device's port down for a while, so the link
  * must resume on another rail's device and move back (mp.verbs.soft.move):
  * it fails unless both ends of the cut link counted moves.
+ *
+ * MP_CUT_PEER=k cuts the link to the k-th rank on the right instead (2 on
+ * 4 ranks of a ring: a link that carries nothing), MP_BACK_WAIT_S the time
+ * the cut link may take to come back after the last op (default 3 s).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +86,10 @@ static int run_cut(int ops, int every)
         if (!buf[k]) MP_FAIL("out of memory");
         if (declare) MP_OK(coh_mem_register(ctx, buf[k], sizes[2] * sizeof(float)));
     }
-    int cutter = 0, cuts = 0, victim = (cutter + 1) % size;
+    /* MP_CUT_PEER=k: the link to the k-th rank on the right (default 1,
+     * the ring's neighbour; 2 on 4 ranks of a ring carries nothing). */
+    const char *cp = getenv("MP_CUT_PEER");
+    int cutter = 0, cuts = 0, victim = (cutter + (cp ? atoi(cp) : 1)) % size;
     double t0 = mp_now_s();
     for (int op = 0; op < ops + INFLIGHT; op++) {
         int k = op % INFLIGHT;
@@ -108,7 +115,9 @@ static int run_cut(int ops, int every)
     /* Let the probes bring the links home, then look at the counts. */
     coh_request_t *b;
     uint64_t fo = stat_sum(ctx, 0), back = stat_sum(ctx, 1);
-    for (int i = 0; i < 60 && (rank == cutter || rank == victim) && back < fo; i++) {
+    const char *ws = getenv("MP_BACK_WAIT_S"); /* how long the links may take to come home */
+    int waits = (ws ? atoi(ws) : 3) * 20;
+    for (int i = 0; i < waits && (rank == cutter || rank == victim) && back < fo; i++) {
         usleep(50000);
         fo = stat_sum(ctx, 0);
         back = stat_sum(ctx, 1);
