@@ -68,7 +68,6 @@
 #define VB_SQ_DEPTH     512
 #define VB_SQ_SLACK     8 /* sends kept free for the head's immediate */
 #define VB_HANDSHAKE_MS 10000
-#define VB_RESUME_MS    5000        /* a failed link resumes within this, or its ops fail */
 #define VB_RESUME_TICK  50          /* ms: a resume's dials and deadline are checked */
 #define VB_DIAL_MS      1000        /* a resume dial not answered by then is tried again */
 #define VB_POKE_MS      200         /* the higher rank, waiting for a dial, pokes this often */
@@ -180,6 +179,8 @@ typedef struct vb_conn {
     uint64_t t_resume_ns; /* this resume began */
     uint64_t t_dial_ns;   /* our resume dial (or poke) began */
     uint64_t epoch;       /* resumes so far */
+    bool rx_new;          /* resuming: an immediate came on the new QP (the peer resumed) */
+    bool answered;        /* resuming, the higher rank: our answer went (its READY may not) */
     bool moved;           /* a failover was reported, not its return */
     char why[160];
 } vb_conn_t;
@@ -217,6 +218,7 @@ typedef struct en_verbs {
     en_regcache_t *regs;                 /* this rail's registrations of it (own device) */
     int own;                             /* the rail's index: dev[own] is its device */
     int test_down_ms;                    /* tests: a cut takes the own port down this long */
+    int resume_ms;                       /* a failed link resumes within this, or it ends */
     uint64_t test_down_until_ns;
     vb_dev_t dev[EN_MAX_RAILS];
     int lfd;
@@ -674,7 +676,14 @@ static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
         return;
     }
     if (!take_imm(t, ntohl(wc->imm_data))) return;
-    if (t->phase == VB_LIVE) t->t_fail0_ns = 0; /* traffic: a later failure starts afresh */
+    /* Traffic: a later failure starts afresh. One that comes while we
+     * resume (the peer's head, told as it went live, can beat its READY)
+     * counts once we are live too: an idle link's only immediate came so,
+     * and its next failure, minutes later, was "no resume in time" at once. */
+    if (t->phase == VB_LIVE)
+        t->t_fail0_ns = 0;
+    else
+        t->rx_new = true;
     kick(t);
 }
 
@@ -1016,7 +1025,10 @@ static int send_hello(vb_conn_t *t, vb_sock_t *s)
     if (s->resume) {
         h.flags |= EN_HELLO_RESUME;
         h.resume_off = t->rx_tail;
-        h.epoch = t->epoch;
+        /* A poke after our answer's socket died: the dialler may have
+         * resumed (sent READY, its epoch one on) without our knowing, and
+         * would drop a poke of the epoch before as stale. */
+        h.epoch = t->epoch + (s->poke && t->answered ? 1 : 0);
         h.via = (uint32_t)s->via; /* the device of the new QPs (a poke: one we can use) */
     }
     en_hello_encode(&h, out);
@@ -1054,7 +1066,7 @@ static void go_live(vb_conn_t *t)
  * rank dials the peer's listener of this rail with a RESUME HELLO; the
  * other answers the same way once its QP exists; READY, and both write
  * again. A dial refused (nothing listens: the peer's process is gone)
- * ends the link at once; otherwise it ends when VB_RESUME_MS have passed
+ * ends the link at once; otherwise it ends when resume_ms (COHORT_VERBS_RESUME_MS) have passed
  * since the first failure without traffic (or a move) in between. The rail reports
  * the failover and the return, so the balancer moves the world's ops off
  * this rail meanwhile. */
@@ -1109,6 +1121,7 @@ static void begin_resume(vb_conn_t *t, const char *why)
         t->moved = true;
     }
     if (t->phase == VB_LIVE) t->tries = 0;
+    t->rx_new = t->answered = false;
     t->phase = VB_RESUMING;
     t->t_resume_ns = t->t_dial_ns = now;
     if (!t->t_fail0_ns) t->t_fail0_ns = now;
@@ -1259,6 +1272,7 @@ static void answer_resume(vb_conn_t *t)
         return;
     }
     s->phase = SK_WAIT_READY;
+    t->answered = true;
 }
 
 static void resume_step(vb_conn_t *t)
@@ -1266,7 +1280,7 @@ static void resume_step(vb_conn_t *t)
     if (t->phase != VB_RESUMING) return;
     en_rail_t *rail = t->base.rail;
     uint64_t now = bs_now_ns();
-    if (now - t->t_fail0_ns > (uint64_t)VB_RESUME_MS * 1000000ull) {
+    if (now - t->t_fail0_ns > (uint64_t)t->tr->resume_ms * 1000000ull) {
         resume_gone(t, "no resume in time");
         return;
     }
@@ -1305,6 +1319,12 @@ static void resume_step(vb_conn_t *t)
             return;
         }
         dial_resume(t, false, t->via);
+    } else if (t->psk && now - t->t_dial_ns > VB_DIAL_MS * 1000000ull) {
+        /* A poke unanswered (its SYN lost on a dead interface: the
+         * kernel's retries take minutes): the next goes through the next
+         * device, or one poke held the others back until the link ended. */
+        sock_close(t->psk);
+        t->psk = NULL;
     } else if (t->rsk && t->rsk->phase == SK_ANSWER) {
         /* The dial says which device: the new QPs are on the same rail's. */
         if (!dev_usable(t->tr, t->rsk->via)) {
@@ -1393,6 +1413,8 @@ static void resumed(vb_conn_t *t)
     t->err = false;
     t->phase = VB_LIVE;
     t->epoch++;
+    if (t->rx_new) t->t_fail0_ns = 0;
+    t->rx_new = t->answered = false;
     t->tries = 0;
     t->want = -1;
     uv_timer_stop(&t->timer);
@@ -1409,7 +1431,7 @@ static void resumed(vb_conn_t *t)
          * balancer's table (no return yet), and the lower rank tests its
          * own interface every probe_ms to move back. The move is the
          * failure's end: the move back, or a failure here, gets its own
-         * VB_RESUME_MS (a moved link carries little or nothing, and its
+         * resume_ms (a moved link carries little or nothing, and its
          * move back after a port down over 5 s was "no resume in time":
          * mp.verbs.soft.move.idle.n4.rails2). */
         t->t_fail0_ns = 0;
@@ -1436,7 +1458,7 @@ static void resumed(vb_conn_t *t)
 
 /* A resume this side cannot take (the link is gone here, or this rank is
  * finalizing): say so, so that the dialler gives up at once instead of
- * dialling until VB_RESUME_MS (a peer that finalized while a link was
+ * dialling until resume_ms (a peer that finalized while a link was
  * failing kept an op 5 s: mp.verbs.soft.kill.n4.rails2). */
 static void refuse_resume(vb_conn_t *t, vb_sock_t *s, const char *why)
 {
@@ -1512,6 +1534,9 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
         l->rsk = NULL;
         begin_resume(l, l->why);
     }
+    /* The answerer takes the dialler's epoch: a READY lost left the dialler
+     * one ahead, and every poke of ours after would be dropped as stale. */
+    if (h->epoch > l->epoch) l->epoch = h->epoch;
     t->sk = NULL; /* the socket moves to the link */
     s->t = l;
     s->resume = true;
@@ -1889,6 +1914,10 @@ static void dev_down(en_verbs_t *tr, int k, const char *what)
             sock_close(t->bsk);
             t->bsk = NULL;
         }
+        if (t->psk && t->psk->via == k) { /* a poke through it: the next goes another way */
+            sock_close(t->psk);
+            t->psk = NULL;
+        }
         if (t->want == k) t->want = -1;
         if (t->via != k) continue;
         if (t->phase == VB_LIVE && t->qp) {
@@ -2157,6 +2186,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->port = cfg->verbs_port > 0 ? cfg->verbs_port : 1;
     tr->gid_index = cfg->verbs_gid;
     tr->test_down_ms = cfg->verbs_test_port_down_ms;
+    tr->resume_ms = cfg->verbs_resume_ms > 0 ? cfg->verbs_resume_ms : 5000;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;
     tr->reg_cache_bytes = cfg->verbs_reg_cache_bytes;

@@ -439,6 +439,7 @@ typedef struct en_rail_cfg {
     bool verbs, verbs_move;
     const char *verbs_netdevs[EN_MAX_RAILS];
     const char *verbs_dev;
+    int verbs_resume_ms;         /* a failed link resumes within this, or it ends */
     int verbs_test_port_down_ms; /* tests: a cut takes the own port down this long */
     const char *verbs_provider;  /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
     int verbs_port, verbs_gid;

@@ -233,8 +233,12 @@ typedef enum rx_knob_kind {
     X(verbs_move, RX_K_INT, "1", "COHORT_VERBS_MOVE", 0, 1,                                        \
       "with failover, a verbs link whose device's port is down (or whose dials through its own "   \
       "interface go unanswered) resumes on the RDMA device behind another rail's interface, "      \
-      "and moves back when its own answers; 0: it waits for its own device (5 s, then its ops "    \
-      "fail)")                                                                                     \
+      "and moves back when its own answers; 0: it waits for its own device "                       \
+      "(COHORT_VERBS_RESUME_MS, then its ops fail)")                                               \
+    X(verbs_resume_ms, RX_K_INT, "5000", "COHORT_VERBS_RESUME_MS", 100, 3600000,                   \
+      "a failed verbs link that finds no way back (its own device, or with COHORT_VERBS_MOVE "     \
+      "another rail's) within this many milliseconds ends, and its ops fail with EPEER (a killed " \
+      "peer's refusal ends it at once)")                                                           \
     X(verbs_ring_bytes, RX_K_SIZE, "1M", "COHORT_VERBS_RING_BYTES", 65536, 1ull << 30,             \
       "each verbs link's ring per direction, registered memory (a power of two; every rank must "  \
       "get the same)")                                                                             \

@@ -25,7 +25,8 @@
  *
  * MP_CUT_PEER=k cuts the link to the k-th rank on the right instead (2 on
  * 4 ranks of a ring: a link that carries nothing), MP_BACK_WAIT_S the time
- * the cut link may take to come back after the last op (default 3 s).
+ * the cut link may take to come back after the last op (default 3 s),
+ * MP_CUT_GAP_MS a pause of the cutter before each cut after the first.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,8 @@ static int run_cut(int ops, int every)
      * the ring's neighbour; 2 on 4 ranks of a ring carries nothing). */
     const char *cp = getenv("MP_CUT_PEER");
     int cutter = 0, cuts = 0, victim = (cutter + (cp ? atoi(cp) : 1)) % size;
+    const char *gs = getenv("MP_CUT_GAP_MS"); /* the cutter waits so before each later cut */
+    int gap_ms = gs ? atoi(gs) : 0;
     double t0 = mp_now_s();
     for (int op = 0; op < ops + INFLIGHT; op++) {
         int k = op % INFLIGHT;
@@ -106,6 +109,7 @@ static int run_cut(int ops, int every)
         fill(buf[k], cnt[k], rank, op);
         MP_OK(coh_allreduce(world, buf[k], buf[k], cnt[k], COH_F32, COH_SUM, &req[k]));
         if (rank == cutter && op % every == every / 2) {
+            if (cuts > 0 && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
             /* mid-op: its frames are on the wire */
             rx_rail_debug_cut(&ctx->rails[ctx->nrails - 1], victim);
             cuts++;
