@@ -171,6 +171,7 @@ typedef struct vb_conn {
     int tries;            /* resuming: dials and pokes so far (which device is next) */
     vb_sock_t *bsk;       /* moved, the lower rank: a dial through its own interface */
     bool backing;         /* this resume is a move back */
+    bool own_suspect;     /* the own device's path went silent (retries spent): not first */
     int back_fails;       /* moves back in a row that ended on another device again */
     uint64_t back_at_ns;  /* the next move back is tried from then on */
     bool qp_up;           /* resuming: the new QP is connected */
@@ -659,6 +660,11 @@ static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
                  k == VB_WR_RECV ? "receive" : "write", t->base.peer, ibv_wc_status_str(wc->status),
                  wc->vendor_err);
         t->err = true;
+        /* Retries spent with the port up: the path through the own
+         * interface delivers nothing (a blackhole, the peer's interface
+         * down), and a first dial through it would wait VB_DIAL_MS
+         * unanswered. Another rail's device is tried first. */
+        if (wc->status == IBV_WC_RETRY_EXC_ERR && t->via == t->tr->own) t->own_suspect = true;
         fail_link(t, why);
         return;
     }
@@ -1120,8 +1126,8 @@ static void begin_resume(vb_conn_t *t, const char *why)
         if (!t->moved) en_rail_event(rail, EN_RAIL_FAILOVER, t->base.peer, rail->index, 0, why);
         t->moved = true;
     }
-    if (t->phase == VB_LIVE) t->tries = 0;
-    t->rx_new = t->answered = false;
+    if (t->phase == VB_LIVE) t->tries = t->own_suspect ? 1 : 0; /* next_via: from the own */
+    t->own_suspect = t->rx_new = t->answered = false;
     t->phase = VB_RESUMING;
     t->t_resume_ns = t->t_dial_ns = now;
     if (!t->t_fail0_ns) t->t_fail0_ns = now;
@@ -1528,8 +1534,9 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
     }
     vb_ep_t ep;
     ep_decode(s->in + EN_HELLO_SIZE, &ep);
-    if (l->qp_up && (ep.qpn != l->theirs.qpn || (int)h->via != l->via)) {
-        /* our QP went up for another of its QPs */
+    if (l->phase == VB_RESUMING && l->qp_up && (ep.qpn != l->theirs.qpn || (int)h->via != l->via)) {
+        /* our QP went up for another of its QPs (a live link's is up too:
+         * below, with the dial as the reason, not the last failure's) */
         sock_close(l->rsk);
         l->rsk = NULL;
         begin_resume(l, l->why);

@@ -13,7 +13,12 @@
 # waits for its own device (5 s): the links must have moved, and ops must
 # complete while it lasts (with COHORT_VERBS_MOVE=0 that cut fails: the
 # links to the cut rank end and their ops fail). Every cut must fail links
-# on the port's asynchronous event.
+# on the port's asynchronous event. A fifth cut blackholes rank 0's eth1 for
+# 6 s (nftables drops all it sends and receives; the interface stays up, so
+# no port event, and the links fail on the retry timer): the links must
+# move because their dials and the peers' pokes through eth1 go unanswered,
+# and move back after (one poke with no deadline held the others back until
+# the link was lost).
 #
 # Four ranks, K rails each, every rail shaped to 300 Mbit/s. rails-stream runs
 # 4 MiB f32 sum allreduces one after the other, checking every element
@@ -106,9 +111,18 @@ bring_up() { # RANK DEV
     { echo "FAIL: $ns $dev lost its tbf qdisc on down/up"; return 1; }
 }
 
-cut() { # RANK HARD DEV...
+cut() { # RANK HARD DEV... (HARD 2: a blackhole, the interface up)
   local r=$1 hard=$2 ns=$C-$1 d
   shift 2
+  if [ "$hard" = 2 ]; then
+    for d in "$@"; do
+      ip netns exec "$ns" nft -f - <<<"table inet cohort_cut_$d {
+        chain i { type filter hook input priority 0; iifname \"$d\" drop; }
+        chain o { type filter hook output priority 0; oifname \"$d\" drop; }
+      }"
+    done
+    return
+  fi
   for d in "$@"; do ip -n "$ns" link set "$d" down; done
   if [ "$hard" = 1 ]; then
     for d in "$@"; do
@@ -133,7 +147,9 @@ for ((i = 0; i < 300; i++)); do
 done
 base=$(base_ms)
 echo "op time before the cuts: ${base:-?} ms"
-if [ "$nics" = 2 ]; then
+if [ "$nics" = 2 ] && [ "$verbs" = 1 ]; then
+  plan=("2 0 eth1" "1 1 eth1" "3 0 eth1" "2 1 eth1" "0 2 eth1")
+elif [ "$nics" = 2 ]; then
   plan=("2 0 eth1" "1 1 eth1" "3 0 eth1" "2 1 eth1")
 else
   plan=("2 0 eth1" "1 1 eth2" "3 0 eth1 eth2" "0 1 eth2")
@@ -141,11 +157,11 @@ fi
 # COHORT_RAILS_TEST_CUTS=n: only the first n cuts (for debugging)
 plan=("${plan[@]:0:${COHORT_RAILS_TEST_CUTS:-${#plan[@]}}}")
 rc=0 ncut=0
-long=7 # --verbs: the last cut's hold (longer than VB_RESUME_MS)
+long=7 # --verbs: the 4th cut's hold (longer than COHORT_VERBS_RESUME_MS)
 for p in "${plan[@]}"; do
   kill -0 $pid 2>/dev/null || { echo "FAIL: the stream ended during the cuts"; rc=1; break; }
   read -r r hard devs <<<"$p"
-  fo0=$(count "$FO") ae0=$(count 'asynchronous event')
+  fo0=$(count "$FO") ae0=$(count 'asynchronous event') mv0=$(count 'moved to soft_eth0')
   ncut=$((ncut + 1))
   # A cut must hit a rail that carries traffic: under ASan the balancer
   # once left rail 1 idle for 1.8 s after a return (ops at one rail's
@@ -153,18 +169,28 @@ for p in "${plan[@]}"; do
   # to fail over. So: the last ops at both rails' time first, and a cut
   # that moved no link is made once more (a second miss fails).
   h=$hold
-  [ "$verbs" = 1 ] && [ "$ncut" = "${#plan[@]}" ] && h=$long
+  [ "$verbs" = 1 ] && [ "$ncut" = 4 ] && h=$long
+  [ "$hard" = 2 ] && h=6
   for try in 1 2; do
     sleep 0.7
     for ((i = 0; i < 100; i++)); do recovered 0 "$base" && break; sleep 0.1; done
     t=$(mono)
-    echo "cut $ncut at $t: rank $r ${devs// /+} down for $h s ($([ "$hard" = 1 ] && echo 'hard: sockets killed' || echo soft))"
+    how=soft
+    [ "$hard" = 1 ] && how='hard: sockets killed'
+    [ "$hard" = 2 ] && how='blackhole: all dropped, the interface up'
+    echo "cut $ncut at $t: rank $r ${devs// /+} down for $h s ($how)"
     # shellcheck disable=SC2086
     cut "$r" "$hard" $devs
     echo "$t" >>"$out/cuts"
     sleep "$h"
     [ "$h" = "$long" ] && echo "$t $(mono)" >"$out/longcut"
-    for d in $devs; do bring_up "$r" "$d" || rc=1; done
+    for d in $devs; do
+      if [ "$hard" = 2 ]; then
+        ip netns exec "$C-$r" nft delete table inet "cohort_cut_$d"
+      else
+        bring_up "$r" "$d" || rc=1
+      fi
+    done
     # Wait (at most 6 s) for the failover of this cut and the links' return.
     for ((i = 0; i < 60; i++)); do
       fo=$(count "$FO") back=$(count "$BACK")
@@ -179,7 +205,12 @@ for p in "${plan[@]}"; do
   [ "$fo" -gt "$fo0" ] || { echo "FAIL: cut $ncut: no link failed over"; rc=1; }
   # --verbs: the cut rank's port went down with eth1, and its links failed
   # on that event, not seconds later on the retry timer.
-  if [ "$verbs" = 1 ] && [ "$(count 'asynchronous event')" -le "$ae0" ]; then
+  # The blackhole: no event (the port stays up), but the links must move.
+  if [ "$hard" = 2 ] && [ "$(count 'moved to soft_eth0')" -le "$mv0" ]; then
+    echo "FAIL: cut $ncut: no link moved while eth1 was a blackhole"
+    rc=1
+  fi
+  if [ "$verbs" = 1 ] && [ "$hard" != 2 ] && [ "$(count 'asynchronous event')" -le "$ae0" ]; then
     echo "FAIL: cut $ncut: no link failed on the port's asynchronous event"
     rc=1
   fi
