@@ -172,6 +172,7 @@ typedef struct vb_conn {
     vb_sock_t *bsk;       /* moved, the lower rank: a dial through its own interface */
     bool backing;         /* this resume is a move back */
     bool own_suspect;     /* the own device's path went silent (retries spent): not first */
+    uint64_t t_wc_ns;     /* live: the last completion, or when writes began to wait */
     int back_fails;       /* moves back in a row that ended on another device again */
     uint64_t back_at_ns;  /* the next move back is tried from then on */
     bool qp_up;           /* resuming: the new QP is connected */
@@ -225,6 +226,8 @@ typedef struct en_verbs {
     int lfd;
     uv_poll_t lpoll;
     bool lpoll_open;
+    uv_timer_t watch; /* with failover: links whose writes wait while another rail's go */
+    bool watch_open;
     vb_conn_t *conns;
     vb_conn_t *dead; /* closed, waiting for their work requests to flush */
     en_wreq_t *done_head, *done_tail;
@@ -668,6 +671,13 @@ static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
         fail_link(t, why);
         return;
     }
+    /* Progress, for this link's stall watch and the other rails' (theirs
+     * judge a silent link only while this rail's completions come). */
+    uint64_t now = bs_now_ns();
+    t->t_wc_ns = now;
+    if (t->base.rail->progress_ns)
+        atomic_store_explicit(&t->base.rail->progress_ns[t->base.rail->index], now,
+                              memory_order_relaxed);
     if (k == VB_WR_SEND) { /* room in the send queue: what waited for it */
         t->sq_done++;
         if (!t->keep) zc_reap(t);
@@ -1051,6 +1061,7 @@ static void go_live(vb_conn_t *t)
     t->sk->phase = SK_LIVE;
     c->state = EN_CONN_READY;
     c->rstate = EN_RD_HDR;
+    t->t_wc_ns = bs_now_ns();
     en_rail_conn_ready(c->rail, c);
     kick(t);
 }
@@ -1418,6 +1429,7 @@ static void resumed(vb_conn_t *t)
     t->rx_told = t->rx_head - 1; /* tell our head again */
     t->err = false;
     t->phase = VB_LIVE;
+    t->t_wc_ns = bs_now_ns(); /* the stall watch starts afresh */
     t->epoch++;
     if (t->rx_new) t->t_fail0_ns = 0;
     t->rx_new = t->answered = false;
@@ -2025,6 +2037,40 @@ static bool dev_usable(en_verbs_t *tr, int k)
 
 /* ---- the transport ---- */
 
+/* With failover, every stall_ms / 4: a live link whose writes have waited
+ * stall_ms for a completion while another rail's completions or ACKs came
+ * is taken for failed, as a TCP link whose ACKs stop. Its QP would say so
+ * only when its retries are spent (timeout and retry_cnt: about 0.5 s on a
+ * NIC, 1 s on the soft provider), and a blackholed path held the op in
+ * flight that long. When every rail is silent the peer is, and the QP's
+ * retries and the liveness socket judge it. */
+static void watch_cb(uv_timer_t *h)
+{
+    en_verbs_t *tr = h->data;
+    en_rail_t *rail = tr->rail;
+    if (rail->closing || !rail->progress_ns) return;
+    uint64_t now = bs_now_ns(), stall = (uint64_t)rail->stall_ms * 1000000ull;
+    bool others = false;
+    for (int j = 0; j < rail->nrails; j++)
+        if (j != rail->index &&
+            now - atomic_load_explicit(&rail->progress_ns[j], memory_order_relaxed) < stall)
+            others = true;
+    for (vb_conn_t *t = tr->conns, *next; t; t = next) {
+        next = t->next; /* fail_link may close t */
+        if (t->phase != VB_LIVE || !t->qp || t->err) continue;
+        if (t->sq_out == 0) {
+            t->t_wc_ns = now; /* nothing waits */
+            continue;
+        }
+        if (!others || now - t->t_wc_ns < stall) continue;
+        char why[96];
+        snprintf(why, sizeof(why), "no RDMA completion for %.0f ms while another rail's came",
+                 (double)(now - t->t_wc_ns) / 1e6);
+        t->own_suspect = t->via == tr->own;
+        fail_link(t, why);
+    }
+}
+
 static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockaddr_storage *bound)
 {
     en_verbs_t *tr = rail->verbs;
@@ -2053,6 +2099,13 @@ static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockad
     tr->lpoll.data = tr;
     tr->lpoll_open = true;
     uv_poll_start(&tr->lpoll, UV_READABLE, on_accept);
+    if (rail->failover && rail->nrails > 1 && rail->progress_ns &&
+        uv_timer_init(rail->loop, &tr->watch) == 0) {
+        uint64_t every = (uint64_t)rail->stall_ms / 4;
+        tr->watch.data = tr;
+        tr->watch_open = true;
+        uv_timer_start(&tr->watch, watch_cb, every ? every : 1, every ? every : 1);
+    }
     return 0;
 }
 
@@ -2147,6 +2200,10 @@ static void vb_shutdown(en_rail_t *rail)
         if (unsent(tr)) usleep(1000);
     }
     while (tr->conns) conn_close(tr->conns, COH_ECANCELED, "rail stopping");
+    if (tr->watch_open) {
+        uv_close((uv_handle_t *)&tr->watch, NULL);
+        tr->watch_open = false;
+    }
     if (tr->lpoll_open) {
         uv_close((uv_handle_t *)&tr->lpoll, listener_closed);
         tr->lpoll_open = false;

@@ -96,8 +96,8 @@ typedef enum rx_knob_kind {
       "(frames are kept until the peer acknowledges them; a verbs link resumes on a new QP "       \
       "pair instead); 0: a failed link fails its ops")                                             \
     X(rail_stall_ms, RX_K_INT, "100", "COHORT_RAIL_STALL_MS", 1, INT_MAX,                          \
-      "a link whose sent frames go unacknowledged this long, while another rail's do not, "        \
-      "is taken for failed")                                                                       \
+      "a link whose sent frames go unacknowledged this long (a verbs link: its RDMA writes "       \
+      "without a completion), while another rail's do not, is taken for failed")                   \
     X(rail_probe_ms, RX_K_INT, "500", "COHORT_RAIL_PROBE_MS", 1, INT_MAX,                          \
       "a link moved off its interface tries it again this often")                                  \
     X(lb_epoch, RX_K_INT, "16", "COHORT_LB_EPOCH", 0, 1 << 20,                                     \

@@ -184,6 +184,7 @@ for p in "${plan[@]}"; do
     echo "$t" >>"$out/cuts"
     sleep "$h"
     [ "$h" = "$long" ] && echo "$t $(mono)" >"$out/longcut"
+    [ "$hard" = 2 ] && echo "$t $(mono)" >"$out/blackhole"
     for d in $devs; do
       if [ "$hard" = 2 ]; then
         ip netns exec "$C-$r" nft delete table inet "cohort_cut_$d"
@@ -293,6 +294,18 @@ if [ "$verbs" = 1 ]; then
   awk -v h="$hit_s" -v a="$l0" -v b="$l1" 'BEGIN { exit !(h != "x" && h + 0 < b - a) }' ||
     { echo "FAIL: the op in flight at the long cut did not end before eth1 came back"; fail=1; }
   [ "$during" -ge 3 ] || { echo "FAIL: only $during ops ran during the long cut"; fail=1; }
+  # The blackhole: the links' writes wait while eth0's complete, so the
+  # stall watch fails them after COHORT_RAIL_STALL_MS (100 ms), not the
+  # QP's retries (the soft provider's 1 s: the op hit took 1.34-1.40 s so,
+  # and 2.1 s with the first dial through eth1). The slowest op that ran in
+  # its first second:
+  read -r b0 b1 <"$out/blackhole" 2>/dev/null || { b0=0 b1=0; }
+  bh=$(awk -F, -v a="$b0" '/^\[0\] op,/ && $5 > a && $4 < a + 1 { if ($6 > m) m = $6 } END { printf "%.1f", m }' "$log")
+  echo "blackhole: the slowest op in its first second took $bh ms"
+  if [ "${COHORT_TIMING_CHECKS:-1}" != 0 ] && ! awk -v m="$bh" 'BEGIN { exit !(m > 0 && m < 900) }'; then
+    echo "FAIL: an op in the blackhole's first second took $bh ms (the stall watch did not move its links)"
+    fail=1
+  fi
 fi
 # A return after the last cut, and ops after that return.
 lastcut=$(tail -1 "$out/cuts" 2>/dev/null || echo 0)
