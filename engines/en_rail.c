@@ -238,6 +238,22 @@ int en_rail_set_routes(en_rail_t *rail, int peer, const struct sockaddr_storage 
     return 0;
 }
 
+void en_rail_progress(en_rail_t *rail, uint64_t now)
+{
+    if (rail->progress_ns)
+        atomic_store_explicit(&rail->progress_ns[rail->index], now, memory_order_relaxed);
+}
+
+bool en_rail_others_progress(const en_rail_t *rail, uint64_t now)
+{
+    uint64_t stall = (uint64_t)rail->stall_ms * 1000000ull;
+    for (int j = 0; rail->progress_ns && j < rail->nrails; j++)
+        if (j != rail->index &&
+            now - atomic_load_explicit(&rail->progress_ns[j], memory_order_relaxed) < stall)
+            return true;
+    return false;
+}
+
 bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out)
 {
     if (peer < 0 || peer >= rail->world || via < 0 || via >= rail->nrails) return false;

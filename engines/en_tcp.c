@@ -515,8 +515,7 @@ static void on_ack(tcp_conn_t *t, uint64_t off)
     uint64_t now = bs_now_ns();
     t->t_progress_ns = now;
     en_rail_t *rail = t->base.rail;
-    if (rail->progress_ns)
-        atomic_store_explicit(&rail->progress_ns[rail->index], now, memory_order_relaxed);
+    en_rail_progress(rail, now);
     if (off > t->tx_acked) {
         t->tx_acked = off;
         tx_reap(t);
@@ -1135,12 +1134,7 @@ static void watch_cb(uv_timer_t *h)
     if (stalled && !t->dial) {
         /* Only a link that stalls while another rail moves is at fault; when
          * every rail stalls the peer is (op timeouts and liveness judge it). */
-        bool others = false;
-        for (int j = 0; rail->progress_ns && j < rail->nrails; j++)
-            if (j != rail->index &&
-                now - atomic_load_explicit(&rail->progress_ns[j], memory_order_relaxed) < stall)
-                others = true;
-        if (others) {
+        if (en_rail_others_progress(rail, now)) {
             char why[96];
             snprintf(why, sizeof(why), "no progress for %.0f ms%s",
                      (double)(now - t->t_progress_ns) / 1e6,

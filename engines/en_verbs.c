@@ -675,9 +675,7 @@ static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
      * judge a silent link only while this rail's completions come). */
     uint64_t now = bs_now_ns();
     t->t_wc_ns = now;
-    if (t->base.rail->progress_ns)
-        atomic_store_explicit(&t->base.rail->progress_ns[t->base.rail->index], now,
-                              memory_order_relaxed);
+    en_rail_progress(t->base.rail, now);
     if (k == VB_WR_SEND) { /* room in the send queue: what waited for it */
         t->sq_done++;
         if (!t->keep) zc_reap(t);
@@ -2050,11 +2048,7 @@ static void watch_cb(uv_timer_t *h)
     en_rail_t *rail = tr->rail;
     if (rail->closing || !rail->progress_ns) return;
     uint64_t now = bs_now_ns(), stall = (uint64_t)rail->stall_ms * 1000000ull;
-    bool others = false;
-    for (int j = 0; j < rail->nrails; j++)
-        if (j != rail->index &&
-            now - atomic_load_explicit(&rail->progress_ns[j], memory_order_relaxed) < stall)
-            others = true;
+    bool others = en_rail_others_progress(rail, now);
     for (vb_conn_t *t = tr->conns, *next; t; t = next) {
         next = t->next; /* fail_link may close t */
         if (t->phase != VB_LIVE || !t->qp || t->err) continue;

@@ -653,6 +653,12 @@ int en_rail_check_hello(en_rail_t *rail, const en_hello_t *h, bool incoming, cha
 void en_rail_fill_hello(en_rail_t *rail, en_hello_t *h);
 /* Report a failover, return or loss to the observer (and the log). */
 void en_rail_event(en_rail_t *rail, int kind, int peer, int via, double pause_s, const char *why);
+/* The stall rule's shared clock (progress_ns): this rail's links made
+ * progress at now (an ACK, an RDMA completion); whether another rail of
+ * the rank did within the last stall_ms (only then is a silent link at
+ * fault, not its peer). */
+void en_rail_progress(en_rail_t *rail, uint64_t now);
+bool en_rail_others_progress(const en_rail_t *rail, uint64_t now);
 /* Copy of peer's route through interface via; false when unknown. */
 bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out);
 
