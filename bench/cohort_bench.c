@@ -433,12 +433,17 @@ int main(int argc, char **argv)
             coh_request_free(req);
             if (it >= o.warmup) pb_record(times, span_in, span_out, it - o.warmup, t0, t1);
         }
-        /* This rank's CPU over the timed iterations, read before the check
-         * and the gathering below (as mpi-bench and gloo-bench do): checking
-         * 16 MiB took longer than two of its allreduces, and a figure read
-         * after it put cohort at 1.1-1.3x its own CPU per GB in run.sh. */
-        double cpu = pb_cpu_s() - cpu0;
-        double rate = (pb_compute_flops(&comp) - f0) / ((now_us() - w0) * 1e-6);
+        /* Each rank's CPU over the timed iterations, read before the check
+         * (checking 16 MiB took longer than two of its allreduces) and summed
+         * over the ranks before any rank checks, as mpi-bench and gloo-bench
+         * do: that allreduce holds every rank until all have read theirs, so
+         * no rank's check overlaps another's last wait (on 2 cores the
+         * waiting rank spun while the checker held a CPU, and at -n 2 its
+         * figure rose 1.7x; mp.bench.cpu_window). */
+        double cr[2] = {pb_cpu_s() - cpu0,
+                        (pb_compute_flops(&comp) - f0) / ((now_us() - w0) * 1e-6)};
+        st = coh_allreduce_sync(W, NULL, cr, 2, COH_F64, COH_SUM);
+        if (st) die("gathering the CPU figures", st, NULL);
         if (o.device) {
             if (o.check && (st = coh_mem_copy(ctx, hrecv, recv, recv_n * es)))
                 die("device buffers", st, NULL);
@@ -451,10 +456,8 @@ int main(int argc, char **argv)
         /* Slowest rank per iteration, and the total of wrong elements. */
         st = coh_allreduce_sync(W, NULL, times, (size_t)o.iters, COH_F64, COH_MAX);
         if (st) die("gathering times", st, NULL);
-        /* w3[3]: every rank's CPU seconds over the timed iterations; w3[4]: its
-         * compute threads' flops per second then. */
-        double w3[5] = {(double)wrong, lossacc[0], lossacc[1], cpu, rate};
-        st = coh_allreduce_sync(W, NULL, w3, 5, COH_F64, COH_SUM);
+        double w3[3] = {(double)wrong, lossacc[0], lossacc[1]};
+        st = coh_allreduce_sync(W, NULL, w3, 3, COH_F64, COH_SUM);
         if (st) die("gathering checks", st, NULL);
         double w = w3[0];
         /* With a loss bound, short elements are the point, not a failure. */
@@ -499,8 +502,8 @@ int main(int argc, char **argv)
                 printf(" %12llu %12zu %7s %6s %10.2f %8.3f %8.3f %7s\n", (unsigned long long)b,
                        total, coh_dtype_name(o.dtype), coh_redop_name(o.op), t, algbw, algbw * bus,
                        o.check ? (w ? "WRONG" : "0") : "n/a");
-            pb_print_cpu(o.csv, o.iters, (size_t)b, w3[3]);
-            if (comp.n) pb_print_compute(o.csv, (size_t)b, w3[4]);
+            pb_print_cpu(o.csv, o.iters, (size_t)b, cr[0]);
+            if (comp.n) pb_print_compute(o.csv, (size_t)b, cr[1]);
             fflush(stdout);
         }
         free(send);
