@@ -238,6 +238,35 @@ int en_rail_set_routes(en_rail_t *rail, int peer, const struct sockaddr_storage 
     return 0;
 }
 
+void en_rail_listen_at(const en_rail_t *rail, const struct sockaddr *addr,
+                       struct sockaddr_storage *at)
+{
+    memset(at, 0, sizeof(*at));
+    memcpy(at, addr, sa_len(addr));
+    if (!rail->failover) return;
+    if (at->ss_family == AF_INET) {
+        ((struct sockaddr_in *)at)->sin_addr.s_addr = htonl(INADDR_ANY);
+    } else if (at->ss_family == AF_INET6) {
+        /* It was bound to the rail's address only: a resume through
+         * another interface found nothing listening there (refused), and
+         * on IPv6 no link could move. */
+        ((struct sockaddr_in6 *)at)->sin6_addr = in6addr_any;
+        ((struct sockaddr_in6 *)at)->sin6_scope_id = 0;
+    }
+}
+
+void en_rail_listen_named(const struct sockaddr *addr, struct sockaddr_storage *bound)
+{
+    uint16_t port = bound->ss_family == AF_INET6 ? ((struct sockaddr_in6 *)bound)->sin6_port
+                                                 : ((struct sockaddr_in *)bound)->sin_port;
+    memset(bound, 0, sizeof(*bound));
+    memcpy(bound, addr, sa_len(addr));
+    if (bound->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)bound)->sin6_port = port;
+    else
+        ((struct sockaddr_in *)bound)->sin_port = port;
+}
+
 void en_rail_progress(en_rail_t *rail, uint64_t now)
 {
     if (rail->progress_ns)

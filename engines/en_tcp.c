@@ -994,7 +994,10 @@ static int dial_resume(tcp_conn_t *t, int via)
     s->expect_peer = t->base.peer;
     sock_bind(s, t);
     struct sockaddr_storage local = rail->locals[via];
-    if (local.ss_family == AF_INET) ((struct sockaddr_in *)&local)->sin_port = 0;
+    if (local.ss_family == AF_INET)
+        ((struct sockaddr_in *)&local)->sin_port = 0;
+    else
+        ((struct sockaddr_in6 *)&local)->sin6_port = 0;
     int e = uv_tcp_bind(&s->tcp, (struct sockaddr *)&local, 0);
     s->creq.data = s;
     s->to = to;
@@ -1274,13 +1277,9 @@ static int tcp_listen(en_rail_t *rail, const struct sockaddr *addr, struct socka
     tr->rail = rail;
     uv_tcp_init(rail->loop, &tr->listen);
     tr->listen.data = tr;
-    /* With failover a peer may reach this rail through any interface. */
     struct sockaddr_storage at;
-    memcpy(&at, addr,
-           addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
-    if (rail->failover && at.ss_family == AF_INET)
-        ((struct sockaddr_in *)&at)->sin_addr.s_addr = htonl(INADDR_ANY);
-    int e = uv_tcp_bind(&tr->listen, (struct sockaddr *)&at, 0);
+    en_rail_listen_at(rail, addr, &at);
+    int e = uv_tcp_bind(&tr->listen, (struct sockaddr *)&at, 0); /* IPv6: dual stack */
     if (!e) e = uv_listen((uv_stream_t *)&tr->listen, 1024, on_connection);
     if (e) {
         uv_close((uv_handle_t *)&tr->listen, listener_closed);
@@ -1288,8 +1287,7 @@ static int tcp_listen(en_rail_t *rail, const struct sockaddr *addr, struct socka
     }
     int len = sizeof(*bound);
     uv_tcp_getsockname(&tr->listen, (struct sockaddr *)bound, &len);
-    if (rail->failover && at.ss_family == AF_INET)
-        ((struct sockaddr_in *)bound)->sin_addr = ((const struct sockaddr_in *)addr)->sin_addr;
+    en_rail_listen_named(addr, bound);
     rail->listener = tr;
     return 0;
 }

@@ -2078,16 +2078,16 @@ static int vb_listen(en_rail_t *rail, const struct sockaddr *addr, struct sockad
     /* With failover a resume may come through any interface (a link moved
      * to another rail's device), as to a TCP rail's listener. */
     struct sockaddr_storage at;
-    memcpy(&at, addr, al);
-    if (rail->failover && at.ss_family == AF_INET)
-        ((struct sockaddr_in *)&at)->sin_addr.s_addr = htonl(INADDR_ANY);
+    en_rail_listen_at(rail, addr, &at);
+    int v6only = 0; /* dual stack, as libuv binds the TCP rails' */
+    if (at.ss_family == AF_INET6)
+        setsockopt(tr->lfd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
     if (bind(tr->lfd, (struct sockaddr *)&at, al) != 0 || listen(tr->lfd, 256) != 0)
         return bs_fail(COH_ESYS, "verbs: listening: %s", strerror(errno));
     socklen_t bl = sizeof(*bound);
     if (getsockname(tr->lfd, (struct sockaddr *)bound, &bl) != 0)
         return bs_fail(COH_ESYS, "verbs: getsockname: %s", strerror(errno));
-    if (rail->failover && at.ss_family == AF_INET)
-        ((struct sockaddr_in *)bound)->sin_addr = ((const struct sockaddr_in *)addr)->sin_addr;
+    en_rail_listen_named(addr, bound);
     if (uv_poll_init(rail->loop, &tr->lpoll, tr->lfd) != 0)
         return bs_fail(COH_ESYS, "verbs: poll on the listener");
     tr->lpoll.data = tr;

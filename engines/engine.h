@@ -661,6 +661,14 @@ void en_rail_progress(en_rail_t *rail, uint64_t now);
 bool en_rail_others_progress(const en_rail_t *rail, uint64_t now);
 /* Copy of peer's route through interface via; false when unknown. */
 bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out);
+/* A listener's address: with failover a peer may reach this rail through
+ * any interface (a link resumed through another rail's), so every address
+ * (IPv6: dual stack, so that an IPv4 interface's route reaches it too);
+ * else the rail's own. en_rail_listen_named: what the peers are told, the
+ * rail's own address at the port bound. */
+void en_rail_listen_at(const en_rail_t *rail, const struct sockaddr *addr,
+                       struct sockaddr_storage *at);
+void en_rail_listen_named(const struct sockaddr *addr, struct sockaddr_storage *bound);
 
 /* The shared-memory transport (en_shm.c). init and fini: any thread. */
 int en_shm_init(en_rail_t *rail, const char *dir, const char *name, size_t ring_bytes,
