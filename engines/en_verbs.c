@@ -632,7 +632,7 @@ static bool take_imm(vb_conn_t *t, uint32_t imm)
     return true;
 }
 
-static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
+static bool on_wc(const vb_dev_t *d, const struct ibv_wc *wc, uint64_t now)
 {
     vb_conn_t *t = (vb_conn_t *)(uintptr_t)(wc->wr_id & ~(uint64_t)1);
     vb_kind k = (vb_kind)(wc->wr_id & 1);
@@ -643,19 +643,19 @@ static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
         t->old_out--;
         if (wc->status == IBV_WC_SUCCESS && k == VB_WR_RECV && t->phase != VB_CLOSED &&
             !take_imm(t, ntohl(wc->imm_data)))
-            return;
-        if (t->old_out > 0) return;
+            return false;
+        if (t->old_out > 0) return false;
         if (t->phase == VB_CLOSED)
             maybe_free(t);
         else
             qp_flushed(t);
-        return;
+        return false;
     }
     t->wr_out--;
     if (k == VB_WR_SEND) t->sq_out--;
     if (t->phase == VB_CLOSED) {
         maybe_free(t);
-        return;
+        return false;
     }
     if (wc->status != IBV_WC_SUCCESS) {
         char why[160];
@@ -669,27 +669,25 @@ static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
          * unanswered. Another rail's device is tried first. */
         if (wc->status == IBV_WC_RETRY_EXC_ERR && t->via == t->tr->own) t->own_suspect = true;
         fail_link(t, why);
-        return;
+        return false;
     }
-    /* Progress, for this link's stall watch and the other rails' (theirs
-     * judge a silent link only while this rail's completions come). */
-    uint64_t now = bs_now_ns();
+    /* Progress, for this link's stall watch (the other rails' is told
+     * once per batch, in drain: true). */
     t->t_wc_ns = now;
-    en_rail_progress(t->base.rail, now);
     if (k == VB_WR_SEND) { /* room in the send queue: what waited for it */
         t->sq_done++;
         if (!t->keep) zc_reap(t);
         if (t->tx_posted != t->tx_tail || t->tx_told != t->tx_tail || t->rx_told != t->rx_head ||
             t->q_head)
             kick(t);
-        return;
+        return true;
     }
     /* An immediate: the peer's new tail (data for us) or head (room). */
     if (post_recv(t) != 0) {
         conn_close(t, COH_ESYS, "posting an RDMA receive failed");
-        return;
+        return true;
     }
-    if (!take_imm(t, ntohl(wc->imm_data))) return;
+    if (!take_imm(t, ntohl(wc->imm_data))) return true;
     /* Traffic: a later failure starts afresh. One that comes while we
      * resume (the peer's head, told as it went live, can beat its READY)
      * counts once we are live too: an idle link's only immediate came so,
@@ -699,6 +697,7 @@ static void on_wc(const vb_dev_t *d, const struct ibv_wc *wc)
     else
         t->rx_new = true;
     kick(t);
+    return true;
 }
 
 /* Drain the completion queues (the own device's, and those links moved
@@ -711,8 +710,15 @@ static bool drain(en_verbs_t *tr)
     for (int k = 0; k < tr->rail->nrails && k < EN_MAX_RAILS; k++) {
         const vb_dev_t *d = &tr->dev[k];
         while (d->cq && (n = tr->ib->poll_cq(d->cq, 32, wc)) > 0) {
+            /* One clock read per batch, not per completion. Progress, for
+             * the other rails' stall watch too (theirs judge a silent link
+             * only while this rail's completions come): a live link's
+             * successful completion, not a flush. */
+            uint64_t now = bs_now_ns();
+            bool progress = false;
             any = true;
-            for (int i = 0; i < n; i++) on_wc(d, &wc[i]);
+            for (int i = 0; i < n; i++) progress |= on_wc(d, &wc[i], now);
+            if (progress) en_rail_progress(tr->rail, now);
         }
     }
     if (tr->regs) en_regcache_sweep(tr->regs); /* declarations taken back */
