@@ -560,6 +560,14 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
         if (!ptr[FF_T_RECV]) return ff_fail(e, COH_ENOMEM, "recv", "field 'recv': out of memory");
     }
     coh_comm_t *w = fc->world;
+    /* Where the buffers are: as asked; with no addr tensor (all inline or
+     * allocated here, host memory) nothing to ask the device runtime. */
+    int mem = r->mem;
+    bool any_addr = false;
+    for (int t = 0; t < FF_NTENSORS; t++) any_addr |= r->t[t].kind == FF_TENSOR_ADDR;
+    if (mem == COH_MEM_AUTO && !any_addr) mem = COH_MEM_HOST;
+    void *stream = (void *)(uintptr_t)r->stream;
+    coh_coll_opts_t co = {.mem = mem, .stream = stream};
     int st;
     switch (r->type) {
     case FF_ALLREDUCE: {
@@ -569,7 +577,9 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
                                   .loss_bound = r->loss_bound,
                                   .pull_loss_bound = r->pull_loss_bound,
                                   .layer = r->layer,
-                                  .nlayers = r->nlayers};
+                                  .nlayers = r->nlayers,
+                                  .mem = mem,
+                                  .stream = stream};
         if (r->t[FF_T_BUF].kind != FF_TENSOR_NONE)
             st = coh_allreduce_ex(w, NULL, ptr[FF_T_BUF], s->count, r->dtype, r->op, &o, req);
         else
@@ -578,13 +588,14 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
         break;
     }
     case FF_BROADCAST:
-        st = coh_broadcast(w, ptr[FF_T_BUF], s->count, r->dtype, r->root, req);
+        st = coh_broadcast_ex(w, ptr[FF_T_BUF], s->count, r->dtype, r->root, &co, req);
         break;
     case FF_ALLGATHER:
-        st = coh_allgather(w, ptr[FF_T_SEND], ptr[FF_T_RECV], s->count, r->dtype, req);
+        st = coh_allgather_ex(w, ptr[FF_T_SEND], ptr[FF_T_RECV], s->count, r->dtype, &co, req);
         break;
     case FF_REDUCE_SCATTER:
-        st = coh_reduce_scatter(w, ptr[FF_T_SEND], ptr[FF_T_RECV], s->count, r->dtype, r->op, req);
+        st = coh_reduce_scatter_ex(w, ptr[FF_T_SEND], ptr[FF_T_RECV], s->count, r->dtype, r->op,
+                                   &co, req);
         break;
     case FF_BARRIER: st = coh_barrier(w, req); break;
     case FF_SYNC: {
@@ -747,6 +758,26 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
         ff_pack_kv_int(&pk, "failed", pi.nfailed);
         pack_links(&pk, links, n);
         coh_free(links);
+        break;
+    }
+    case FF_STREAM_WAIT: {
+        /* The request stays the caller's: its completion is still answered
+         * by wait or test, once. */
+        uv_mutex_lock(&fc->mu);
+        ff_op_t *op = table_get(&fc->ops, r->request);
+        if (op) atomic_fetch_add(&op->refs, 1);
+        uv_mutex_unlock(&fc->mu);
+        coh_request_t *req = op ? atomic_load(&op->req) : NULL;
+        if (!op)
+            st = ff_fail(&e, COH_EINVAL, "request",
+                         "request handle 0x%" PRIx64 " is not a live request of this context",
+                         r->request);
+        else if (!req)
+            st = ff_fail(&e, COH_EAGAIN, "request", "the request is being submitted");
+        else if ((st = coh_request_stream_wait(req, (void *)(uintptr_t)r->stream)) < 0)
+            ff_fail(&e, st, "", "%s", coh_last_error());
+        op_put(op);
+        ff_pack_head(&pk, st, &e, r->type, has_id, r->id, 0);
         break;
     }
     case FF_SYNC_LEAVE:

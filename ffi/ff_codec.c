@@ -20,8 +20,9 @@
 const char *const ff_tensor_names[FF_NTENSORS] = {"buf", "send", "recv"};
 
 static const char *const type_names[FF_TYPE_COUNT] = {
-    "allreduce", "broadcast",   "allgather", "reduce_scatter", "barrier",  "sync",         "info",
-    "stats",     "event_clear", "logs",      "sync_leave",     "lb_table", "failed_ranks", "probe"};
+    "allreduce",  "broadcast", "allgather",    "reduce_scatter", "barrier",
+    "sync",       "info",      "stats",        "event_clear",    "logs",
+    "sync_leave", "lb_table",  "failed_ranks", "probe",          "stream_wait"};
 
 const char *ff_type_name(ff_type t)
 {
@@ -37,6 +38,11 @@ const char *ff_sync_mode_name(ff_sync_mode m)
 }
 
 static const char *const algo_names[FF_ALGO_COUNT] = {"default", "relay"};
+
+/* coh_mem's values, by index. */
+static const char *const mem_names[] = {"auto", "host", "device"};
+_Static_assert(COH_MEM_AUTO == 0 && COH_MEM_HOST == 1 && COH_MEM_DEVICE == 2,
+               "mem_names follows coh_mem");
 
 const char *ff_algo_name(ff_algo a)
 {
@@ -258,17 +264,22 @@ static const field_t req_fields[] = {
     {"pull_loss_bound", FF_F_PULL_LOSS},
     {"layer", FF_F_LAYER},
     {"nlayers", FF_F_NLAYERS},
+    {"mem", FF_F_MEM},
+    {"stream", FF_F_STREAM},
+    {"request", FF_F_REQUEST},
 };
 #define NFIELDS ((int)(sizeof(req_fields) / sizeof(req_fields[0])))
 
 #define F_COMMON (FF_F_V | FF_F_TYPE | FF_F_ID | FF_F_ASYNC | FF_F_TIMEOUT)
+#define F_DEVICE (FF_F_MEM | FF_F_STREAM) /* the collectives that take device buffers */
 static const uint32_t allowed[FF_TYPE_COUNT] = {
-    [FF_ALLREDUCE] = F_COMMON | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_BUF | FF_F_SEND |
-                     FF_F_RECV | FF_F_ALGO | FF_F_ITERATION | FF_F_LOSS | FF_F_PULL_LOSS |
-                     FF_F_LAYER | FF_F_NLAYERS,
-    [FF_BROADCAST] = F_COMMON | FF_F_DTYPE | FF_F_ROOT | FF_F_COUNT | FF_F_BUF,
-    [FF_ALLGATHER] = F_COMMON | FF_F_DTYPE | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
-    [FF_REDUCE_SCATTER] = F_COMMON | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
+    [FF_ALLREDUCE] = F_COMMON | F_DEVICE | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_BUF |
+                     FF_F_SEND | FF_F_RECV | FF_F_ALGO | FF_F_ITERATION | FF_F_LOSS |
+                     FF_F_PULL_LOSS | FF_F_LAYER | FF_F_NLAYERS,
+    [FF_BROADCAST] = F_COMMON | F_DEVICE | FF_F_DTYPE | FF_F_ROOT | FF_F_COUNT | FF_F_BUF,
+    [FF_ALLGATHER] = F_COMMON | F_DEVICE | FF_F_DTYPE | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
+    [FF_REDUCE_SCATTER] =
+        F_COMMON | F_DEVICE | FF_F_DTYPE | FF_F_OP | FF_F_COUNT | FF_F_SEND | FF_F_RECV,
     [FF_BARRIER] = F_COMMON,
     [FF_SYNC] =
         F_COMMON | FF_F_DTYPE | FF_F_COUNT | FF_F_BUF | FF_F_ITERATION | FF_F_WEIGHT | FF_F_MODE,
@@ -280,6 +291,7 @@ static const uint32_t allowed[FF_TYPE_COUNT] = {
     [FF_LB_TABLE] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_FAILED_RANKS] = FF_F_V | FF_F_TYPE | FF_F_ID,
     [FF_PROBE] = FF_F_V | FF_F_TYPE | FF_F_ID,
+    [FF_STREAM_WAIT] = FF_F_V | FF_F_TYPE | FF_F_ID | FF_F_REQUEST | FF_F_STREAM,
 };
 
 static const char *field_name(uint32_t bit)
@@ -359,6 +371,12 @@ static int decode_field(const field_t *fd, const msgpack_object *v, const void *
         if (get_int(v, f, 0, INT_MAX, &i64, e) < 0) return e->status;
         *(fd->bit == FF_F_LAYER ? &r->layer : &r->nlayers) = (int)i64;
         return 0;
+    case FF_F_MEM:
+        if (get_enum(v, f, mem_names, 3, &k, e) < 0) return e->status;
+        r->mem = k; /* the names are coh_mem's order */
+        return 0;
+    case FF_F_STREAM: return get_u64(v, f, &r->stream, e);
+    case FF_F_REQUEST: return get_u64(v, f, &r->request, e);
     default: return ff_fail(e, COH_EINTERNAL, f, "field '%s': no decoder", f);
     }
 }
@@ -449,6 +467,20 @@ int ff_decode_request(const void *buf, size_t len, ff_req_t *r, ff_err_t *e)
         st = ff_fail(e, COH_EINVAL, "layer", "field 'layer': needs 'nlayers' above it");
         goto out;
     }
+    if (r->type == FF_STREAM_WAIT && !(r->seen & FF_F_REQUEST)) {
+        st = ff_fail(e, COH_EINVAL, "request", "missing field 'request'");
+        goto out;
+    }
+    /* Inline tensors are the ABI's own copies, in host memory. */
+    if (r->mem == COH_MEM_DEVICE)
+        for (int t = 0; t < FF_NTENSORS; t++)
+            if (r->t[t].kind == FF_TENSOR_INLINE) {
+                st = ff_fail(e, COH_EINVAL, "mem",
+                             "field 'mem': 'device' needs addr tensors ('%s' is inline data, "
+                             "copied to host memory)",
+                             ff_tensor_names[t]);
+                goto out;
+            }
     /* An allreduce's iteration is the relay group's step number. */
     if (r->type == FF_ALLREDUCE && (r->seen & FF_F_ITERATION) && r->algo != FF_ALGO_RELAY) {
         st = ff_fail(e, COH_EINVAL, "iteration",

@@ -86,6 +86,7 @@ typedef enum ff_type {
     FF_LB_TABLE,     /* coh_lb_table: the rail balancer's newest table, as text */
     FF_FAILED_RANKS, /* coh_comm_failed_ranks of the world */
     FF_PROBE,        /* coh_probe: every link's latency and rate (collective) */
+    FF_STREAM_WAIT,  /* coh_request_stream_wait: a device stream waits for a request */
     FF_TYPE_COUNT
 } ff_type;
 const char *ff_type_name(ff_type t);
@@ -146,6 +147,9 @@ typedef struct ff_req {
     ff_algo algo;
     double loss_bound, pull_loss_bound; /* allreduce: coh_allreduce_opts_t's */
     int layer, nlayers;
+    int mem;          /* coh_mem: where addr tensors live (inline ones are host) */
+    uint64_t stream;  /* the cudaStream_t the op follows (stream_wait: that waits) */
+    uint64_t request; /* stream_wait: the request handle */
 } ff_req_t;
 
 /* Field bits of ff_req_t.seen. */
@@ -170,6 +174,9 @@ enum {
     FF_F_PULL_LOSS = 1u << 17,
     FF_F_LAYER = 1u << 18,
     FF_F_NLAYERS = 1u << 19,
+    FF_F_MEM = 1u << 20,
+    FF_F_STREAM = 1u << 21,
+    FF_F_REQUEST = 1u << 22,
 };
 
 /* Decode a request map. Returns 0, or a negative status with err filled

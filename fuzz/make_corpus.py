@@ -67,6 +67,11 @@ def ffi():
         "logs": {"type": "logs", "id": 2**63 - 1},
         "failed_ranks": {"type": "failed_ranks"},
         "probe": {"type": "probe", "id": 3},
+        "allreduce_device": {"type": "allreduce", "dtype": "f32", "mem": "device",
+                             "stream": 2**63, "buf": addr},
+        "broadcast_device_inline": {"type": "broadcast", "dtype": "u8", "mem": "device",
+                                    "buf": b"abcd"},
+        "stream_wait": {"type": "stream_wait", "request": 2**32 + 1, "stream": 7},
         # boundary and bad
         "empty_map": {},
         "unknown_field": {"type": "info", "dtpye": "f32"},

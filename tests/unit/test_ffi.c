@@ -947,6 +947,147 @@ static void test_abi_collectives(void **state)
     coh_ffi_free(resp);
 }
 
+/* One counter of a "stats" answer. */
+static uint64_t stat_of(uint64_t h, const char *name)
+{
+    mpbuf_t b;
+    void *resp;
+    size_t len, off = 0;
+    mp(&b, "m1 s s", 1, "type", "stats");
+    assert_int_equal(coh_ffi_call(h, b.data, b.len, &resp, &len), 0);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, resp, len, &off), MSGPACK_UNPACK_SUCCESS);
+    uint64_t v = UINT64_MAX;
+    const msgpack_object_map *m = &u.data.via.map;
+    for (uint32_t i = 0; i < m->size; i++) {
+        const msgpack_object *k = &m->ptr[i].key;
+        if (k->type != MSGPACK_OBJECT_STR || k->via.str.size != 5 ||
+            memcmp(k->via.str.ptr, "stats", 5) != 0)
+            continue;
+        const msgpack_object_map *sm = &m->ptr[i].val.via.map;
+        for (uint32_t j = 0; j < sm->size; j++) {
+            const msgpack_object *sk = &sm->ptr[j].key;
+            if (sk->via.str.size == strlen(name) && !memcmp(sk->via.str.ptr, name, strlen(name)))
+                v = sm->ptr[j].val.via.u64;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    coh_ffi_free(resp);
+    if (v == UINT64_MAX) fail_msg("no stat %s", name);
+    return v;
+}
+
+/* Device buffers through the ABI: "mem" and "stream" reach the C API's _ex
+ * calls, and "stream_wait" its coh_request_stream_wait. Without a device
+ * runtime they are refused as in C; on the host emulation (COHORT_GPU=host)
+ * the memory is coh_mem_alloc's, which the CPU cannot touch (an inaccessible
+ * range), so an op that took it for host memory would fault. */
+static void test_abi_device(void **state)
+{
+    (void)state;
+    mpbuf_t b;
+    float x[6] = {1, 2, 3, 4, 5, 6}, y[6] = {0};
+    setenv("COHORT_GPU", "off", 1);
+    uint64_t h = create();
+    answer_t a =
+        call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "allreduce", "dtype", "f32", "buf",
+                   2, "addr", ADDR(x), "nbytes", U(sizeof(x)), "mem", "device"));
+    assert_int_equal(a.status, COH_EUNSUPPORTED);
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "broadcast", "dtype", "f32", "buf",
+                   2, "addr", ADDR(x), "nbytes", U(sizeof(x)), "mem", "host"));
+    assert_int_equal(a.status, 0);
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s t", 4, "type", "allreduce", "dtype", "f32", "buf",
+                   2, "addr", ADDR(x), "nbytes", U(sizeof(x)), "async"));
+    assert_int_equal(a.status, 0);
+    assert_true(a.has_request);
+    uint64_t rq = a.request;
+    /* Pending: no device runtime to wait with; complete: nothing to wait for. */
+    a = call(h, mp(&b, "m2 s s s u", 2, "type", "stream_wait", "request", rq));
+    assert_true(a.status == COH_EUNSUPPORTED || a.status == 0);
+    void *resp;
+    size_t len;
+    assert_int_equal(coh_ffi_wait(h, rq, -1, &resp, &len), 0);
+    coh_ffi_free(resp);
+    /* Its completion was answered: the handle is gone. */
+    a = call(h, mp(&b, "m3 s s s u s u", 3, "type", "stream_wait", "request", rq, "stream", U(0)));
+    assert_int_equal(a.status, COH_EINVAL);
+    assert_string_equal(a.field, "request");
+    assert_string_equal(a.type, "stream_wait");
+    assert_int_equal(coh_ffi_destroy(h, &resp, &len), 0);
+    coh_ffi_free(resp);
+
+    setenv("COHORT_GPU", "host", 1);
+    h = create();
+    coh_ctx_t *ctx; /* device memory: the emulation's allocations are the process's */
+    assert_int_equal(coh_init(NULL, &ctx), COH_OK);
+    void *d = NULL;
+    assert_int_equal(coh_mem_alloc(ctx, sizeof(x), &d), COH_OK);
+    assert_int_equal(coh_mem_copy(ctx, d, x, sizeof(x)), COH_OK);
+    /* Found out (no "mem": auto), then said, with a stream (0: the default). */
+    a = call(h, mp(&b, "m3 s s s s s m2 s u s u", 3, "type", "allreduce", "dtype", "f32", "buf", 2,
+                   "addr", ADDR(d), "nbytes", U(sizeof(x))));
+    assert_int_equal(a.status, 0);
+    a = call(h, mp(&b, "m5 s s s s s m2 s u s u s s s u", 5, "type", "allreduce", "dtype", "f32",
+                   "buf", 2, "addr", ADDR(d), "nbytes", U(sizeof(x)), "mem", "device", "stream",
+                   U(0)));
+    assert_int_equal(a.status, 0);
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "broadcast", "dtype", "f32", "buf",
+                   2, "addr", ADDR(d), "nbytes", U(sizeof(x)), "mem", "device"));
+    assert_int_equal(a.status, 0);
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "allgather", "dtype", "f32",
+                   "recv", 2, "addr", ADDR(d), "nbytes", U(sizeof(x)), "mem", "device"));
+    assert_int_equal(a.status, 0);
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "reduce_scatter", "dtype", "f32",
+                   "recv", 2, "addr", ADDR(d), "nbytes", U(sizeof(x)), "mem", "device"));
+    assert_int_equal(a.status, 0);
+    assert_int_equal(coh_mem_copy(ctx, y, d, sizeof(y)), COH_OK);
+    assert_memory_equal(x, y, sizeof(x));       /* a world of one: every op keeps the input */
+    assert_int_equal(stat_of(h, "gpu_ops"), 5); /* each ran as a device op */
+    /* Host memory said to be host: not a device op. */
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "allreduce", "dtype", "f32", "buf",
+                   2, "addr", ADDR(y), "nbytes", U(sizeof(y)), "mem", "host"));
+    assert_int_equal(a.status, 0);
+    assert_int_equal(stat_of(h, "gpu_ops"), 5);
+    /* A stream waits for an async op; its completion is still answered once. */
+    a = call(h, mp(&b, "m5 s s s s s m2 s u s u s s s t", 5, "type", "allreduce", "dtype", "f32",
+                   "buf", 2, "addr", ADDR(d), "nbytes", U(sizeof(x)), "op", "max", "async"));
+    assert_int_equal(a.status, 0);
+    rq = a.request;
+    a = call(h, mp(&b, "m4 s s s u s u s i", 4, "type", "stream_wait", "request", rq, "stream",
+                   U(0), "id", I(11)));
+    assert_int_equal(a.status, 0);
+    assert_true(a.has_id && a.id == 11);
+    assert_int_equal(coh_ffi_wait(h, rq, -1, &resp, &len), 0);
+    coh_ffi_free(resp);
+    /* Refused: device with inline data, an unknown place, a stream where no
+     * buffer is, a stream_wait without its request, a sync of device memory
+     * (the C API takes host buffers only there). */
+    a = call(h, mp(&b, "m4 s s s s s b s s", 4, "type", "allreduce", "dtype", "f32", "buf", x,
+                   sizeof(x), "mem", "device"));
+    assert_int_equal(a.status, COH_EINVAL);
+    assert_string_equal(a.field, "mem");
+    assert_true(strstr(a.error, "inline") != NULL);
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s s", 4, "type", "allreduce", "dtype", "f32", "buf",
+                   2, "addr", ADDR(d), "nbytes", U(sizeof(x)), "mem", "gpu"));
+    assert_int_equal(a.status, COH_EINVAL);
+    assert_string_equal(a.field, "mem");
+    a = call(h, mp(&b, "m2 s s s u", 2, "type", "barrier", "stream", U(0)));
+    assert_int_equal(a.status, COH_EINVAL);
+    assert_string_equal(a.field, "stream");
+    a = call(h, mp(&b, "m1 s s", 1, "type", "stream_wait"));
+    assert_int_equal(a.status, COH_EINVAL);
+    assert_string_equal(a.field, "request");
+    a = call(h, mp(&b, "m4 s s s s s m2 s u s u s u", 4, "type", "sync", "dtype", "f32", "buf", 2,
+                   "addr", ADDR(d), "nbytes", U(sizeof(x)), "iteration", U(1)));
+    assert_int_equal(a.status, COH_EUNSUPPORTED);
+    assert_int_equal(coh_mem_free(ctx, d), COH_OK);
+    assert_int_equal(coh_finalize(ctx), COH_OK);
+    assert_int_equal(coh_ffi_destroy(h, &resp, &len), 0);
+    coh_ffi_free(resp);
+    unsetenv("COHORT_GPU");
+}
+
 static void test_abi_handles(void **state)
 {
     (void)state;
@@ -1213,6 +1354,7 @@ int main(void)
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_error_response),
         cmocka_unit_test(test_abi_collectives),
+        cmocka_unit_test(test_abi_device),
         cmocka_unit_test(test_abi_handles),
         cmocka_unit_test(test_abi_create_errors),
         cmocka_unit_test(test_abi_destroy_under_waiters),

@@ -102,7 +102,84 @@ def _check(resp, what):
     return resp
 
 
+class _Device:
+    """A device array (__cuda_array_interface__: CuPy, Numba, torch CUDA
+    tensors) as the collectives see it: its address, elements, numpy dtype,
+    and the stream its producer said it uses (v3's "stream"; None: none)."""
+
+    __slots__ = ("obj", "addr", "size", "dtype", "nbytes", "stream", "readonly")
+
+    def __init__(self, obj, cai, what, field):
+        self.obj = obj  # kept alive while cohort uses the memory
+        try:
+            shape = tuple(int(n) for n in cai["shape"])
+            self.dtype = np.dtype(cai["typestr"])
+            self.addr, self.readonly = int(cai["data"][0]), bool(cai["data"][1])
+        except Exception as e:  # noqa: BLE001 - a malformed interface, whatever its fault
+            raise errors.InvalidArgumentError("%s: %s has a malformed __cuda_array_interface__"
+                                              " (%s)" % (what, field, e), field=field) from None
+        self.size = math.prod(shape)
+        self.nbytes = self.size * self.dtype.itemsize
+        strides = cai.get("strides")
+        if strides is not None:
+            want, step = [], self.dtype.itemsize
+            for n in reversed(shape):
+                want.append(step)
+                step *= n
+            if self.size > 1 and tuple(strides) != tuple(reversed(want)):
+                raise errors.InvalidArgumentError(
+                    "%s: %s is not contiguous (strides %s): cohort works in place on the "
+                    "array's memory" % (what, field, tuple(strides)), field=field)
+        self.stream = cai.get("stream")
+
+
+def _cuda_interface(x):
+    """x's __cuda_array_interface__, or None (numpy arrays, CPU tensors)."""
+    if isinstance(x, np.ndarray):
+        return None
+    try:
+        return x.__cuda_array_interface__
+    except (AttributeError, RuntimeError, TypeError):  # torch raises for CPU tensors
+        return None
+
+
+def _stream_value(stream, what):
+    """A stream argument as the ABI's integer: an int (a cudaStream_t), or
+    an object with cuda_stream (torch.cuda.Stream) or ptr (CuPy)."""
+    for attr in ("cuda_stream", "ptr"):
+        if not isinstance(stream, numbers.Integral) and hasattr(stream, attr):
+            stream = getattr(stream, attr)
+    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or \
+            not 0 <= int(stream) < 2**64:
+        raise errors.InvalidArgumentError(
+            "%s: stream must be a cudaStream_t (an int), torch.cuda.Stream or a CuPy stream, "
+            "got %s" % (what, type(stream).__name__), field="stream")
+    return int(stream)
+
+
+def _place(req, arrays, stream, what):
+    """Device arrays: say so, and which stream the op follows (the argument,
+    else the one the first array's producer named, else the default)."""
+    dev = [a for a in arrays if isinstance(a, _Device)]
+    if not dev:
+        if stream is not None:
+            raise errors.InvalidArgumentError(
+                "%s: stream is for device arrays (__cuda_array_interface__)" % what,
+                field="stream")
+        return
+    if len(dev) != len(arrays):
+        raise errors.InvalidArgumentError(
+            "%s: device and host arrays in one call (both must be on the device)" % what,
+            field="mem")
+    req["mem"] = "device"
+    if stream is None:
+        stream = dev[0].stream or 0
+    req["stream"] = _stream_value(stream, what)
+
+
 def _array(arr, what, field):
+    if isinstance(arr, _Device):
+        return arr
     if not isinstance(arr, np.ndarray):
         raise errors.InvalidArgumentError(
             "%s: %s must be a numpy.ndarray or a torch.Tensor, got %s" % (
@@ -118,13 +195,17 @@ def _is_tensor(x):
 def _host(x, dtype, what, field):
     """A torch tensor as a numpy array over the same memory (zero copy), and
     the dtype name (bfloat16 has no numpy dtype: it goes as uint16 with
-    dtype bf16); numpy arrays pass through."""
+    dtype bf16); numpy arrays pass through; device arrays (a CUDA tensor,
+    anything with __cuda_array_interface__) come back as _Device."""
+    cai = _cuda_interface(x)
+    if cai is not None:
+        return _Device(x, cai, what, field), dtype
     if not _is_tensor(x):
         return x, dtype
     if x.device.type != "cpu":
         raise errors.InvalidArgumentError(
-            "%s: %s is on %s: the cohort package reduces CPU tensors (move it with .cpu(), "
-            "or use torch.distributed with backend 'cohort')" % (what, field, x.device),
+            "%s: %s is on %s and has no __cuda_array_interface__ (torch offers none for "
+            "bfloat16): move it with .cpu()" % (what, field, x.device),
             field=field)
     if not x.is_contiguous():
         raise errors.InvalidArgumentError(
@@ -176,6 +257,10 @@ def _dtype_of(arr, dtype, what, field="array"):
 def _tensor(arr, what, field, writable=True):
     """(address, nbytes) of a numpy array cohort may read and write in place."""
     _array(arr, what, field)
+    if isinstance(arr, _Device):
+        if writable and arr.readonly:
+            raise errors.InvalidArgumentError("%s: %s is read-only" % (what, field), field=field)
+        return {"addr": arr.addr, "nbytes": arr.nbytes}
     if not arr.flags.c_contiguous:
         raise errors.InvalidArgumentError(
             "%s: %s is not contiguous (strides %s): cohort works in place on the array's "
@@ -429,6 +514,23 @@ class Work:
                 raise errors.TimeoutError(
                     "%s: not complete after %s s" % (self._what, timeout), -11, "EAGAIN")
         return self._outcome()
+
+    def stream_wait(self, stream=0):
+        """Work queued on the device stream after this call starts once the
+        request has completed, with no host thread waiting
+        (coh_request_stream_wait). stream: an int cudaStream_t (0: the
+        default stream), torch.cuda.Stream or a CuPy stream. The Work is
+        still waited for as usual. Needs a device runtime while the request
+        runs (cohort.UnsupportedError otherwise)."""
+        what = "stream_wait"
+        value = _stream_value(stream, what)
+        with self._busy:
+            if self._done():
+                return  # complete: the stream has nothing to wait for
+            h = self._ctx._live(what)
+            resp = self._ctx._lib.call(h, _pack({"type": what, "request": self._h,
+                                                 "stream": value}, what))
+        _check(resp, what)
 
     def result(self, timeout=None):
         return self.wait(timeout)
@@ -714,7 +816,7 @@ class Context:
 
     def allreduce(self, arr, op="sum", async_op=False, dtype=None, algo="default",
                   iteration=None, loss_bound=0.0, pull_loss_bound=0.0, layer=None,
-                  nlayers=None):
+                  nlayers=None, stream=None):
         """Reduce arr over every rank, in place. op: sum, avg, min, max, prod.
         algo: "default" (ring or recursive doubling by size) or "relay" (a
         relay group: the ranks that submitted start, guided by the
@@ -728,7 +830,16 @@ class Context:
         this fraction of its bytes, each of its pull stage pull_loss_bound (0:
         a quarter of loss_bound); Result.loss says what was lost. 0: every
         byte (the reliable path). layer of nlayers: the tensor's layer, for
-        the datagrams' DSCP priority (docs/udp.md)."""
+        the datagrams' DSCP priority (docs/udp.md).
+
+        Device arrays (CUDA tensors, CuPy, anything with
+        __cuda_array_interface__) are reduced where they are (docs/gpu.md):
+        the op starts once the work queued on `stream` before the call is
+        done (an int cudaStream_t, torch.cuda.Stream or CuPy stream; default:
+        the stream the array names, else the default stream), and completes
+        once the result is in the array. Work.stream_wait orders later device
+        work after it without a host wait. The same holds for broadcast,
+        allgather and reduce_scatter."""
         what = "allreduce"
         async_op = _flag(async_op, what, "async", "async_op")
         if not isinstance(algo, str) or algo not in ALLREDUCE_ALGOS:
@@ -756,11 +867,12 @@ class Context:
                                     req["nlayers"] - 1)
         elif layer is not None:
             raise errors.InvalidArgumentError("%s: layer needs nlayers" % what, field="layer")
+        _place(req, (arr,), stream, what)
         return self._submit(req, (arr,), what, async_op)
 
     all_reduce = allreduce
 
-    def broadcast(self, arr, src=0, async_op=False, dtype=None):
+    def broadcast(self, arr, src=0, async_op=False, dtype=None, stream=None):
         """Copy arr of rank src to every rank, in place."""
         what = "broadcast"
         async_op = _flag(async_op, what, "async", "async_op")
@@ -774,9 +886,11 @@ class Context:
         arr, dtype = _host(arr, dtype, what, "array")
         t = _tensor(arr, what, "array")
         req = {"type": what, "dtype": _dtype_of(arr, dtype, what), "root": src, "buf": t}
+        _place(req, (arr,), stream, what)
         return self._submit(req, (arr,), what, async_op)
 
-    def allgather(self, output, input=None, async_op=False, dtype=None):  # noqa: A002
+    def allgather(self, output, input=None, async_op=False, dtype=None,  # noqa: A002
+                  stream=None):
         """output (world_size x input.size elements) = every rank's input, in rank
         order. input None: in place, this rank's block of output is its input."""
         what = "allgather"
@@ -802,12 +916,13 @@ class Context:
             raise errors.InvalidArgumentError(
                 "%s: output has %d elements, not a multiple of world_size %d" % (
                     what, output.size, self._size), field="recv")
+        _place(req, keep, stream, what)
         return self._submit(req, keep, what, async_op)
 
     all_gather_into_tensor = allgather
 
     def reduce_scatter(self, output, input=None, op="sum", async_op=False,  # noqa: A002
-                       dtype=None):
+                       dtype=None, stream=None):
         """output = block `rank` of (input reduced over ranks); input has
         world_size x output.size elements. input None: output holds the whole
         input and the result is left in output's block `rank`."""
@@ -835,6 +950,7 @@ class Context:
             raise errors.InvalidArgumentError(
                 "%s: output has %d elements, not a multiple of world_size %d" % (
                     what, output.size, self._size), field="recv")
+        _place(req, keep, stream, what)
         return self._submit(req, keep, what, async_op)
 
     reduce_scatter_tensor = reduce_scatter
