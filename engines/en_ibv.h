@@ -15,8 +15,10 @@
 #define COH_EN_IBV_H
 
 #include <infiniband/verbs.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 typedef struct en_ibv {
     const char *name;
@@ -66,12 +68,13 @@ const en_ibv_t *en_ibv_find(const char *name);
 /* The GID index a port's QPs should use when none is configured
  * (COHORT_VERBS_GID_INDEX=-1): 0 on InfiniBand; on Ethernet (RoCE) the
  * entry that routes: RoCE v2 before v1, then a routable address before a
- * link-local one (fe80::/10 does not cross subnets), an IPv4-mapped one
- * before other IPv6, the interface's own address (ipv4, network order; 0:
+ * link-local one (fe80::/10 does not cross subnets), one of the rail
+ * address's family before another (IPv4-mapped for an IPv4 rail or none,
+ * other IPv6 for an IPv6 one), the interface's own address (addr; NULL:
  * any) before another; the lowest index among equals; 0 when the table
  * says nothing. */
 int en_ibv_pick_gid(const en_ibv_t *ib, struct ibv_context *ctx, int port,
-                    const struct ibv_port_attr *pa, uint32_t ipv4);
+                    const struct ibv_port_attr *pa, const struct sockaddr *addr);
 
 /* The soft provider's device for an interface is "soft_IFNAME". Its GID is
  * the interface's IPv4 address, mapped (::ffff:a.b.c.d, as RoCE v2's), and

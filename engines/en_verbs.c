@@ -1856,10 +1856,9 @@ static int dev_gid(en_verbs_t *tr, int k)
     en_rail_t *rail = tr->rail;
     /* RoCE: the GID whose address is the interface's (that of rail k). */
     const struct sockaddr_storage *ifa = k == tr->own ? &rail->local : &rail->locals[k];
-    uint32_t v4 =
-        ifa->ss_family == AF_INET ? ((const struct sockaddr_in *)ifa)->sin_addr.s_addr : 0;
     d->gid_index = tr->gid_index >= 0 ? tr->gid_index
-                                      : en_ibv_pick_gid(tr->ib, d->ctx, tr->port, &d->pattr, v4);
+                                      : en_ibv_pick_gid(tr->ib, d->ctx, tr->port, &d->pattr,
+                                                        (const struct sockaddr *)ifa);
     if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &d->gid) != 0)
         return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, d->gid_index, strerror(errno));
     d->gid_stale = false;

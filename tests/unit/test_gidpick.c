@@ -58,9 +58,15 @@ static int pick(const row_t *t, int n, int len, int link, const char *want)
     table = t;
     rows = n;
     struct ibv_port_attr pa = {.gid_tbl_len = len, .link_layer = (uint8_t)link};
-    uint32_t v4 = 0;
-    if (want) assert_int_equal(inet_pton(AF_INET, want, &v4), 1);
-    return en_ibv_pick_gid(&fake, NULL, 1, &pa, v4);
+    struct sockaddr_storage a;
+    memset(&a, 0, sizeof(a));
+    if (want && inet_pton(AF_INET, want, &((struct sockaddr_in *)&a)->sin_addr) == 1)
+        a.ss_family = AF_INET;
+    else if (want && inet_pton(AF_INET6, want, &((struct sockaddr_in6 *)&a)->sin6_addr) == 1)
+        a.ss_family = AF_INET6;
+    else
+        assert_null(want);
+    return en_ibv_pick_gid(&fake, NULL, 1, &pa, want ? (struct sockaddr *)&a : NULL);
 }
 
 enum { V1 = IBV_GID_TYPE_ROCE_V1, V2 = IBV_GID_TYPE_ROCE_V2, ETH = IBV_LINK_LAYER_ETHERNET };
@@ -102,6 +108,23 @@ static void test_ipv6_only(void **state)
     assert_int_equal(pick(w, 2, 2, ETH, NULL), 1); /* only link-local: v2 still */
 }
 
+/* An interface with an IPv4 and two IPv6 addresses: an IPv6 rail takes its
+ * own address's v2 entry (it took the IPv4-mapped one before 2026-11-30,
+ * which an IPv6-only fabric does not route); an IPv4 rail the IPv4 one. */
+static void test_ipv6_rail(void **state)
+{
+    (void)state;
+    static const row_t t[] = {{"fe80::5", V1},       {"fe80::5", V2},      {"10.3.0.5", V1},
+                              {"10.3.0.5", V2},      {"2001:db8::5", V1},  {"2001:db8::5", V2},
+                              {"2001:db8:1::5", V1}, {"2001:db8:1::5", V2}};
+    assert_int_equal(pick(t, 8, 8, ETH, "2001:db8:1::5"), 7);
+    assert_int_equal(pick(t, 8, 8, ETH, "2001:db8::5"), 5);
+    assert_int_equal(pick(t, 8, 8, ETH, "2001:db8:9::9"), 5); /* not in it: any routable v6 */
+    assert_int_equal(pick(t, 8, 8, ETH, "10.3.0.5"), 3);
+    assert_int_equal(pick(t, 8, 8, ETH, "::ffff:10.3.0.5"), 3); /* mapped: an IPv4 rail */
+    assert_int_equal(pick(t, 8, 8, ETH, NULL), 3);
+}
+
 /* Empty slots (entries removed with an address) are skipped. */
 static void test_holes(void **state)
 {
@@ -121,11 +144,9 @@ static void test_infiniband_and_empty(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roce_v2_ipv4),
-        cmocka_unit_test(test_v1_only),
-        cmocka_unit_test(test_ipv6_only),
-        cmocka_unit_test(test_holes),
-        cmocka_unit_test(test_infiniband_and_empty),
+        cmocka_unit_test(test_roce_v2_ipv4), cmocka_unit_test(test_v1_only),
+        cmocka_unit_test(test_ipv6_only),    cmocka_unit_test(test_ipv6_rail),
+        cmocka_unit_test(test_holes),        cmocka_unit_test(test_infiniband_and_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
