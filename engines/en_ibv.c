@@ -2,6 +2,7 @@
  * The rdma-core provider of the verbs engine (en_ibv.h): libibverbs' calls
  * as they are, and the lookup of providers by name.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,6 +30,37 @@ static int rc_dev_of_netdev(const char *ifname, char *out, size_t cap)
     }
     ibv_free_device_list(list);
     return st;
+}
+
+/* RoCE: the interface of the port's first GID (its gid_attrs); else (an
+ * IPoIB or iWARP device) the first interface of the device's PCI function. */
+static int rc_netdev_of_dev(const char *dev, int port, char *out, size_t cap)
+{
+    char path[320];
+    if (!dev || !*dev || strchr(dev, '/') || dev[0] == '.') return COH_EINVAL;
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/ndevs/0", dev, port);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        char name[64] = {0};
+        bool ok = fgets(name, sizeof(name), f) != NULL;
+        fclose(f);
+        name[strcspn(name, "\n")] = 0;
+        if (ok && name[0]) {
+            snprintf(out, cap, "%s", name);
+            return 0;
+        }
+    }
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device/net", dev);
+    DIR *d = opendir(path);
+    if (!d) return COH_EUNSUPPORTED;
+    char best[64] = {0};
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.' && (!best[0] || strcmp(e->d_name, best) < 0))
+            snprintf(best, sizeof(best), "%s", e->d_name);
+    closedir(d);
+    if (!best[0]) return COH_EUNSUPPORTED;
+    snprintf(out, cap, "%s", best);
+    return 0;
 }
 
 static struct ibv_context *rc_open_device(const char *name)
@@ -121,6 +153,7 @@ static int rc_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_
 const en_ibv_t en_ibv_rdma_core = {
     .name = "rdma-core",
     .dev_of_netdev = rc_dev_of_netdev,
+    .netdev_of_dev = rc_netdev_of_dev,
     .open_device = rc_open_device,
     .close_device = ibv_close_device,
     .query_device = ibv_query_device,

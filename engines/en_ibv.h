@@ -25,6 +25,10 @@ typedef struct en_ibv {
     /* The device behind a network interface, its name into out; <0 (a
      * COH_ status) when there is none. */
     int (*dev_of_netdev)(const char *ifname, char *out, size_t cap);
+    /* The reverse: the network interface of a device's port (a rail named
+     * by its device, COHORT_NICS=mlx5_0:verbs), its name into out; <0 when
+     * the device or its interface is not there. */
+    int (*netdev_of_dev)(const char *dev, int port, char *out, size_t cap);
     /* Open the device called name; NULL (errno set) when there is none. */
     struct ibv_context *(*open_device)(const char *name);
     int (*close_device)(struct ibv_context *ctx);

@@ -267,6 +267,16 @@ static int sr_dev_of_netdev(const char *ifname, char *out, size_t cap)
     return 0;
 }
 
+static int sr_netdev_of_dev(const char *dev, int port, char *out, size_t cap)
+{
+    struct in_addr a;
+    size_t n = strlen(SR_PREFIX);
+    if (!dev || strncmp(dev, SR_PREFIX, n) != 0 || port != 1 || if_addr(dev + n, &a) != 0)
+        return COH_EUNSUPPORTED;
+    snprintf(out, cap, "%s", dev + n);
+    return 0;
+}
+
 /* ---- memory ---- */
 
 static sr_mr_t *mr_find(sr_dev_t *d, uint32_t key, bool remote, uint64_t addr, uint64_t len)
@@ -1252,6 +1262,7 @@ void en_soft_stats(struct ibv_context *ctx, en_soft_stats_t *out)
 const en_ibv_t en_ibv_soft = {
     .name = "soft",
     .dev_of_netdev = sr_dev_of_netdev,
+    .netdev_of_dev = sr_netdev_of_dev,
     .open_device = sr_open_device,
     .close_device = sr_close_device,
     .query_device = sr_query_device,

@@ -2233,9 +2233,16 @@ const en_transport_ops_t en_verbs_ops = {
     .tr_cut = vb_cut,
 };
 
+int en_verbs_netdev_of(const char *provider, const char *dev, int port, char *out, size_t cap)
+{
+    const en_ibv_t *ib = en_ibv_find(provider);
+    return ib ? ib->netdev_of_dev(dev, port, out, cap) : COH_EINVAL;
+}
+
 int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
 {
-    const char *netdev = cfg->verbs_netdevs[rail->index], *dev = cfg->verbs_dev;
+    const char *netdev = cfg->verbs_netdevs[rail->index], *dev = cfg->verbs_devs[rail->index];
+    if (!dev || !*dev) dev = cfg->verbs_dev;
     en_verbs_t *tr = coh_zalloc(sizeof(*tr));
     if (!tr) return bs_fail(COH_ENOMEM, "out of memory");
     tr->rail = rail;
@@ -2273,9 +2280,12 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
      * interfaces (none: it resumes on its own device only). */
     for (int k = 0; rail->failover && cfg->verbs_move && k < rail->nrails && k < EN_MAX_RAILS;
          k++) {
-        const char *nd = cfg->verbs_netdevs[k];
-        if (k != tr->own && nd && *nd &&
-            tr->ib->dev_of_netdev(nd, tr->dev[k].name, sizeof(tr->dev[k].name)) != 0)
+        const char *nd = cfg->verbs_netdevs[k], *named = cfg->verbs_devs[k];
+        if (k == tr->own) continue;
+        if (named && *named)
+            snprintf(tr->dev[k].name, sizeof(tr->dev[k].name), "%s", named);
+        else if (nd && *nd &&
+                 tr->ib->dev_of_netdev(nd, tr->dev[k].name, sizeof(tr->dev[k].name)) != 0)
             tr->dev[k].name[0] = 0;
     }
     tr->ops = en_verbs_ops;

@@ -287,6 +287,10 @@ struct en_rail_cfg;
 int en_verbs_init(en_rail_t *rail, const struct en_rail_cfg *cfg);
 void en_verbs_fini(en_rail_t *rail);
 bool en_verbs_poll(en_rail_t *rail); /* completions drained (the rail's poll hook) */
+/* A rail named by its RDMA device (COHORT_NICS=mlx5_0:verbs): the network
+ * interface of the device's port, through provider ("rdma-core" or NULL,
+ * "soft"); 0, or < 0 when there is no such device or it has none. */
+int en_verbs_netdev_of(const char *provider, const char *dev, int port, char *out, size_t cap);
 
 /* ---- ops: one rail's slice of a request ---- */
 
@@ -438,6 +442,7 @@ typedef struct en_rail_cfg {
      * another interface. */
     bool verbs, verbs_move;
     const char *verbs_netdevs[EN_MAX_RAILS];
+    const char *verbs_devs[EN_MAX_RAILS]; /* the rails COHORT_NICS named by device; else NULL */
     const char *verbs_dev;
     int verbs_resume_ms;         /* a failed link resumes within this, or it ends */
     int verbs_test_port_down_ms; /* tests: a cut takes the own port down this long */

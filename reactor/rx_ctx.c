@@ -241,6 +241,29 @@ static bool test_udp_ctl_dgram(void)
     return rx_env_knob_int("test_udp_ctl_dgram", &on) == 0 && on;
 }
 
+#ifdef COHORT_HAVE_VERBS
+/* NIC:verbs where NIC is no interface or address: an RDMA device's name (as
+ * the issue's COHORT_NICS=mlx5_0:verbs). The rail takes the interface of its
+ * port (COHORT_VERBS_PORT) for addresses, and that device for its QPs. */
+static int verbs_by_device(struct coh_ctx *ctx, int n, const char *dev)
+{
+    const char *provider = NULL;
+    int port = 1;
+    char nd[64];
+    BS_CHECK(rx_env_knob_str("verbs_provider", &provider));
+    BS_CHECK(rx_env_knob_int("verbs_port", &port));
+    if (en_verbs_netdev_of(provider, dev, port, nd, sizeof(nd)) != 0)
+        return bs_fail(COH_EINVAL,
+                       "COHORT_NICS: '%s:verbs': no network interface, address or RDMA device "
+                       "(with an interface on port %d) is called so",
+                       dev, port);
+    BS_CHECK(rx_resolve_nic(nd, &ctx->rail_addr[n]));
+    snprintf(ctx->rail_verbs_dev[n], sizeof(ctx->rail_verbs_dev[n]), "%s", dev);
+    snprintf(ctx->rail_nic[n], sizeof(ctx->rail_nic[n]), "%s", nd);
+    return 0;
+}
+#endif
+
 static int parse_nics(struct coh_ctx *ctx)
 {
     char *list = coh_strdup(ctx->nics_s);
@@ -292,6 +315,7 @@ static int parse_nics(struct coh_ctx *ctx)
 #endif
         }
         snprintf(ctx->rail_nic[n], sizeof(ctx->rail_nic[n]), "%s", tok);
+        ctx->rail_verbs_dev[n][0] = 0;
         if (ctx->rail_verbs[n] && ctx->udp_rate[n]) {
             st = bs_fail(COH_EINVAL, "COHORT_NICS: '%s': a line rate is for udp rails", tok);
             break;
@@ -303,6 +327,9 @@ static int parse_nics(struct coh_ctx *ctx)
             break;
         }
         st = rx_resolve_nic(tok, &ctx->rail_addr[n]);
+#ifdef COHORT_HAVE_VERBS
+        if (st < 0 && ctx->rail_verbs[n]) st = verbs_by_device(ctx, n, tok);
+#endif
         if (st < 0) break;
         n++;
     }
@@ -333,8 +360,10 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     rc->ops = &en_verbs_ops;
     rc->verbs = true;
     rc->verbs_move = move != 0;
-    for (int j = 0; j < ctx->nrails && j < EN_MAX_RAILS; j++)
+    for (int j = 0; j < ctx->nrails && j < EN_MAX_RAILS; j++) {
         rc->verbs_netdevs[j] = ctx->rail_nic[j];
+        rc->verbs_devs[j] = ctx->rail_verbs_dev[j][0] ? ctx->rail_verbs_dev[j] : NULL;
+    }
     rc->verbs_dev = dev;
     rc->verbs_provider = provider;
     rc->verbs_port = port;

@@ -33,9 +33,10 @@ struct coh_ctx {
     struct sockaddr_storage rail_addr[RX_MAX_RAILS];
     bool rail_udp[RX_MAX_RAILS];     /* COHORT_NICS NIC:udp: a datagram socket beside the rail */
     bool rail_verbs[RX_MAX_RAILS];   /* COHORT_NICS NIC:verbs: RDMA links (engines/en_verbs.c) */
-    char rail_nic[RX_MAX_RAILS][64]; /* the NIC as COHORT_NICS named it */
-    uint32_t udp_seg[RX_MAX_RAILS];  /* its datagrams' payload (COHORT_UDP_SEG_BYTES or MTU) */
-    int udp_rate[RX_MAX_RAILS];      /* NIC:udp@MBPS: its line rate (0: COHORT_UDP_RATE_MBPS) */
+    char rail_nic[RX_MAX_RAILS][64]; /* the NIC as COHORT_NICS named it (a device: its interface) */
+    char rail_verbs_dev[RX_MAX_RAILS][64]; /* NIC:verbs named by its RDMA device (mlx5_0), or "" */
+    uint32_t udp_seg[RX_MAX_RAILS]; /* its datagrams' payload (COHORT_UDP_SEG_BYTES or MTU) */
+    int udp_rate[RX_MAX_RAILS];     /* NIC:udp@MBPS: its line rate (0: COHORT_UDP_RATE_MBPS) */
     bool any_udp;
     en_udp_group_t udp_group; /* udp rails a bounded-loss op sprays over (COHORT_UDP_SPRAY) */
     const struct sockaddr *rail_locals[RX_MAX_RAILS]; /* the same, for the rails' failover */

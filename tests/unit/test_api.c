@@ -347,6 +347,18 @@ static void test_verbs_without_device(void **state)
     assert_null(ctx);
     const char *why = coh_last_error();
     assert_true(strstr(why, "RDMA") || strstr(why, "no verbs engine"));
+    /* A rail named by an RDMA device that is not there (COHORT_NICS=mlx5_0:verbs
+     * names the device, not its interface): refused, saying what was looked for. */
+    setenv("COHORT_NICS", "mlx5_9:verbs", 1);
+    st = coh_init(NULL, &ctx);
+    unsetenv("COHORT_NICS");
+    if (st == COH_OK) {
+        assert_int_equal(coh_finalize(ctx), COH_OK);
+    } else {
+        why = coh_last_error();
+        assert_true(strstr(why, "RDMA device") || strstr(why, "no verbs engine"));
+        assert_true(strstr(why, "mlx5_9") != NULL);
+    }
     /* and a context after it works */
     assert_int_equal(coh_init(NULL, &ctx), COH_OK);
     assert_int_equal(coh_finalize(ctx), COH_OK);

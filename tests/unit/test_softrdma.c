@@ -376,6 +376,17 @@ static void test_bad_setups(void **state)
     char name[64];
     assert_true(ib->dev_of_netdev("no-such-if0", name, sizeof(name)) < 0);
     assert_null(ib->open_device("mlx5_0"));
+    /* A device's interface (a rail named soft_lo:verbs): its port 1 only. */
+    assert_int_equal(ib->netdev_of_dev("soft_lo", 1, name, sizeof(name)), 0);
+    assert_string_equal(name, "lo");
+    assert_true(ib->netdev_of_dev("soft_lo", 2, name, sizeof(name)) < 0);
+    assert_true(ib->netdev_of_dev("soft_no-such-if0", 1, name, sizeof(name)) < 0);
+    assert_true(ib->netdev_of_dev("mlx5_0", 1, name, sizeof(name)) < 0);
+    /* rdma-core reads sysfs: no such device here, and no path games. */
+    const en_ibv_t *rc = en_ibv_find("rdma-core");
+    assert_non_null(rc);
+    assert_true(rc->netdev_of_dev("no_such_dev9", 1, name, sizeof(name)) < 0);
+    assert_true(rc->netdev_of_dev("../../../etc", 1, name, sizeof(name)) < 0);
     side_t a;
     side_open(&a);
     struct ibv_qp_init_attr ia = {.send_cq = a.cq,
