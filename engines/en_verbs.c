@@ -182,6 +182,7 @@ typedef struct vb_conn {
     uint64_t t_dial_ns;   /* our resume dial (or poke) began */
     uint64_t epoch;       /* resumes so far */
     bool rx_new;          /* resuming: an immediate came on the new QP (the peer resumed) */
+    uint64_t ready_at_ns; /* tests (test_ready_ms): the READY read, taken then */
     bool answered;        /* resuming, the higher rank: our answer went (its READY may not) */
     bool moved;           /* a failover was reported, not its return */
     char why[160];
@@ -220,6 +221,7 @@ typedef struct en_verbs {
     en_regcache_t *regs;                 /* this rail's registrations of it (own device) */
     int own;                             /* the rail's index: dev[own] is its device */
     int test_down_ms;                    /* tests: a cut takes the own port down this long */
+    int test_ready_ms;                   /* tests: a resume's READY is taken this late */
     int resume_ms;                       /* a failed link resumes within this, or it ends */
     uint64_t test_down_until_ns;
     vb_dev_t dev[EN_MAX_RAILS];
@@ -1102,6 +1104,7 @@ static void resume_gone(vb_conn_t *t, const char *what)
 
 static void resume_step(vb_conn_t *t);
 static void resume_sock_failed(vb_sock_t *s, bool refused);
+static void resumed(vb_conn_t *t);
 
 static void resume_tick(uv_timer_t *h)
 {
@@ -1143,6 +1146,7 @@ static void begin_resume(vb_conn_t *t, const char *why)
     }
     if (t->phase == VB_LIVE) t->tries = t->own_suspect ? 1 : 0; /* next_via: from the own */
     t->own_suspect = t->rx_new = t->answered = false;
+    t->ready_at_ns = 0;
     t->phase = VB_RESUMING;
     t->t_resume_ns = t->t_dial_ns = now;
     if (!t->t_fail0_ns) t->t_fail0_ns = now;
@@ -1305,6 +1309,10 @@ static void resume_step(vb_conn_t *t)
         resume_gone(t, "no resume in time");
         return;
     }
+    if (t->ready_at_ns) { /* tests: the READY read, taken late */
+        if (now >= t->ready_at_ns && t->rsk) resumed(t);
+        return;
+    }
     if (t->old_qp) return; /* the old QP is flushing */
     if (rail->rank < t->base.peer) {
         if (t->rsk && t->rsk->phase != SK_LIVE && now - t->t_dial_ns > VB_DIAL_MS * 1000000ull) {
@@ -1437,6 +1445,7 @@ static void resumed(vb_conn_t *t)
     t->epoch++;
     if (t->rx_new) t->t_fail0_ns = 0;
     t->rx_new = t->answered = false;
+    t->ready_at_ns = 0;
     t->tries = 0;
     t->want = -1;
     uv_timer_stop(&t->timer);
@@ -1649,7 +1658,10 @@ static bool early_refusal(vb_conn_t *t, vb_sock_t *s)
 static void resume_sock_failed(vb_sock_t *s, bool refused)
 {
     vb_conn_t *t = s->t;
-    if (t->rsk == s) t->rsk = NULL;
+    if (t->rsk == s) {
+        t->rsk = NULL;
+        t->ready_at_ns = 0;
+    }
     sock_close(s);
     if (refused) resume_gone(t, "refused (the process or its link is gone)");
 }
@@ -1757,7 +1769,9 @@ static void poll_cb(uv_poll_t *h, int status, int events)
                     conn_close(t, COH_EPROTO, "bad RDMA handshake");
                     return;
                 }
-                if (resuming)
+                if (resuming && t->tr->test_ready_ms > 0 && s == t->rsk) /* tests */
+                    t->ready_at_ns = bs_now_ns() + (uint64_t)t->tr->test_ready_ms * 1000000ull;
+                else if (resuming)
                     resumed(t);
                 else
                     go_live(t);
@@ -2256,6 +2270,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->port = cfg->verbs_port > 0 ? cfg->verbs_port : 1;
     tr->gid_index = cfg->verbs_gid;
     tr->test_down_ms = cfg->verbs_test_port_down_ms;
+    tr->test_ready_ms = cfg->verbs_test_ready_delay_ms;
     tr->resume_ms = cfg->verbs_resume_ms > 0 ? cfg->verbs_resume_ms : 5000;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;

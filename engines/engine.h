@@ -444,9 +444,10 @@ typedef struct en_rail_cfg {
     const char *verbs_netdevs[EN_MAX_RAILS];
     const char *verbs_devs[EN_MAX_RAILS]; /* the rails COHORT_NICS named by device; else NULL */
     const char *verbs_dev;
-    int verbs_resume_ms;         /* a failed link resumes within this, or it ends */
-    int verbs_test_port_down_ms; /* tests: a cut takes the own port down this long */
-    const char *verbs_provider;  /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
+    int verbs_resume_ms;           /* a failed link resumes within this, or it ends */
+    int verbs_test_port_down_ms;   /* tests: a cut takes the own port down this long */
+    int verbs_test_ready_delay_ms; /* tests: a resume's READY is taken this late */
+    const char *verbs_provider;    /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
     int verbs_port, verbs_gid;
     size_t verbs_ring_bytes;
     /* Memory the application declared for zero copy (coh_mem_register):

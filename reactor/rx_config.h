@@ -266,7 +266,10 @@ typedef enum rx_knob_kind {
       "ms late (the higher rank's dials meet a dial in progress and are turned away meanwhile)")   \
     X(test_verbs_port_down, RX_K_INT, "0", "COHORT_TEST_VERBS_PORT_DOWN_MS", 0, 10000,             \
       "tests only: a verbs link cut by a test also takes its device's port down this long in the " \
-      "engine's eyes, as a NIC's link would go: the link moves to another rail's device")
+      "engine's eyes, as a NIC's link would go: the link moves to another rail's device")          \
+    X(test_verbs_ready_delay, RX_K_INT, "0", "COHORT_TEST_VERBS_READY_DELAY_MS", 0, 10000,         \
+      "tests only: the answering side of a verbs link's resume takes the dialler's READY this "    \
+      "many ms late (the dialler's first RDMA writes then always come first)")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

@@ -27,6 +27,8 @@
  * 4 ranks of a ring: a link that carries nothing), MP_BACK_WAIT_S the time
  * the cut link may take to come back after the last op (default 3 s),
  * MP_CUT_GAP_MS a pause of the cutter before each cut after the first.
+ * MP_EXPECT_ALL_BACK=1: both ends of the cut link must count a return for
+ * every failover (an idle link may be lost without failing any op).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +136,11 @@ static int run_cut(int ops, int every)
     if ((rank == cutter || rank == victim) && size > 1) {
         if (fo == 0) MP_FAIL("no failover was counted on this end of the cut link");
         if (back == 0) MP_FAIL("the link never came back to its own interface");
+        /* MP_EXPECT_ALL_BACK=1: every failover came back (a link that
+         * carries no op may be lost without failing one). */
+        if (getenv("MP_EXPECT_ALL_BACK") && atoi(getenv("MP_EXPECT_ALL_BACK")) == 1 && back < fo)
+            MP_FAIL("%llu of %llu failovers did not come back", (unsigned long long)(fo - back),
+                    (unsigned long long)fo);
     }
     /* The public stats say the same. */
     coh_stats_t st;
