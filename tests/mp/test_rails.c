@@ -24,7 +24,8 @@
  * it fails unless both ends of the cut link counted moves.
  *
  * MP_CUT_PEER=k cuts the link to the k-th rank on the right instead (2 on
- * 4 ranks of a ring: a link that carries nothing), MP_BACK_WAIT_S the time
+ * 4 ranks of a ring: no ring traffic; with COHORT_SMALL_BYTES=0 none at
+ * all, else small ops may cross it as a star), MP_BACK_WAIT_S the time
  * the cut link may take to come back after the last op (default 3 s),
  * MP_CUT_GAP_MS a pause of the cutter before each cut after the first.
  * MP_EXPECT_ALL_BACK=1: both ends of the cut link must count a return for
@@ -90,7 +91,7 @@ static int run_cut(int ops, int every)
         if (declare) MP_OK(coh_mem_register(ctx, buf[k], sizes[2] * sizeof(float)));
     }
     /* MP_CUT_PEER=k: the link to the k-th rank on the right (default 1,
-     * the ring's neighbour; 2 on 4 ranks of a ring carries nothing). */
+     * the ring's neighbour; 2 on 4 ranks of a ring: no ring traffic). */
     const char *cp = getenv("MP_CUT_PEER");
     int cutter = 0, cuts = 0, victim = (cutter + (cp ? atoi(cp) : 1)) % size;
     const char *gs = getenv("MP_CUT_GAP_MS"); /* the cutter waits so before each later cut */
