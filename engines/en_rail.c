@@ -257,14 +257,10 @@ void en_rail_listen_at(const en_rail_t *rail, const struct sockaddr *addr,
 
 void en_rail_listen_named(const struct sockaddr *addr, struct sockaddr_storage *bound)
 {
-    uint16_t port = bound->ss_family == AF_INET6 ? ((struct sockaddr_in6 *)bound)->sin6_port
-                                                 : ((struct sockaddr_in *)bound)->sin_port;
+    uint16_t port = en_sa_port(bound);
     memset(bound, 0, sizeof(*bound));
     memcpy(bound, addr, sa_len(addr));
-    if (bound->ss_family == AF_INET6)
-        ((struct sockaddr_in6 *)bound)->sin6_port = port;
-    else
-        ((struct sockaddr_in *)bound)->sin_port = port;
+    en_sa_set_port(bound, port);
 }
 
 void en_rail_progress(en_rail_t *rail, uint64_t now)

@@ -994,10 +994,7 @@ static int dial_resume(tcp_conn_t *t, int via)
     s->expect_peer = t->base.peer;
     sock_bind(s, t);
     struct sockaddr_storage local = rail->locals[via];
-    if (local.ss_family == AF_INET)
-        ((struct sockaddr_in *)&local)->sin_port = 0;
-    else
-        ((struct sockaddr_in6 *)&local)->sin6_port = 0;
+    en_sa_set_port(&local, 0);
     int e = uv_tcp_bind(&s->tcp, (struct sockaddr *)&local, 0);
     s->creq.data = s;
     s->to = to;
@@ -1310,10 +1307,7 @@ static int tcp_connect(en_rail_t *rail, int peer, const struct sockaddr *addr)
     attach(t, s);
     /* Leave through the configured interface, not whatever the route picks. */
     struct sockaddr_storage local = rail->local;
-    if (local.ss_family == AF_INET)
-        ((struct sockaddr_in *)&local)->sin_port = 0;
-    else
-        ((struct sockaddr_in6 *)&local)->sin6_port = 0;
+    en_sa_set_port(&local, 0);
     int e = uv_tcp_bind(&s->tcp, (struct sockaddr *)&local, 0);
     s->creq.data = s;
     if (!e) e = uv_tcp_connect(&s->creq, &s->tcp, addr, on_connect);

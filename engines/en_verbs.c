@@ -1219,11 +1219,8 @@ static int dial_fd(const struct sockaddr_storage *from, const struct sockaddr *t
     if (fd < 0) return -2;
     socklen_t al =
         to->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    struct sockaddr_storage local = *from; /* any port */
-    if (local.ss_family == AF_INET6)
-        ((struct sockaddr_in6 *)&local)->sin6_port = 0;
-    else
-        ((struct sockaddr_in *)&local)->sin_port = 0;
+    struct sockaddr_storage local = *from;
+    en_sa_set_port(&local, 0); /* any port */
     int r = bind(fd, (struct sockaddr *)&local, al);
     if (r == 0) {
         do r = connect(fd, to, al);

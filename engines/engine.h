@@ -665,6 +665,19 @@ void en_rail_event(en_rail_t *rail, int kind, int peer, int via, double pause_s,
  * fault, not its peer). */
 void en_rail_progress(en_rail_t *rail, uint64_t now);
 bool en_rail_others_progress(const en_rail_t *rail, uint64_t now);
+/* An IPv4 or IPv6 address's port (network order), and setting it. */
+static inline uint16_t en_sa_port(const struct sockaddr_storage *a)
+{
+    return a->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)a)->sin6_port
+                                    : ((const struct sockaddr_in *)a)->sin_port;
+}
+static inline void en_sa_set_port(struct sockaddr_storage *a, uint16_t port)
+{
+    if (a->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)a)->sin6_port = port;
+    else
+        ((struct sockaddr_in *)a)->sin_port = port;
+}
 /* Copy of peer's route through interface via; false when unknown. */
 bool en_rail_route(en_rail_t *rail, int peer, int via, struct sockaddr_storage *out);
 /* A listener's address: with failover a peer may reach this rail through

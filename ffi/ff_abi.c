@@ -614,6 +614,17 @@ static int submit(ff_ctx_t *fc, const ff_req_t *r, const ff_shape_t *s, ff_op_t 
     return 0;
 }
 
+/* A live request of fc, with a reference the caller puts; NULL when rh is
+ * none (released, never issued, or another context's). */
+static ff_op_t *op_find(ff_ctx_t *fc, uint64_t rh)
+{
+    uv_mutex_lock(&fc->mu);
+    ff_op_t *op = table_get(&fc->ops, rh);
+    if (op) atomic_fetch_add(&op->refs, 1);
+    uv_mutex_unlock(&fc->mu);
+    return op;
+}
+
 static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *resp_len)
 {
     ff_err_t e = {0};
@@ -763,10 +774,7 @@ static int simple_request(ff_ctx_t *fc, const ff_req_t *r, void **resp, size_t *
     case FF_STREAM_WAIT: {
         /* The request stays the caller's: its completion is still answered
          * by wait or test, once. */
-        uv_mutex_lock(&fc->mu);
-        ff_op_t *op = table_get(&fc->ops, r->request);
-        if (op) atomic_fetch_add(&op->refs, 1);
-        uv_mutex_unlock(&fc->mu);
+        ff_op_t *op = op_find(fc, r->request);
         coh_request_t *req = op ? atomic_load(&op->req) : NULL;
         if (!op)
             st = ff_fail(&e, COH_EINVAL, "request",
@@ -900,10 +908,7 @@ static int wait_request(uint64_t h, uint64_t rh, int timeout_ms, void **resp, si
         no_ctx(h, &e);
         return ff_error_response(&e, -1, false, 0, resp, resp_len);
     }
-    uv_mutex_lock(&fc->mu);
-    ff_op_t *op = table_get(&fc->ops, rh);
-    if (op) atomic_fetch_add(&op->refs, 1);
-    uv_mutex_unlock(&fc->mu);
+    ff_op_t *op = op_find(fc, rh);
     if (!op) {
         ff_fail(&e, COH_EINVAL, "request",
                 "request handle 0x%" PRIx64 " is not a live request of this context (its "

@@ -48,8 +48,7 @@ typedef enum rx_knob_kind {
       "comma list of interfaces or addresses, one rail (reactor) each; every rank needs the "      \
       "same count; NIC:verbs an RDMA rail (NIC may name the RDMA device: mlx5_0:verbs; "           \
       "docs/verbs.md); NIC:udp makes a rail bounded-loss capable (ops with a loss bound send "     \
-      "their "                                                                                     \
-      "data there as datagrams; docs/udp.md), NIC:udp@MBPS also gives its line rate")              \
+      "their data there as datagrams; docs/udp.md), NIC:udp@MBPS also gives its line rate")        \
     X(timeout_ms, RX_K_INT, "300000", "COHORT_TIMEOUT_MS", 1, INT_MAX,                             \
       "an op fails after this long without progress (5 min: a rank may be writing a checkpoint; "  \
       "a dead peer fails it at once through its connection, a hung one after COHORT_LIVENESS_MS)") \

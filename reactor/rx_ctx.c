@@ -507,13 +507,7 @@ static int set_routes(struct coh_ctx *ctx, rx_store_client_t *sc, uint64_t deadl
         for (int r = 0; r < ctx->nrails; r++) {
             for (int j = 0; j < ctx->nrails; j++) {
                 route[j] = addr[j];
-                uint16_t port = addr[r].ss_family == AF_INET6
-                                    ? ((struct sockaddr_in6 *)&addr[r])->sin6_port
-                                    : ((struct sockaddr_in *)&addr[r])->sin_port;
-                if (route[j].ss_family == AF_INET6)
-                    ((struct sockaddr_in6 *)&route[j])->sin6_port = port;
-                else
-                    ((struct sockaddr_in *)&route[j])->sin_port = port;
+                en_sa_set_port(&route[j], en_sa_port(&addr[r]));
             }
             BS_CHECK(en_rail_set_routes(&ctx->rails[r].en, peer, route, ctx->nrails));
         }
