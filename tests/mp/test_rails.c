@@ -30,6 +30,9 @@
  * MP_CUT_GAP_MS a pause of the cutter before each cut after the first.
  * MP_EXPECT_ALL_BACK=1: both ends of the cut link must count a return for
  * every failover (an idle link may be lost without failing any op).
+ * MP_CUTTER=r: rank r cuts (default 0); MP_CUT_CMD: a shell command the
+ * cutter runs before each cut (tests/mp/blackout.sh: the network drops a
+ * rail's packets for a while, so the cut's own notice never arrives).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,8 +95,9 @@ static int run_cut(int ops, int every)
     }
     /* MP_CUT_PEER=k: the link to the k-th rank on the right (default 1,
      * the ring's neighbour; 2 on 4 ranks of a ring: no ring traffic). */
-    const char *cp = getenv("MP_CUT_PEER");
-    int cutter = 0, cuts = 0, victim = (cutter + (cp ? atoi(cp) : 1)) % size;
+    const char *cp = getenv("MP_CUT_PEER"), *cr = getenv("MP_CUTTER");
+    int cutter = cr ? atoi(cr) % size : 0, cuts = 0, victim = (cutter + (cp ? atoi(cp) : 1)) % size;
+    const char *cmd = getenv("MP_CUT_CMD");   /* the cutter runs it before each cut */
     const char *gs = getenv("MP_CUT_GAP_MS"); /* the cutter waits so before each later cut */
     int gap_ms = gs ? atoi(gs) : 0;
     double t0 = mp_now_s();
@@ -113,6 +117,7 @@ static int run_cut(int ops, int every)
         MP_OK(coh_allreduce(world, buf[k], buf[k], cnt[k], COH_F32, COH_SUM, &req[k]));
         if (rank == cutter && op % every == every / 2) {
             if (cuts > 0 && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
+            if (cmd && system(cmd) != 0) MP_FAIL("MP_CUT_CMD failed: %s", cmd);
             /* mid-op: its frames are on the wire */
             rx_rail_debug_cut(&ctx->rails[ctx->nrails - 1], victim);
             cuts++;
