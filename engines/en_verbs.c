@@ -222,6 +222,8 @@ typedef struct en_verbs {
     int own;                             /* the rail's index: dev[own] is its device */
     int test_down_ms;                    /* tests: a cut takes the own port down this long */
     int test_ready_ms;                   /* tests: a resume's READY is taken this late */
+    int test_lose_ready;                 /* tests: the next READY from this rank is lost... */
+    int test_lost_fd;                    /* ...and its socket kept open, unread, till fini */
     int resume_ms;                       /* a failed link resumes within this, or it ends */
     uint64_t test_down_until_ns;
     vb_dev_t dev[EN_MAX_RAILS];
@@ -1766,6 +1768,14 @@ static void poll_cb(uv_poll_t *h, int status, int events)
                     conn_close(t, COH_EPROTO, "bad RDMA handshake");
                     return;
                 }
+                if (resuming && t->tr->test_lose_ready == t->base.peer && s == t->rsk) {
+                    /* Tests: lost, and the socket died silently: the dialler
+                     * is live and one epoch on, this side still resumes. */
+                    t->tr->test_lose_ready = -1;
+                    t->tr->test_lost_fd = dup(s->fd);
+                    resume_sock_failed(s, false);
+                    return;
+                }
                 if (resuming && t->tr->test_ready_ms > 0 && s == t->rsk) /* tests */
                     t->ready_at_ns = bs_now_ns() + (uint64_t)t->tr->test_ready_ms * 1000000ull;
                 else if (resuming)
@@ -2268,6 +2278,8 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->gid_index = cfg->verbs_gid;
     tr->test_down_ms = cfg->verbs_test_port_down_ms;
     tr->test_ready_ms = cfg->verbs_test_ready_delay_ms;
+    tr->test_lose_ready = cfg->verbs_test_lose_ready - 1;
+    tr->test_lost_fd = -1;
     tr->resume_ms = cfg->verbs_resume_ms > 0 ? cfg->verbs_resume_ms : 5000;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;
@@ -2319,6 +2331,7 @@ void en_verbs_fini(en_rail_t *rail)
     en_regcache_free(tr->regs); /* every link is gone: nothing holds one */
     for (int k = 0; k < EN_MAX_RAILS; k++) dev_close(tr, &tr->dev[k]);
     if (tr->lfd >= 0) close(tr->lfd);
+    if (tr->test_lost_fd >= 0) close(tr->test_lost_fd);
     coh_free(tr);
     rail->verbs = NULL;
 }

@@ -268,7 +268,11 @@ typedef enum rx_knob_kind {
       "engine's eyes, as a NIC's link would go: the link moves to another rail's device")          \
     X(test_verbs_ready_delay, RX_K_INT, "0", "COHORT_TEST_VERBS_READY_DELAY_MS", 0, 10000,         \
       "tests only: the answering side of a verbs link's resume takes the dialler's READY this "    \
-      "many ms late (the dialler's first RDMA writes then always come first)")
+      "many ms late (the dialler's first RDMA writes then always come first)")                     \
+    X(test_verbs_lose_ready, RX_K_INT, "-1", "COHORT_TEST_VERBS_LOSE_READY_FROM", -1, 1 << 20,     \
+      "tests only: a rank: the first READY it sends to end a resume of a verbs rail's link is "    \
+      "lost, and the answering side's socket dies without a word (that rank, live already, sees "  \
+      "nothing); -1: none")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */
