@@ -27,8 +27,11 @@
  * What it does not model: UD, SRQ, sends and reads, atomics, several SGEs,
  * inline data, memory windows, speeds, PSNs (TCP orders and retransmits).
  *
- * Each opened device is a NIC thread (cohort-softrdma) listening on the
- * interface's IPv4 address. A QP brought to RTS connects to the peer's NIC
+ * Each opened device is a NIC thread (cohort-softrdma) with a listener (one
+ * port, both families). Its GID table holds the interface's addresses, as
+ * RoCE v2 entries: the IPv4 ones (mapped) first, then the IPv6 ones, read
+ * again at each query (they come and go with the interface). A QP brought
+ * to RTS connects from the address of its source GID to the peer's NIC
  * (the address in the destination GID, the port in its LID), says which QP
  * it wants, and sends requests: a 24-byte header (op, length, remote
  * address, rkey, immediate) and the payload. The responder's thread checks
@@ -75,6 +78,7 @@
 #define SR_MIN_RETRY_NS 1000000000ull
 #define SR_POLL_MS      20 /* the retry timer's tick while requests wait */
 #define SR_MAX_WR       16384
+#define SR_MAX_GIDS     16 /* the GID table's length (entries past the addresses: zero) */
 
 enum { SR_OP_WRITE = 1, SR_OP_WRITE_IMM = 2 };
 enum { SR_MSG_ACK = 1, SR_MSG_RNR = 2, SR_MSG_NAK = 3 };
@@ -123,7 +127,9 @@ typedef struct sr_qp {
     uint64_t *rq;
     uint32_t rq_cap;
     uint64_t rq_head, rq_tail;
-    struct sockaddr_in peer;
+    struct sockaddr_storage peer;
+    socklen_t peer_len;
+    int sgid; /* the source GID's index */
     uint32_t dest_qpn;
     uint64_t retry_ns;
     /* Requester: the connection to the peer's NIC. */
@@ -162,7 +168,7 @@ typedef struct sr_pend {
 struct sr_dev {
     struct ibv_context ctx;
     struct ibv_device ibdev;
-    struct sockaddr_in addr; /* the NIC thread's listener */
+    uint16_t port; /* the NIC thread's listener's (the port's LID) */
     int lfd, wfd;
     /* The port follows the interface: link changes come on nlfd (netlink),
      * and a change of the port's state goes to the application as an
@@ -211,17 +217,16 @@ static void close_fd(int *fd)
 
 /* ---- the interface ---- */
 
-/* The IPv4 address of an interface. */
-/* The interface's IPv4 address, and whether it is up and running (flags
- * may be NULL). */
-static int if_addr_flags(const char *ifname, struct in_addr *out, unsigned *flags)
+/* Whether an interface has an address (IPv4 or IPv6), and its flags (may
+ * be NULL): 0 when it has. */
+static int if_flags(const char *ifname, unsigned *flags)
 {
     struct ifaddrs *ifs = NULL, *i;
     if (getifaddrs(&ifs) != 0) return -1;
     int st = -1;
     for (i = ifs; i; i = i->ifa_next)
-        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !strcmp(i->ifa_name, ifname)) {
-            *out = ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr;
+        if (i->ifa_addr && !strcmp(i->ifa_name, ifname) &&
+            (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6)) {
             if (flags) *flags = i->ifa_flags;
             st = 0;
             break;
@@ -230,17 +235,58 @@ static int if_addr_flags(const char *ifname, struct in_addr *out, unsigned *flag
     return st;
 }
 
-static int if_addr(const char *ifname, struct in_addr *out)
+/* The GID table: the interface's addresses, IPv4 (mapped) first, then
+ * IPv6; how many (at most cap). */
+static int gid_table(const sr_dev_t *d, union ibv_gid *out, int cap)
 {
-    return if_addr_flags(ifname, out, NULL);
+    const char *ifname = d->ibdev.name + strlen(SR_PREFIX);
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) return 0;
+    int n = 0;
+    for (int fam = 0; fam < 2; fam++)
+        for (struct ifaddrs *i = ifs; i && n < cap; i = i->ifa_next) {
+            if (!i->ifa_addr || strcmp(i->ifa_name, ifname) != 0) continue;
+            union ibv_gid *g = &out[n];
+            memset(g, 0, sizeof(*g));
+            if (fam == 0 && i->ifa_addr->sa_family == AF_INET) {
+                g->raw[10] = g->raw[11] = 0xff;
+                memcpy(g->raw + 12, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, 4);
+                n++;
+            } else if (fam == 1 && i->ifa_addr->sa_family == AF_INET6) {
+                memcpy(g->raw, &((struct sockaddr_in6 *)(void *)i->ifa_addr)->sin6_addr, 16);
+                n++;
+            }
+        }
+    freeifaddrs(ifs);
+    return n;
+}
+
+/* A GID as a socket address (port 0): IPv4-mapped ones as IPv4, link-local
+ * ones scoped to the device's interface. */
+static socklen_t gid_sockaddr(const sr_dev_t *d, const union ibv_gid *g,
+                              struct sockaddr_storage *out)
+{
+    static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memset(out, 0, sizeof(*out));
+    if (!memcmp(g->raw, v4, 12)) {
+        struct sockaddr_in *a = (struct sockaddr_in *)out;
+        a->sin_family = AF_INET;
+        memcpy(&a->sin_addr, g->raw + 12, 4);
+        return sizeof(*a);
+    }
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)out;
+    a->sin6_family = AF_INET6;
+    memcpy(&a->sin6_addr, g->raw, 16);
+    if (IN6_IS_ADDR_LINKLOCAL(&a->sin6_addr))
+        a->sin6_scope_id = if_nametoindex(d->ibdev.name + strlen(SR_PREFIX));
+    return sizeof(*a);
 }
 
 /* The device's interface is up and running. */
 static bool port_up(const sr_dev_t *d)
 {
-    struct in_addr ia;
     unsigned fl = 0;
-    return if_addr_flags(d->ibdev.name + strlen(SR_PREFIX), &ia, &fl) == 0 && (fl & IFF_UP) &&
+    return if_flags(d->ibdev.name + strlen(SR_PREFIX), &fl) == 0 && (fl & IFF_UP) &&
            (fl & IFF_RUNNING);
 }
 
@@ -261,17 +307,15 @@ static void watch_port(sr_dev_t *d)
 
 static int sr_dev_of_netdev(const char *ifname, char *out, size_t cap)
 {
-    struct in_addr a;
-    if (!ifname || if_addr(ifname, &a) != 0) return COH_EUNSUPPORTED;
+    if (!ifname || if_flags(ifname, NULL) != 0) return COH_EUNSUPPORTED;
     snprintf(out, cap, SR_PREFIX "%s", ifname);
     return 0;
 }
 
 static int sr_netdev_of_dev(const char *dev, int port, char *out, size_t cap)
 {
-    struct in_addr a;
     size_t n = strlen(SR_PREFIX);
-    if (!dev || strncmp(dev, SR_PREFIX, n) != 0 || port != 1 || if_addr(dev + n, &a) != 0)
+    if (!dev || strncmp(dev, SR_PREFIX, n) != 0 || port != 1 || if_flags(dev + n, NULL) != 0)
         return COH_EUNSUPPORTED;
     snprintf(out, cap, "%s", dev + n);
     return 0;
@@ -388,7 +432,7 @@ static void qp_error(sr_qp_t *q, enum ibv_wc_status st)
 static void tx(sr_dev_t *d, sr_qp_t *q)
 {
     if (q->out_state == SR_OUT_CONNECTING) {
-        int r = connect(q->out_fd, (struct sockaddr *)&q->peer, sizeof(q->peer));
+        int r = connect(q->out_fd, (struct sockaddr *)&q->peer, q->peer_len);
         if (r != 0 && (errno == EINPROGRESS || errno == EALREADY || errno == EINTR)) return;
         if (r != 0 && errno != EISCONN) {
             q->peer_gone = true;
@@ -784,8 +828,7 @@ static void *nic_thread(void *arg)
 static struct ibv_context *sr_open_device(const char *name)
 {
     size_t pl = strlen(SR_PREFIX);
-    struct in_addr a;
-    if (!name || strncmp(name, SR_PREFIX, pl) != 0 || if_addr(name + pl, &a) != 0) {
+    if (!name || strncmp(name, SR_PREFIX, pl) != 0 || if_flags(name + pl, NULL) != 0) {
         errno = ENODEV;
         return NULL;
     }
@@ -803,20 +846,35 @@ static struct ibv_context *sr_open_device(const char *name)
     if (getrandom(&r, sizeof(r), 0) != sizeof(r)) r = (uint32_t)bs_now_ns();
     d->next_key = (r & 0xffff) << 8 | 1; /* keys of different runs differ */
     d->next_qpn = (r >> 16 & 0xfff) << 8 | 0x11;
-    d->addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr = a};
-    socklen_t al = sizeof(d->addr);
-    d->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    /* One port for every address of the interface, both families (IPv4
+     * alone where IPv6 is off): the GID says which address a peer dials. */
+    struct sockaddr_storage la;
+    memset(&la, 0, sizeof(la));
+    socklen_t al = sizeof(struct sockaddr_in6);
+    la.ss_family = AF_INET6; /* in6addr_any */
+    d->lfd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int v6only = 0;
+    if (d->lfd >= 0 && setsockopt(d->lfd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only)) != 0)
+        close_fd(&d->lfd);
+    if (d->lfd < 0) {
+        la.ss_family = AF_INET; /* INADDR_ANY */
+        al = sizeof(struct sockaddr_in);
+        d->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    }
     d->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (d->lfd < 0 || d->wfd < 0 || bind(d->lfd, (struct sockaddr *)&d->addr, al) != 0 ||
-        listen(d->lfd, 256) != 0 || getsockname(d->lfd, (struct sockaddr *)&d->addr, &al) != 0 ||
+    if (d->lfd < 0 || d->wfd < 0 || bind(d->lfd, (struct sockaddr *)&la, al) != 0 ||
+        listen(d->lfd, 256) != 0 || getsockname(d->lfd, (struct sockaddr *)&la, &al) != 0 ||
         pipe2(d->aev, O_NONBLOCK | O_CLOEXEC) != 0)
         goto fail;
+    d->port = ntohs(la.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&la)->sin6_port
+                                             : ((struct sockaddr_in *)&la)->sin_port);
     d->ctx.async_fd = d->aev[0];
     /* Link changes (no netlink, as in some sandboxes: no port events, the
      * state is still read at each query). */
     d->nlfd = socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_ROUTE);
     struct sockaddr_nl nl = {.nl_family = AF_NETLINK,
-                             .nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR}; /* an address back */
+                             .nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR |
+                                          RTMGRP_IPV6_IFADDR}; /* an address back */
     if (d->nlfd >= 0 && bind(d->nlfd, (struct sockaddr *)&nl, sizeof(nl)) != 0) close_fd(&d->nlfd);
     d->port_up = port_up(d);
     if (pthread_create(&d->thr, NULL, nic_thread, d) != 0) goto fail;
@@ -897,8 +955,8 @@ static int sr_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_at
     bool up = port_up(d);
     a->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     a->max_mtu = a->active_mtu = IBV_MTU_4096;
-    a->gid_tbl_len = 1;
-    a->lid = ntohs(d->addr.sin_port);
+    a->gid_tbl_len = SR_MAX_GIDS;
+    a->lid = d->port;
     a->link_layer = IBV_LINK_LAYER_ETHERNET;
     a->active_width = 1;
     a->active_speed = 1;
@@ -909,10 +967,13 @@ static int sr_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_at
 static int sr_query_gid(struct ibv_context *c, uint8_t port, int index, union ibv_gid *gid)
 {
     sr_dev_t *d = dev_of(c);
-    if (port != 1 || index != 0) return EINVAL;
-    memset(gid, 0, sizeof(*gid));
-    gid->raw[10] = gid->raw[11] = 0xff;
-    memcpy(gid->raw + 12, &d->addr.sin_addr, 4);
+    if (port != 1 || index < 0 || index >= SR_MAX_GIDS) return EINVAL;
+    union ibv_gid t[SR_MAX_GIDS];
+    int n = gid_table(d, t, SR_MAX_GIDS);
+    if (index < n)
+        *gid = t[index];
+    else
+        memset(gid, 0, sizeof(*gid)); /* an empty entry, as a NIC's */
     return 0;
 }
 
@@ -920,11 +981,14 @@ static int sr_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t index,
                            struct ibv_gid_entry *e)
 {
     memset(e, 0, sizeof(*e));
-    if (sr_query_gid(c, (uint8_t)port, (int)index, &e->gid) != 0) return ENODATA;
+    static const uint8_t zero[16];
+    if (index >= SR_MAX_GIDS || sr_query_gid(c, (uint8_t)port, (int)index, &e->gid) != 0 ||
+        !memcmp(e->gid.raw, zero, 16))
+        return ENODATA;
     sr_dev_t *d = dev_of(c);
     e->gid_index = index;
     e->port_num = port;
-    e->gid_type = IBV_GID_TYPE_ROCE_V2; /* an IPv4-mapped address over IP */
+    e->gid_type = IBV_GID_TYPE_ROCE_V2; /* an address over IP */
     e->ndev_ifindex = if_nametoindex(d->ibdev.name + strlen(SR_PREFIX));
     return 0;
 }
@@ -1113,19 +1177,24 @@ static int to_rts(sr_qp_t *q, const struct ibv_qp_attr *a, int mask)
     unsigned rc = (mask & IBV_QP_RETRY_CNT) ? a->retry_cnt : 7;
     q->retry_ns = t == 0 || t > 31 ? UINT64_MAX / 2 : (4096ull << t) * (rc + 1);
     if (q->retry_ns < SR_MIN_RETRY_NS) q->retry_ns = SR_MIN_RETRY_NS;
-    q->out_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    /* Leave from the source GID's address, as the NIC would: it must be
+     * of the destination's family (RoCE v2 does not translate). */
+    union ibv_gid gids[SR_MAX_GIDS];
+    int n = gid_table(q->dev, gids, SR_MAX_GIDS);
+    if (q->sgid >= n) return EINVAL;
+    struct sockaddr_storage me;
+    socklen_t ml = gid_sockaddr(q->dev, &gids[q->sgid], &me);
+    if (me.ss_family != q->peer.ss_family) return EINVAL;
+    q->out_fd = socket(me.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (q->out_fd < 0) return errno;
     int one = 1;
     setsockopt(q->out_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    /* Leave through the device's interface, as the NIC would. */
-    struct sockaddr_in me = q->dev->addr;
-    me.sin_port = 0;
-    if (bind(q->out_fd, (struct sockaddr *)&me, sizeof(me)) != 0) {
+    if (bind(q->out_fd, (struct sockaddr *)&me, ml) != 0) {
         int e = errno;
         close_fd(&q->out_fd);
         return e;
     }
-    int r = connect(q->out_fd, (struct sockaddr *)&q->peer, sizeof(q->peer));
+    int r = connect(q->out_fd, (struct sockaddr *)&q->peer, q->peer_len);
     if (r != 0 && errno != EINPROGRESS) q->peer_gone = true; /* fails its first request */
     q->out_state = SR_OUT_CONNECTING;
     en_put32(q->hello, SR_MAGIC);
@@ -1151,15 +1220,20 @@ static int sr_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
         break;
     case IBV_QPS_RTR: {
         const struct ibv_ah_attr *ah = &a->ah_attr;
-        static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        static const uint8_t zero[16];
         if (q->qp.state != IBV_QPS_INIT ||
             (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) != (IBV_QP_AV | IBV_QP_DEST_QPN) ||
-            !ah->is_global || memcmp(ah->grh.dgid.raw, v4, 12) != 0 || ah->dlid == 0) {
+            !ah->is_global || !memcmp(ah->grh.dgid.raw, zero, 16) || ah->dlid == 0 ||
+            ah->grh.sgid_index >= SR_MAX_GIDS) {
             e = EINVAL;
             break;
         }
-        q->peer = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(ah->dlid)};
-        memcpy(&q->peer.sin_addr, ah->grh.dgid.raw + 12, 4);
+        q->peer_len = gid_sockaddr(d, &ah->grh.dgid, &q->peer);
+        if (q->peer.ss_family == AF_INET)
+            ((struct sockaddr_in *)&q->peer)->sin_port = htons(ah->dlid);
+        else
+            ((struct sockaddr_in6 *)&q->peer)->sin6_port = htons(ah->dlid);
+        q->sgid = ah->grh.sgid_index;
         q->dest_qpn = a->dest_qp_num;
         q->qp.state = IBV_QPS_RTR;
         break;

@@ -1880,9 +1880,18 @@ static int dev_gid(en_verbs_t *tr, int k)
     d->gid_index = tr->gid_index >= 0 ? tr->gid_index
                                       : en_ibv_pick_gid(tr->ib, d->ctx, tr->port, &d->pattr,
                                                         (const struct sockaddr *)ifa);
+    union ibv_gid was = d->gid;
     if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &d->gid) != 0)
         return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, d->gid_index, strerror(errno));
     d->gid_stale = false;
+    if (memcmp(was.raw, d->gid.raw, 16) != 0) { /* which address the QPs use, as NCCL says */
+        static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        char a[INET6_ADDRSTRLEN] = "?";
+        bool m = !memcmp(d->gid.raw, v4, 12);
+        inet_ntop(m ? AF_INET : AF_INET6, d->gid.raw + (m ? 12 : 0), a, sizeof(a));
+        bs_log(COH_LOG_INFO, "rank %d rail %d: RDMA device %s port %d (rail %d's), GID %d: %s",
+               rail->rank, rail->index, d->name, tr->port, k, d->gid_index, a);
+    }
     return 0;
 }
 

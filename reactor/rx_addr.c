@@ -84,12 +84,12 @@ int rx_resolve_nic(const char *s, struct sockaddr_storage *out)
     return 0;
 }
 
-int rx_addr_mtu(const struct sockaddr_storage *a)
+int rx_addr_ifname(const struct sockaddr_storage *a, char *out, size_t cap)
 {
     uv_interface_address_t *ifs;
-    int n, mtu = 1500;
-    if (uv_interface_addresses(&ifs, &n) != 0) return mtu;
-    for (int i = 0; i < n; i++) {
+    int n, st = -1;
+    if (uv_interface_addresses(&ifs, &n) != 0) return -1;
+    for (int i = 0; i < n && st < 0; i++) {
         bool same = false;
         if (a->ss_family == AF_INET && ifs[i].address.address4.sin_family == AF_INET)
             same = ifs[i].address.address4.sin_addr.s_addr ==
@@ -98,15 +98,24 @@ int rx_addr_mtu(const struct sockaddr_storage *a)
             same = !memcmp(&ifs[i].address.address6.sin6_addr,
                            &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
         if (!same) continue;
-        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        struct ifreq ifr;
-        memset(&ifr, 0, sizeof(ifr));
-        snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifs[i].name);
-        if (fd >= 0 && ioctl(fd, SIOCGIFMTU, &ifr) == 0 && ifr.ifr_mtu > 0) mtu = ifr.ifr_mtu;
-        if (fd >= 0) close(fd);
-        break;
+        snprintf(out, cap, "%s", ifs[i].name);
+        st = 0;
     }
     uv_free_interface_addresses(ifs, n);
+    return st;
+}
+
+int rx_addr_mtu(const struct sockaddr_storage *a)
+{
+    char name[IF_NAMESIZE];
+    int mtu = 1500;
+    if (rx_addr_ifname(a, name, sizeof(name)) != 0) return mtu;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", name);
+    if (fd >= 0 && ioctl(fd, SIOCGIFMTU, &ifr) == 0 && ifr.ifr_mtu > 0) mtu = ifr.ifr_mtu;
+    if (fd >= 0) close(fd);
     return mtu;
 }
 

@@ -12,6 +12,9 @@ int rx_resolve_hostport(const char *s, struct sockaddr_storage *out);
 int rx_resolve_nic(const char *s, struct sockaddr_storage *out);
 /* "a.b.c.d:port" / "[v6]:port" */
 void rx_format_addr(const struct sockaddr *sa, char *out, size_t cap);
+/* The name of the interface that holds address a (its port ignored); -1
+ * when none does. */
+int rx_addr_ifname(const struct sockaddr_storage *a, char *out, size_t cap);
 /* The MTU of the interface that holds address a (its port ignored); 1500
  * when it cannot be told. */
 int rx_addr_mtu(const struct sockaddr_storage *a);

@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,7 +261,20 @@ static int verbs_by_device(struct coh_ctx *ctx, int n, const char *dev)
     BS_CHECK(rx_resolve_nic(nd, &ctx->rail_addr[n]));
     snprintf(ctx->rail_verbs_dev[n], sizeof(ctx->rail_verbs_dev[n]), "%s", dev);
     snprintf(ctx->rail_nic[n], sizeof(ctx->rail_nic[n]), "%s", nd);
+    snprintf(ctx->rail_netdev[n], sizeof(ctx->rail_netdev[n]), "%s", nd);
     return 0;
+}
+
+/* The interface behind a rail named by an interface or one of its addresses
+ * (10.0.0.5:verbs, fd00::5:verbs, as TCP rails take them): its RDMA device
+ * carries a verbs rail, and the links of another verbs rail may move to it. */
+static void verbs_netdev(struct coh_ctx *ctx, int n)
+{
+    char nm[IF_NAMESIZE];
+    const char *nic = ctx->rail_nic[n];
+    if (if_nametoindex(nic) == 0 && rx_addr_ifname(&ctx->rail_addr[n], nm, sizeof(nm)) == 0)
+        nic = nm;
+    snprintf(ctx->rail_netdev[n], sizeof(ctx->rail_netdev[n]), "%s", nic);
 }
 #endif
 
@@ -328,6 +342,7 @@ static int parse_nics(struct coh_ctx *ctx)
         }
         st = rx_resolve_nic(tok, &ctx->rail_addr[n]);
 #ifdef COHORT_HAVE_VERBS
+        if (st == 0) verbs_netdev(ctx, n); /* any kind: verbs links may move to its device */
         if (st < 0 && ctx->rail_verbs[n]) st = verbs_by_device(ctx, n, tok);
 #endif
         if (st < 0) break;
@@ -364,7 +379,7 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     rc->verbs = true;
     rc->verbs_move = move != 0;
     for (int j = 0; j < ctx->nrails && j < EN_MAX_RAILS; j++) {
-        rc->verbs_netdevs[j] = ctx->rail_nic[j];
+        rc->verbs_netdevs[j] = ctx->rail_netdev[j];
         rc->verbs_devs[j] = ctx->rail_verbs_dev[j][0] ? ctx->rail_verbs_dev[j] : NULL;
     }
     rc->verbs_dev = dev;

@@ -35,6 +35,7 @@ struct coh_ctx {
     bool rail_verbs[RX_MAX_RAILS];   /* COHORT_NICS NIC:verbs: RDMA links (engines/en_verbs.c) */
     char rail_nic[RX_MAX_RAILS][64]; /* the NIC as COHORT_NICS named it (a device: its interface) */
     char rail_verbs_dev[RX_MAX_RAILS][64]; /* NIC:verbs named by its RDMA device (mlx5_0), or "" */
+    char rail_netdev[RX_MAX_RAILS][64];    /* the interface behind the rail (verbs builds) */
     uint32_t udp_seg[RX_MAX_RAILS]; /* its datagrams' payload (COHORT_UDP_SEG_BYTES or MTU) */
     int udp_rate[RX_MAX_RAILS];     /* NIC:udp@MBPS: its line rate (0: COHORT_UDP_RATE_MBPS) */
     bool any_udp;
