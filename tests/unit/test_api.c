@@ -359,6 +359,17 @@ static void test_verbs_without_device(void **state)
         assert_true(strstr(why, "RDMA device") || strstr(why, "no verbs engine"));
         assert_true(strstr(why, "mlx5_9") != NULL);
     }
+    /* A rail named by an address: the device behind the interface holding
+     * it is looked for (the message said "interface 127.0.0.1"). */
+    setenv("COHORT_NICS", "127.0.0.1:verbs", 1);
+    st = coh_init(NULL, &ctx);
+    unsetenv("COHORT_NICS");
+    if (st == COH_OK) {
+        assert_int_equal(coh_finalize(ctx), COH_OK);
+    } else {
+        why = coh_last_error();
+        assert_true(strstr(why, "interface lo ") || strstr(why, "no verbs engine"));
+    }
     /* and a context after it works */
     assert_int_equal(coh_init(NULL, &ctx), COH_OK);
     assert_int_equal(coh_finalize(ctx), COH_OK);
