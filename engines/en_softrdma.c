@@ -176,6 +176,8 @@ struct sr_dev {
      * ctx.async_fd is aev[0]), as rxe's do. */
     int nlfd, aev[2];
     bool port_up;
+    union ibv_gid gids[SR_MAX_GIDS]; /* the table as last told (watch_port) */
+    int ngids;
     pthread_t thr;
     bool thr_on, stop;
     pthread_mutex_t mu;
@@ -217,16 +219,20 @@ static void close_fd(int *fd)
 
 /* ---- the interface ---- */
 
-/* Whether an interface has an address (IPv4 or IPv6), and its flags (may
- * be NULL): 0 when it has. */
-static int if_flags(const char *ifname, unsigned *flags)
+/* Whether an interface has an address (IPv4 or IPv6; routable: not an IPv6
+ * link-local one, which an interface keeps while up), and its flags (may be
+ * NULL): 0 when it has. */
+static int if_flags(const char *ifname, bool routable, unsigned *flags)
 {
     struct ifaddrs *ifs = NULL, *i;
     if (getifaddrs(&ifs) != 0) return -1;
     int st = -1;
     for (i = ifs; i; i = i->ifa_next)
         if (i->ifa_addr && !strcmp(i->ifa_name, ifname) &&
-            (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6)) {
+            (i->ifa_addr->sa_family == AF_INET ||
+             (i->ifa_addr->sa_family == AF_INET6 &&
+              !(routable && IN6_IS_ADDR_LINKLOCAL(
+                                &((struct sockaddr_in6 *)(void *)i->ifa_addr)->sin6_addr))))) {
             if (flags) *flags = i->ifa_flags;
             st = 0;
             break;
@@ -282,32 +288,46 @@ static socklen_t gid_sockaddr(const sr_dev_t *d, const union ibv_gid *g,
     return sizeof(*a);
 }
 
-/* The device's interface is up and running. */
+/* The device's interface is up and running, with a routable address (the
+ * last one gone, only the link-local one left: down, as it was when the GID
+ * was the IPv4 address alone). */
 static bool port_up(const sr_dev_t *d)
 {
     unsigned fl = 0;
-    return if_flags(d->ibdev.name + strlen(SR_PREFIX), &fl) == 0 && (fl & IFF_UP) &&
+    return if_flags(d->ibdev.name + strlen(SR_PREFIX), true, &fl) == 0 && (fl & IFF_UP) &&
            (fl & IFF_RUNNING);
 }
 
-/* A link message came (any interface's): tell the application when this
- * port's state changed. */
+static void async_event(sr_dev_t *d, uint32_t ev)
+{
+    ssize_t w = write(d->aev[1], &ev, sizeof(ev));
+    (void)w; /* a full pipe: the application has a backlog of events */
+}
+
+/* A link or address message came (any interface's): tell the application
+ * when this port's state changed, and when its GID table did (an address
+ * added or removed; IBV_EVENT_GID_CHANGE, as rdma-core says it), after. */
 static void watch_port(sr_dev_t *d)
 {
     char buf[8192];
     while (recv(d->nlfd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
     }
     bool up = port_up(d);
-    if (up == d->port_up) return;
-    d->port_up = up;
-    uint32_t ev = up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
-    ssize_t w = write(d->aev[1], &ev, sizeof(ev));
-    (void)w; /* a full pipe: the application has a backlog of events */
+    if (up != d->port_up) {
+        d->port_up = up;
+        async_event(d, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
+    }
+    union ibv_gid g[SR_MAX_GIDS];
+    int n = gid_table(d, g, SR_MAX_GIDS);
+    if (n == d->ngids && !memcmp(g, d->gids, sizeof(g[0]) * (size_t)n)) return;
+    memcpy(d->gids, g, sizeof(g[0]) * (size_t)n);
+    d->ngids = n;
+    async_event(d, IBV_EVENT_GID_CHANGE);
 }
 
 static int sr_dev_of_netdev(const char *ifname, char *out, size_t cap)
 {
-    if (!ifname || if_flags(ifname, NULL) != 0) return COH_EUNSUPPORTED;
+    if (!ifname || if_flags(ifname, false, NULL) != 0) return COH_EUNSUPPORTED;
     snprintf(out, cap, SR_PREFIX "%s", ifname);
     return 0;
 }
@@ -315,7 +335,7 @@ static int sr_dev_of_netdev(const char *ifname, char *out, size_t cap)
 static int sr_netdev_of_dev(const char *dev, int port, char *out, size_t cap)
 {
     size_t n = strlen(SR_PREFIX);
-    if (!dev || strncmp(dev, SR_PREFIX, n) != 0 || port != 1 || if_flags(dev + n, NULL) != 0)
+    if (!dev || strncmp(dev, SR_PREFIX, n) != 0 || port != 1 || if_flags(dev + n, false, NULL) != 0)
         return COH_EUNSUPPORTED;
     snprintf(out, cap, "%s", dev + n);
     return 0;
@@ -828,7 +848,7 @@ static void *nic_thread(void *arg)
 static struct ibv_context *sr_open_device(const char *name)
 {
     size_t pl = strlen(SR_PREFIX);
-    if (!name || strncmp(name, SR_PREFIX, pl) != 0 || if_flags(name + pl, NULL) != 0) {
+    if (!name || strncmp(name, SR_PREFIX, pl) != 0 || if_flags(name + pl, false, NULL) != 0) {
         errno = ENODEV;
         return NULL;
     }
@@ -877,6 +897,7 @@ static struct ibv_context *sr_open_device(const char *name)
                                           RTMGRP_IPV6_IFADDR}; /* an address back */
     if (d->nlfd >= 0 && bind(d->nlfd, (struct sockaddr *)&nl, sizeof(nl)) != 0) close_fd(&d->nlfd);
     d->port_up = port_up(d);
+    d->ngids = gid_table(d, d->gids, SR_MAX_GIDS);
     if (pthread_create(&d->thr, NULL, nic_thread, d) != 0) goto fail;
     pthread_setname_np(d->thr, "cohort-softrdma");
     d->thr_on = true;

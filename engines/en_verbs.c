@@ -1772,7 +1772,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
                     /* Tests: lost, and the socket died silently: the dialler
                      * is live and one epoch on, this side still resumes. */
                     t->tr->test_lose_ready = -1;
-                    t->tr->test_lost_fd = dup(s->fd);
+                    t->tr->test_lost_fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0);
                     resume_sock_failed(s, false);
                     return;
                 }
@@ -2006,6 +2006,10 @@ static void on_async(uv_poll_t *h, int status, int events)
             /* Without failover a port's flap is left to the QPs' retries:
              * one shorter than they last costs nothing. */
             dev_down(tr, k, ty == IBV_EVENT_PORT_ERR ? "the port went down" : "the device failed");
+        } else if (ty == IBV_EVENT_GID_CHANGE) {
+            /* An address came or went: the next QP re-picks (dev_usable).
+             * Live QPs keep theirs; one whose address went fails on its own. */
+            d->gid_stale = true;
         } else if (ty == IBV_EVENT_PORT_ACTIVE && k == tr->own) {
             /* Moved links try their own device now, not at the next probe. */
             for (vb_conn_t *t = tr->conns; t; t = t->next)

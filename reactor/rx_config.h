@@ -270,9 +270,10 @@ typedef enum rx_knob_kind {
       "tests only: the answering side of a verbs link's resume takes the dialler's READY this "    \
       "many ms late (the dialler's first RDMA writes then always come first)")                     \
     X(test_verbs_lose_ready, RX_K_INT, "-1", "COHORT_TEST_VERBS_LOSE_READY_FROM", -1, 1 << 20,     \
-      "tests only: a rank: the first READY it sends to end a resume of a verbs rail's link is "    \
-      "lost, and the answering side's socket dies without a word (that rank, live already, sees "  \
-      "nothing); -1: none")
+      "tests only: a rank r: on every other rank and verbs rail, the first READY from r that "     \
+      "ends "                                                                                      \
+      "a resume is lost, and the answering side's socket dies without a word (r, live already, "   \
+      "sees nothing); -1: none")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

@@ -521,6 +521,27 @@ static int port_state(struct ibv_context *ctx)
     return ib->query_port(ctx, 1, &pa) == 0 ? (int)pa.state : -1;
 }
 
+/* The next port event, GID changes (an address came or went) passed over. */
+static int next_port_event(struct ibv_context *ctx, int ms)
+{
+    for (;;) {
+        int t = next_event(ctx, ms);
+        if (t != IBV_EVENT_GID_CHANGE) return t;
+    }
+}
+
+/* GID changes until the table holds gid (or, present false, no longer
+ * does), the port active throughout: 0, else -1. */
+static int gid_change_to(struct ibv_context *ctx, const union ibv_gid *gid, bool present)
+{
+    for (int i = 0; i < 10; i++) {
+        if (next_event(ctx, 3000) != IBV_EVENT_GID_CHANGE) return -1;
+        if (port_state(ctx) != IBV_PORT_ACTIVE) return -1;
+        if ((gid_index(ctx, gid) >= 0) == present) return 0;
+    }
+    return -1;
+}
+
 static int port_events_child(void)
 {
     if (unshare(CLONE_NEWNET) != 0) return 77;
@@ -539,22 +560,37 @@ static int port_events_child(void)
     if (!ctx) return 10;
     int fl = fcntl(ctx->async_fd, F_GETFL);
     if (fl < 0 || fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK) != 0) return 11;
-    if (next_event(ctx, 100) != -1) return 12; /* nothing happened yet */
+    if (next_port_event(ctx, 100) != -1) return 12; /* nothing happened yet */
     if (system("ip link set cohva down") != 0) return 13;
-    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 14;
+    if (next_port_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 14;
     if (port_state(ctx) != IBV_PORT_DOWN) return 15;
     if (system("ip link set cohva up") != 0) return 16;
-    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 17;
+    if (next_port_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 17;
     if (port_state(ctx) != IBV_PORT_ACTIVE) return 18;
     /* Its address gone is down too (the device's GID is that address), and
      * back when the address is (no link message comes then). */
     if (system("ip addr flush dev cohva") != 0) return 22;
-    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 23;
+    if (next_port_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 23;
     if (system("ip addr add 10.251.0.1/24 dev cohva") != 0) return 24;
-    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 25;
+    if (next_port_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 25;
+    /* Addresses come and go with the port up: GID_CHANGE each time, as
+     * rdma-core says it (the engine re-picks its GID). An IPv6 address
+     * added; the IPv4 one removed (still up: a routable address is left);
+     * the IPv6 one removed too: down (a link-local one does not count). */
+    if (system("ip -6 addr add fd00:c1::1/64 dev cohva nodad 2>/dev/null") == 0) {
+        union ibv_gid v6 = {.raw = {0xfd, 0, 0, 0xc1, [15] = 1}};
+        union ibv_gid v4 = {.raw = {[10] = 0xff, 0xff, 10, 251, 0, 1}};
+        if (gid_change_to(ctx, &v6, true) != 0) return 26;
+        if (system("ip addr del 10.251.0.1/24 dev cohva") != 0) return 27;
+        if (gid_change_to(ctx, &v4, false) != 0) return 28;
+        if (system("ip -6 addr del fd00:c1::1/64 dev cohva") != 0) return 29;
+        if (next_port_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 30;
+        if (system("ip addr add 10.251.0.1/24 dev cohva") != 0) return 31;
+        if (next_port_event(ctx, 3000) != IBV_EVENT_PORT_ACTIVE) return 32;
+    }
     /* The peer's end down takes the carrier (not running): down too. */
     if (system("ip link set cohvb down") != 0) return 19;
-    if (next_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 20;
+    if (next_port_event(ctx, 3000) != IBV_EVENT_PORT_ERR) return 20;
     if (port_state(ctx) != IBV_PORT_DOWN) return 21;
     ib->close_device(ctx);
     return 0;
