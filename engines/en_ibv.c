@@ -85,19 +85,18 @@ int en_ibv_pick_gid(const en_ibv_t *ib, struct ibv_context *ctx, int port,
                     const struct ibv_port_attr *pa, const struct sockaddr *addr)
 {
     if (pa->link_layer != IBV_LINK_LAYER_ETHERNET) return 0;
-    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     static const uint8_t zero[16];
     /* The interface's address as a GID would hold it (IPv4: mapped). */
     uint8_t want[16] = {0};
     bool have = false, want_v4 = true;
     if (addr && addr->sa_family == AF_INET) {
-        memcpy(want, mapped, 12);
+        want[10] = want[11] = 0xff;
         memcpy(want + 12, &((const struct sockaddr_in *)(const void *)addr)->sin_addr, 4);
         have = memcmp(want + 12, zero, 4) != 0;
     } else if (addr && addr->sa_family == AF_INET6) {
         memcpy(want, &((const struct sockaddr_in6 *)(const void *)addr)->sin6_addr, 16);
         have = memcmp(want, zero, 16) != 0;
-        want_v4 = !memcmp(want, mapped, 12);
+        want_v4 = en_gid_is_v4mapped(want);
     }
     int best = 0, best_score = -1;
     for (int i = 0; i < pa->gid_tbl_len; i++) {
@@ -105,7 +104,7 @@ int en_ibv_pick_gid(const en_ibv_t *ib, struct ibv_context *ctx, int port,
         memset(&e, 0, sizeof(e));
         if (ib->query_gid_ex(ctx, (uint32_t)port, (uint32_t)i, &e) != 0) continue;
         if (!memcmp(e.gid.raw, zero, 16)) continue;
-        bool v4 = !memcmp(e.gid.raw, mapped, 12);
+        bool v4 = en_gid_is_v4mapped(e.gid.raw);
         bool link_local = e.gid.raw[0] == 0xfe && (e.gid.raw[1] & 0xc0) == 0x80;
         /* The rail's family: an IPv6 rail (its fabric may route IPv6
          * only) took an IPv4-mapped entry before its own address. */

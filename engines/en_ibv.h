@@ -16,8 +16,10 @@
 
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/socket.h>
 
 typedef struct en_ibv {
@@ -80,9 +82,16 @@ const en_ibv_t *en_ibv_find(const char *name);
 int en_ibv_pick_gid(const en_ibv_t *ib, struct ibv_context *ctx, int port,
                     const struct ibv_port_attr *pa, const struct sockaddr *addr);
 
-/* The soft provider's device for an interface is "soft_IFNAME". Its GID is
- * the interface's IPv4 address, mapped (::ffff:a.b.c.d, as RoCE v2's), and
- * its LID the TCP port its NIC thread listens on. Test hooks, for the
+/* A GID that holds an IPv4 address: ::ffff:a.b.c.d, as RoCE v2's do. */
+static inline bool en_gid_is_v4mapped(const uint8_t raw[16])
+{
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return memcmp(raw, mapped, sizeof(mapped)) == 0;
+}
+
+/* The soft provider's device for an interface is "soft_IFNAME". Its GID
+ * table holds the interface's addresses as RoCE v2 entries (IPv4-mapped
+ * first, then IPv6), and its LID is the TCP port its NIC thread listens on. Test hooks, for the
  * provider's own tests only: */
 typedef struct en_soft_stats {
     uint64_t requests_in, rnr_waits, retry_timeouts, access_errors;

@@ -272,9 +272,8 @@ static int gid_table(const sr_dev_t *d, union ibv_gid *out, int cap)
 static socklen_t gid_sockaddr(const sr_dev_t *d, const union ibv_gid *g,
                               struct sockaddr_storage *out)
 {
-    static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     memset(out, 0, sizeof(*out));
-    if (!memcmp(g->raw, v4, 12)) {
+    if (en_gid_is_v4mapped(g->raw)) {
         struct sockaddr_in *a = (struct sockaddr_in *)out;
         a->sin_family = AF_INET;
         memcpy(&a->sin_addr, g->raw + 12, 4);

@@ -1885,9 +1885,8 @@ static int dev_gid(en_verbs_t *tr, int k)
         return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, d->gid_index, strerror(errno));
     d->gid_stale = false;
     if (memcmp(was.raw, d->gid.raw, 16) != 0) { /* which address the QPs use, as NCCL says */
-        static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
         char a[INET6_ADDRSTRLEN] = "?";
-        bool m = !memcmp(d->gid.raw, v4, 12);
+        bool m = en_gid_is_v4mapped(d->gid.raw);
         inet_ntop(m ? AF_INET : AF_INET6, d->gid.raw + (m ? 12 : 0), a, sizeof(a));
         bs_log(COH_LOG_INFO, "rank %d rail %d: RDMA device %s port %d (rail %d's), GID %d: %s",
                rail->rank, rail->index, d->name, tr->port, k, d->gid_index, a);
