@@ -963,9 +963,10 @@ static int qp_new(vb_conn_t *t)
                             .pkey_index = 0,
                             .port_num = (uint8_t)tr->port,
                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-    if (tr->ib->modify_qp(
-            t->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
-        return bs_fail(COH_ESYS, "verbs: QP to INIT: %s", strerror(errno));
+    /* modify_qp returns the error (errno is not always set) */
+    int e = tr->ib->modify_qp(t->qp, &a,
+                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (e != 0) return bs_fail(COH_ESYS, "verbs: QP to INIT: %s", strerror(e));
     for (int i = 0; i < VB_RQ_DEPTH; i++)
         if (post_recv(t) != 0) return bs_fail(COH_ESYS, "verbs: posting receives failed");
     uint32_t psn = 0;
@@ -1008,21 +1009,22 @@ static int qp_connect(vb_conn_t *t)
         a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
         a.ah_attr.grh.hop_limit = 64;
     }
-    if (tr->ib->modify_qp(t->qp, &a,
-                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) !=
-        0)
-        return bs_fail(COH_ESYS, "verbs: QP to RTR: %s", strerror(errno));
+    int e = tr->ib->modify_qp(t->qp, &a,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (e != 0)
+        return bs_fail(COH_ESYS, "verbs: QP to RTR (GID %d): %s", d->gid_index, strerror(e));
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
                             .timeout = 14,
                             .retry_cnt = 7,
                             .rnr_retry = 7, /* a receive not reposted yet: retry, never fail */
                             .sq_psn = t->mine.psn,
                             .max_rd_atomic = 1};
-    if (tr->ib->modify_qp(t->qp, &s,
+    e = tr->ib->modify_qp(t->qp, &s,
                           IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
-        return bs_fail(COH_ESYS, "verbs: QP to RTS: %s", strerror(errno));
+                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (e != 0)
+        return bs_fail(COH_ESYS, "verbs: QP to RTS (GID %d): %s", d->gid_index, strerror(e));
     t->qp_up = true;
     return 0;
 }
@@ -1870,13 +1872,15 @@ static void mr_dereg(void *arg, void *handle)
 
 /* Device k's GID (picked when not configured): at open, and again when its
  * port comes back (RoCE removes the entries with the interface's
- * addresses and adds them again, maybe at other indexes). */
+ * addresses and adds them again, maybe at other indexes) or its table
+ * changed (IBV_EVENT_GID_CHANGE: an address came or went). */
 static int dev_gid(en_verbs_t *tr, int k)
 {
     vb_dev_t *d = &tr->dev[k];
     en_rail_t *rail = tr->rail;
     /* RoCE: the GID whose address is the interface's (that of rail k). */
     const struct sockaddr_storage *ifa = k == tr->own ? &rail->local : &rail->locals[k];
+    int was_index = d->gid_index;
     d->gid_index = tr->gid_index >= 0 ? tr->gid_index
                                       : en_ibv_pick_gid(tr->ib, d->ctx, tr->port, &d->pattr,
                                                         (const struct sockaddr *)ifa);
@@ -1884,7 +1888,9 @@ static int dev_gid(en_verbs_t *tr, int k)
     if (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &d->gid) != 0)
         return bs_fail(COH_ESYS, "verbs: %s GID %d: %s", d->name, d->gid_index, strerror(errno));
     d->gid_stale = false;
-    if (memcmp(was.raw, d->gid.raw, 16) != 0) { /* which address the QPs use, as NCCL says */
+    /* Which address the QPs use, as NCCL says; again when it or its index
+     * changed (an address removed moves the entries after it). */
+    if (memcmp(was.raw, d->gid.raw, 16) != 0 || was_index != d->gid_index) {
         char a[INET6_ADDRSTRLEN] = "?";
         bool m = en_gid_is_v4mapped(d->gid.raw);
         inet_ntop(m ? AF_INET : AF_INET6, d->gid.raw + (m ? 12 : 0), a, sizeof(a));
@@ -2068,6 +2074,14 @@ static bool dev_usable(en_verbs_t *tr, int k)
         d->gid_stale = true;
         return false;
     }
+    /* Its entry may have moved before the GID_CHANGE event is read (an
+     * address removed in front of it): a QP made now must not take the
+     * index of another address, or of none. */
+    union ibv_gid g;
+    if (!d->gid_stale && tr->gid_index < 0 &&
+        (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &g) != 0 ||
+         memcmp(g.raw, d->gid.raw, 16) != 0))
+        d->gid_stale = true;
     return !d->gid_stale || dev_gid(tr, k) == 0;
 }
 
