@@ -224,6 +224,7 @@ typedef struct en_verbs {
     int test_ready_ms;                   /* tests: a resume's READY is taken this late */
     int test_lose_ready;                 /* tests: the next READY from this rank is lost... */
     int test_lost_fd;                    /* ...and its socket kept open, unread, till fini */
+    int test_rts_fail;                   /* tests: on this rank, the next resume QP's RTS fails */
     int resume_ms;                       /* a failed link resumes within this, or it ends */
     uint64_t test_down_until_ns;
     vb_dev_t dev[EN_MAX_RAILS];
@@ -1014,6 +1015,10 @@ static int qp_connect(vb_conn_t *t)
                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (e != 0)
         return bs_fail(COH_ESYS, "verbs: QP to RTR (GID %d): %s", d->gid_index, strerror(e));
+    if (tr->test_rts_fail == tr->rail->rank && t->phase == VB_RESUMING) {
+        tr->test_rts_fail = -1; /* tests: refused as by a GID entry gone, the QP left in RTR */
+        return bs_fail(COH_ESYS, "verbs: QP to RTS (GID %d): refused by the test", d->gid_index);
+    }
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
                             .timeout = 14,
                             .retry_cnt = 7,
@@ -1137,6 +1142,19 @@ static bool retire_qp(vb_conn_t *t)
         t->old_dev = NULL;
     }
     return t->old_qp == NULL;
+}
+
+/* The resume's QP was refused RTR or RTS (its GID entry went from under
+ * it, a device being reset): it is spent (one refused RTS stays in RTR,
+ * and RTR again is refused too), and the device's GID is read again for
+ * the next QP. The attempt fails, not the link: its deadline still holds. */
+static void qp_refused(vb_conn_t *t)
+{
+    en_rail_t *rail = t->base.rail;
+    bs_log(COH_LOG_INFO, "rank %d rail %d: link to rank %d: %s; the resume goes on with a new QP",
+           rail->rank, rail->index, t->base.peer, coh_last_error());
+    t->tr->dev[t->via].gid_stale = true;
+    retire_qp(t);
 }
 
 static void begin_resume(vb_conn_t *t, const char *why)
@@ -1287,9 +1305,8 @@ static void answer_resume(vb_conn_t *t)
 {
     vb_sock_t *s = t->rsk;
     if (!t->qp_up && qp_connect(t) != 0) {
-        char why[BS_ERR_LEN];
-        snprintf(why, sizeof(why), "%s", coh_last_error());
-        conn_close(t, COH_ESYS, why);
+        qp_refused(t);
+        resume_sock_failed(s, false); /* the dialler tries again */
         return;
     }
     if (send_hello(t, s) != 0) {
@@ -1514,10 +1531,14 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
         ep_decode(s->in + EN_HELLO_SIZE, &t->theirs);
         t->peer_off = h->resume_off;
         uint8_t ready = VB_READY;
-        if (qp_connect(t) != 0 || send_all(s->fd, &ready, 1) != 0) {
+        bool refused = qp_connect(t) != 0;
+        if (refused || send_all(s->fd, &ready, 1) != 0) {
             sock_close(s); /* the next tick dials again */
             t->rsk = NULL;
-            if (t->qp_up) begin_resume(t, t->why); /* this QP is spent */
+            if (refused)
+                qp_refused(t);
+            else if (t->qp_up)
+                begin_resume(t, t->why); /* this QP is spent */
             return;
         }
         resumed(t);
@@ -2306,6 +2327,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->test_ready_ms = cfg->verbs_test_ready_delay_ms;
     tr->test_lose_ready = cfg->verbs_test_lose_ready - 1;
     tr->test_lost_fd = -1;
+    tr->test_rts_fail = cfg->verbs_test_rts_fail - 1;
     tr->resume_ms = cfg->verbs_resume_ms > 0 ? cfg->verbs_resume_ms : 5000;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;

@@ -273,7 +273,11 @@ typedef enum rx_knob_kind {
       "tests only: a rank r: on every other rank and verbs rail, the first READY from r that "     \
       "ends "                                                                                      \
       "a resume is lost, and the answering side's socket dies without a word (r, live already, "   \
-      "sees nothing); -1: none")
+      "sees nothing); -1: none")                                                                \
+    X(test_verbs_rts_fail, RX_K_INT, "-1", "COHORT_TEST_VERBS_RTS_FAIL_ON", -1, 1 << 20,           \
+      "tests only: a rank r: on r, the first QP brought up for a resume on each verbs rail is "    \
+      "refused at RTS (as when its GID entry went from under it; the QP is left in RTR); -1: "     \
+      "none")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */

@@ -359,7 +359,7 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
 {
 #ifdef COHORT_HAVE_VERBS
     const char *dev = NULL, *provider = NULL;
-    int port = 1, gid = -1, move = 1, lose_from = -1;
+    int port = 1, gid = -1, move = 1, lose_from = -1, rts_fail_on = -1;
     size_t ring = 0;
     BS_CHECK(rx_env_knob_str("verbs_device", &dev));
     BS_CHECK(rx_env_knob_str("verbs_provider", &provider));
@@ -371,6 +371,8 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     BS_CHECK(rx_env_knob_int("test_verbs_ready_delay", &rc->verbs_test_ready_delay_ms));
     BS_CHECK(rx_env_knob_int("test_verbs_lose_ready", &lose_from));
     rc->verbs_test_lose_ready = lose_from + 1;
+    BS_CHECK(rx_env_knob_int("test_verbs_rts_fail", &rts_fail_on));
+    rc->verbs_test_rts_fail = rts_fail_on + 1;
     BS_CHECK(rx_env_knob_size("verbs_ring_bytes", &ring));
     BS_CHECK(rx_env_knob_size("verbs_zcopy_bytes", &rc->verbs_zcopy_bytes));
     BS_CHECK(rx_env_knob_size("verbs_reg_cache_bytes", &rc->verbs_reg_cache_bytes));
