@@ -1151,7 +1151,7 @@ static bool retire_qp(vb_conn_t *t)
 static void qp_refused(vb_conn_t *t)
 {
     en_rail_t *rail = t->base.rail;
-    bs_log(COH_LOG_INFO, "rank %d rail %d: link to rank %d: %s; the resume goes on with a new QP",
+    bs_log(COH_LOG_WARN, "rank %d rail %d: link to rank %d: %s; the resume goes on with a new QP",
            rail->rank, rail->index, t->base.peer, coh_last_error());
     t->tr->dev[t->via].gid_stale = true;
     retire_qp(t);
@@ -1205,7 +1205,10 @@ static void qp_flushed(vb_conn_t *t)
  * comes again then), or when the link closed. */
 static bool ensure_qp(vb_conn_t *t, int k)
 {
-    if (t->qp && t->via == k) return true;
+    /* Not one that tells the peer a GID the device no longer uses (picked
+     * again since: dev_usable): the peer's RTR to it would be refused. */
+    if (t->qp && t->via == k && (t->qp_up || !memcmp(t->mine.gid, t->tr->dev[k].gid.raw, 16)))
+        return true;
     if (!retire_qp(t)) return false;
     t->via = k;
     if (qp_new(t) != 0) {
@@ -2099,9 +2102,8 @@ static bool dev_usable(en_verbs_t *tr, int k)
      * address removed in front of it): a QP made now must not take the
      * index of another address, or of none. */
     union ibv_gid g;
-    if (!d->gid_stale && tr->gid_index < 0 &&
-        (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &g) != 0 ||
-         memcmp(g.raw, d->gid.raw, 16) != 0))
+    if (!d->gid_stale && (tr->ib->query_gid(d->ctx, (uint8_t)tr->port, d->gid_index, &g) != 0 ||
+                          memcmp(g.raw, d->gid.raw, 16) != 0))
         d->gid_stale = true;
     return !d->gid_stale || dev_gid(tr, k) == 0;
 }
