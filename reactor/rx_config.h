@@ -230,7 +230,8 @@ typedef enum rx_knob_kind {
     X(verbs_port, RX_K_INT, "1", "COHORT_VERBS_PORT", 1, 255, "the RDMA device's port")            \
     X(verbs_gid_index, RX_K_INT, "-1", "COHORT_VERBS_GID_INDEX", -1, 255,                          \
       "the GID of that port to use; -1: picked per device (InfiniBand: 0; RoCE: the RoCE v2 "      \
-      "entry with the interface's IPv4 address, e.g. 3)")                                          \
+      "entry with the rail's address, IPv4-mapped or IPv6, e.g. 3), and again when the table "     \
+      "changes")                                                                                   \
     X(verbs_move, RX_K_INT, "1", "COHORT_VERBS_MOVE", 0, 1,                                        \
       "with failover, a verbs link whose device's port is down (or whose dials through its own "   \
       "interface go unanswered) resumes on the RDMA device behind another rail's interface, "      \
@@ -273,7 +274,7 @@ typedef enum rx_knob_kind {
       "tests only: a rank r: on every other rank and verbs rail, the first READY from r that "     \
       "ends "                                                                                      \
       "a resume is lost, and the answering side's socket dies without a word (r, live already, "   \
-      "sees nothing); -1: none")                                                                \
+      "sees nothing); -1: none")                                                                   \
     X(test_verbs_rts_fail, RX_K_INT, "-1", "COHORT_TEST_VERBS_RTS_FAIL_ON", -1, 1 << 20,           \
       "tests only: a rank r: on r, the first QP brought up for a resume on each verbs rail is "    \
       "refused at RTS (as when its GID entry went from under it; the QP is left in RTR); -1: "     \
