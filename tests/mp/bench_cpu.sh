@@ -4,14 +4,13 @@
 # The check of 16 MiB costs more than two of its allreduces: read after it, the
 # figure was 2.7-3x the one without the check (1.8-2 with a warm link). The
 # least of seven runs each (CPU time on a shared VM moves by a third from run
-# to run), taken in turn so that a busy moment hits both kinds alike. Four
-# warm-up calls: a fresh loopback connection's first 16 MiB calls take 3-5x a
-# warm one's (Open MPI's too), and with one warm-up a run fell into them by
-# chance (CI read 2.27 against 1.32). Alone (RUN_SERIAL): beside another test's
+# to run; with three, one CI run read 1.64 against 1.07, 2026-11-30), taken in
+# turn so that a busy moment hits both kinds alike, against 1.55x: with seven
+# the right build read 0.78-1.28x, one whose figure counts the check
+# 1.85-2.07x (4 runs each). Four warm-up calls: a fresh loopback connection's
+# first 16 MiB calls take 3-5x a warm one's (Open MPI's too), and with one
+# warm-up a run fell into them by chance (CI read 2.27 against 1.32). Alone (RUN_SERIAL): beside another test's
 # ranks a waiting rank spins while its peer is off the CPU.
-# Least of seven, not three, and 1.55x (it was 1.45): one CI run read 1.64
-# against 1.07 with three (2026-11-30). With seven: the right build 0.78-1.28x,
-# one whose figure counts the check 1.85-2.07x (3 runs each).
 set -eu
 run=$1 bench=$2
 cpu() { # the CPU per GB line's figure

@@ -329,8 +329,6 @@ static void test_algo_knob(void **state)
     check_plan_knob("COHORT_SMALL_ALGO", small, 3, 16);
 }
 
-/* A verbs rail on a machine without an RDMA device (or a build without
- * the engine) fails coh_init, saying why, and leaves nothing running. */
 /* COHORT_NICS=nics: coh_init works (RDMA is there) or is refused with a
  * message holding both what and naming (or saying the build has no verbs). */
 static void verbs_refused(const char *nics, const char *what, const char *naming)
@@ -349,6 +347,8 @@ static void verbs_refused(const char *nics, const char *what, const char *naming
     assert_non_null(strstr(why, naming));
 }
 
+/* A verbs rail on a machine without an RDMA device (or a build without
+ * the engine) fails coh_init, saying why, and leaves nothing running. */
 static void test_verbs_without_device(void **state)
 {
     (void)state;
