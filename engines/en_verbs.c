@@ -186,6 +186,8 @@ typedef struct vb_conn {
     bool answered;        /* resuming, the higher rank: our answer went (its READY may not) */
     bool moved;           /* a failover was reported, not its return */
     char why[160];
+    uint64_t t_refused_ns; /* the last QP refused RTR or RTS (0: none) */
+    char refused[160];     /* and why */
 } vb_conn_t;
 
 /* An RDMA device the rail's links use: its own, behind the rail's
@@ -225,6 +227,7 @@ typedef struct en_verbs {
     int test_lose_ready;                 /* tests: the next READY from this rank is lost... */
     int test_lost_fd;                    /* ...and its socket kept open, unread, till fini */
     int test_rts_fail;                   /* tests: on this rank, the next resume QP's RTS fails */
+    int test_rts_left;                   /* tests: how many more; -1: every one */
     int resume_ms;                       /* a failed link resumes within this, or it ends */
     uint64_t test_down_until_ns;
     vb_dev_t dev[EN_MAX_RAILS];
@@ -1015,8 +1018,8 @@ static int qp_connect(vb_conn_t *t)
                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (e != 0)
         return bs_fail(COH_ESYS, "verbs: QP to RTR (GID %d): %s", d->gid_index, strerror(e));
-    if (tr->test_rts_fail == tr->rail->rank && t->phase == VB_RESUMING) {
-        tr->test_rts_fail = -1; /* tests: refused as by a GID entry gone, the QP left in RTR */
+    if (tr->test_rts_fail == tr->rail->rank && t->phase == VB_RESUMING && tr->test_rts_left != 0) {
+        if (tr->test_rts_left > 0) tr->test_rts_left--; /* tests: as by a GID entry gone */
         return bs_fail(COH_ESYS, "verbs: QP to RTS (GID %d): refused by the test", d->gid_index);
     }
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
@@ -1106,8 +1109,11 @@ static void go_live(vb_conn_t *t)
 static void resume_gone(vb_conn_t *t, const char *what)
 {
     char why[BS_ERR_LEN];
-    snprintf(why, sizeof(why), "RDMA link to rank %d not resumed: %s (after: %s)", t->base.peer,
-             what, t->why);
+    /* A QP refused since the first failure says why no resume held (only
+     * the warn log said so). */
+    bool qp = t->t_refused_ns && t->t_refused_ns >= t->t_fail0_ns;
+    snprintf(why, sizeof(why), "RDMA link to rank %d not resumed: %s (after: %s%s%s)", t->base.peer,
+             what, t->why, qp ? "; last QP refused: " : "", qp ? t->refused : "");
     conn_close(t, COH_EPEER, why);
 }
 
@@ -1151,8 +1157,14 @@ static bool retire_qp(vb_conn_t *t)
 static void qp_refused(vb_conn_t *t)
 {
     en_rail_t *rail = t->base.rail;
-    bs_log(COH_LOG_WARN, "rank %d rail %d: link to rank %d: %s; the resume goes on with a new QP",
-           rail->rank, rail->index, t->base.peer, coh_last_error());
+    /* A lasting refusal comes again at each dial (every few ms): the first
+     * since the link failed warns, the rest are for the debug log. */
+    bool first = !t->t_refused_ns || t->t_refused_ns < t->t_fail0_ns;
+    bs_log(first ? COH_LOG_WARN : COH_LOG_DEBUG,
+           "rank %d rail %d: link to rank %d: %s; the resume goes on with a new QP", rail->rank,
+           rail->index, t->base.peer, coh_last_error());
+    snprintf(t->refused, sizeof(t->refused), "%s", coh_last_error());
+    t->t_refused_ns = bs_now_ns();
     t->tr->dev[t->via].gid_stale = true;
     retire_qp(t);
 }
@@ -1341,6 +1353,10 @@ static void resume_step(vb_conn_t *t)
             t->rsk = NULL;
         }
         if (t->rsk) return;
+        /* Our last QP was refused: the next dial waits a tick, or the old
+         * QP's flush dialled again at once (a lasting refusal: hundreds of
+         * QPs a second until the link ended). */
+        if (t->t_refused_ns && now - t->t_refused_ns < VB_RESUME_TICK * 1000000ull) return;
         if (t->bsk && t->bsk->phase == SK_HELLO) { /* moving back */
             if (dev_usable(t->tr, t->bsk->via)) {
                 t->want = t->bsk->via;
@@ -2330,6 +2346,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->test_lose_ready = cfg->verbs_test_lose_ready - 1;
     tr->test_lost_fd = -1;
     tr->test_rts_fail = cfg->verbs_test_rts_fail - 1;
+    tr->test_rts_left = cfg->verbs_test_rts_fail_times > 0 ? cfg->verbs_test_rts_fail_times : -1;
     tr->resume_ms = cfg->verbs_resume_ms > 0 ? cfg->verbs_resume_ms : 5000;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;

@@ -278,7 +278,11 @@ typedef enum rx_knob_kind {
     X(test_verbs_rts_fail, RX_K_INT, "-1", "COHORT_TEST_VERBS_RTS_FAIL_ON", -1, 1 << 20,           \
       "tests only: a rank r: on r, the first QP brought up for a resume on each verbs rail is "    \
       "refused at RTS (as when its GID entry went from under it; the QP is left in RTR); -1: "     \
-      "none")
+      "none")                                                                                      \
+    X(test_verbs_rts_fail_times, RX_K_INT, "1", "COHORT_TEST_VERBS_RTS_FAIL_TIMES", 0, 1 << 20,    \
+      "tests only: with COHORT_TEST_VERBS_RTS_FAIL_ON, the number of resume QPs refused at RTS "   \
+      "on each verbs rail, one after the other; 0: every one (the resume then ends at "            \
+      "COHORT_VERBS_RESUME_MS)")
 
 typedef struct rx_knob {
     const char *name; /* the coh_config_t field (or the env-only knob's name) */
