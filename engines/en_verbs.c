@@ -111,10 +111,11 @@ typedef struct vb_sock {
     uv_poll_t poll;
     int fd;
     int phase;
-    bool resume; /* it carries a resume */
-    bool poke;   /* the higher rank's nudge: a resume HELLO, then the end */
-    bool back;   /* the lower rank's test of its own interface, off it */
-    int via;     /* a resume's: the rail whose device carries the new QPs */
+    bool resume;         /* it carries a resume */
+    bool poke;           /* the higher rank's nudge: a resume HELLO, then the end */
+    bool back;           /* the lower rank's test of its own interface, off it */
+    int via;             /* a resume's: the rail whose device carries the new QPs */
+    uint64_t send_at_ns; /* tests (test_poke_ms): a poke connected, its HELLO sent then */
     struct vb_conn *t;
     uint8_t in[EN_HELLO_SIZE + VB_EP_SIZE];
     size_t got;
@@ -224,6 +225,7 @@ typedef struct en_verbs {
     int own;                             /* the rail's index: dev[own] is its device */
     int test_down_ms;                    /* tests: a cut takes the own port down this long */
     int test_ready_ms;                   /* tests: a resume's READY is taken this late */
+    int test_poke_ms;                    /* tests: poke at once, each HELLO this late */
     int test_lose_ready;                 /* tests: the next READY from this rank is lost... */
     int test_lost_fd;                    /* ...and its socket kept open, unread, till fini */
     int test_rts_fail;                   /* tests: on this rank, the next resume QP's RTS fails */
@@ -998,6 +1000,13 @@ static int qp_connect(vb_conn_t *t)
     en_verbs_t *tr = t->tr;
     const vb_dev_t *d = &tr->dev[t->via];
     const vb_ep_t *p = &t->theirs;
+    /* The GID was picked again since the peer was told ours (another link's
+     * dev_usable, or the GID_CHANGE event, between our dial and its answer):
+     * our packets would leave from one address and its answers go to another. */
+    if (memcmp(t->mine.gid, d->gid.raw, 16) != 0)
+        return bs_fail(COH_ESYS,
+                       "verbs: QP's GID picked again (now index %d) since the peer was told",
+                       d->gid_index);
     enum ibv_mtu mtu = (enum ibv_mtu)(p->mtu < t->mine.mtu ? p->mtu : t->mine.mtu);
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                             .path_mtu = mtu,
@@ -1119,6 +1128,15 @@ static void resume_gone(vb_conn_t *t, const char *what)
 
 static void resume_step(vb_conn_t *t);
 static void resume_sock_failed(vb_sock_t *s, bool refused);
+
+/* Tests (test_poke_ms): the held poke's HELLO goes, and the poke ends. */
+static void poke_go(vb_conn_t *t)
+{
+    vb_sock_t *s = t->psk;
+    (void)send_hello(t, s);
+    t->psk = NULL;
+    sock_close(s);
+}
 static void resumed(vb_conn_t *t);
 
 static void resume_tick(uv_timer_t *h)
@@ -1331,6 +1349,11 @@ static void answer_resume(vb_conn_t *t)
     }
     s->phase = SK_WAIT_READY;
     t->answered = true;
+    /* A poke still connecting is moot now, and once it connected it would
+     * name the next epoch (answered): the dialler, live by then, would take
+     * it for a new failure and resume the link again. */
+    sock_close(t->psk);
+    t->psk = NULL;
 }
 
 static void resume_step(vb_conn_t *t)
@@ -1342,6 +1365,8 @@ static void resume_step(vb_conn_t *t)
         resume_gone(t, "no resume in time");
         return;
     }
+    if (t->psk && t->psk->send_at_ns && now >= t->psk->send_at_ns) /* tests: a poke held */
+        poke_go(t);
     if (t->ready_at_ns) { /* tests: the READY read, taken late */
         if (now >= t->ready_at_ns && t->rsk) resumed(t);
         return;
@@ -1398,7 +1423,8 @@ static void resume_step(vb_conn_t *t)
             return;
         }
         if (ensure_qp(t, t->rsk->via)) answer_resume(t);
-    } else if (!t->rsk && !t->psk && now - t->t_dial_ns > VB_POKE_MS * 1000000ull) {
+    } else if (!t->rsk && !t->psk &&
+               (t->tr->test_poke_ms > 0 || now - t->t_dial_ns > VB_POKE_MS * 1000000ull)) {
         /* No dial yet: the lower rank may not know. A failure that took the
          * interface down first (a NIC reset) leaves its sockets and QP
          * looking fine, and the balancer gives it nothing to write on this
@@ -1734,6 +1760,11 @@ static void poll_cb(uv_poll_t *h, int status, int events)
         int err = 0;
         socklen_t el = sizeof(err);
         if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = 0;
+        if (status >= 0 && !err && t->tr->test_poke_ms > 0) { /* tests: held */
+            s->send_at_ns = bs_now_ns() + (uint64_t)t->tr->test_poke_ms * 1000000ull;
+            uv_poll_stop(&s->poll);
+            return;
+        }
         if (status >= 0 && !err) (void)send_hello(t, s);
         t->psk = NULL;
         sock_close(s);
@@ -2343,6 +2374,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->gid_index = cfg->verbs_gid;
     tr->test_down_ms = cfg->verbs_test_port_down_ms;
     tr->test_ready_ms = cfg->verbs_test_ready_delay_ms;
+    tr->test_poke_ms = cfg->verbs_test_poke_late_ms;
     tr->test_lose_ready = cfg->verbs_test_lose_ready - 1;
     tr->test_lost_fd = -1;
     tr->test_rts_fail = cfg->verbs_test_rts_fail - 1;

@@ -448,6 +448,7 @@ typedef struct en_rail_cfg {
     int verbs_test_port_down_ms;   /* tests: a cut takes the own port down this long */
     int verbs_test_ready_delay_ms; /* tests: a resume's READY is taken this late */
     int verbs_test_lose_ready;     /* tests: 1 + the rank whose first READY (per rail) is lost */
+    int verbs_test_poke_late_ms;   /* tests: poke at once, each poke's HELLO this late */
     int verbs_test_rts_fail;       /* tests: 1 + the rank whose first resume QP is refused RTS */
     int verbs_test_rts_fail_times; /* tests: how many resume QPs are refused; 0: all */
     const char *verbs_provider;    /* en_ibv.h: "rdma-core" (NULL too) or "soft" */

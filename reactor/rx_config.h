@@ -275,6 +275,10 @@ typedef enum rx_knob_kind {
       "ends "                                                                                      \
       "a resume is lost, and the answering side's socket dies without a word (r, live already, "   \
       "sees nothing); -1: none")                                                                   \
+    X(test_verbs_poke_late, RX_K_INT, "0", "COHORT_TEST_VERBS_POKE_LATE_MS", 0, 10000,             \
+      "tests only: the higher rank of a resuming verbs link pokes at once (not after 200 ms "      \
+      "without a dial), and each poke's HELLO goes this many ms after it connects (so that it "    \
+      "can cross the dialler's dial); 0: off")                                                     \
     X(test_verbs_rts_fail, RX_K_INT, "-1", "COHORT_TEST_VERBS_RTS_FAIL_ON", -1, 1 << 20,           \
       "tests only: a rank r: on r, the first QP brought up for a resume on each verbs rail is "    \
       "refused at RTS (as when its GID entry went from under it; the QP is left in RTR); -1: "     \

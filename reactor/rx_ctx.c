@@ -369,6 +369,7 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     BS_CHECK(rx_env_knob_int("verbs_resume_ms", &rc->verbs_resume_ms));
     BS_CHECK(rx_env_knob_int("test_verbs_port_down", &rc->verbs_test_port_down_ms));
     BS_CHECK(rx_env_knob_int("test_verbs_ready_delay", &rc->verbs_test_ready_delay_ms));
+    BS_CHECK(rx_env_knob_int("test_verbs_poke_late", &rc->verbs_test_poke_late_ms));
     BS_CHECK(rx_env_knob_int("test_verbs_lose_ready", &lose_from));
     rc->verbs_test_lose_ready = lose_from + 1;
     BS_CHECK(rx_env_knob_int("test_verbs_rts_fail", &rts_fail_on));
