@@ -230,6 +230,7 @@ typedef struct en_verbs {
     int test_lost_fd;                    /* ...and its socket kept open, unread, till fini */
     int test_rts_fail;                   /* tests: on this rank, the next resume QP's RTS fails */
     int test_rts_left;                   /* tests: how many more; -1: every one */
+    bool test_create_fail;               /* tests: ...at the QP's creation instead */
     int resume_ms;                       /* a failed link resumes within this, or it ends */
     uint64_t test_down_until_ns;
     vb_dev_t dev[EN_MAX_RAILS];
@@ -947,6 +948,18 @@ static int rings_reg(vb_conn_t *t, int k)
     return 0;
 }
 
+/* Tests (test_rts_fail): this resume QP fails at this stage (its creation,
+ * or RTS), as by a device out of memory or a GID entry gone. */
+static bool test_qp_fails(vb_conn_t *t, bool create)
+{
+    en_verbs_t *tr = t->tr;
+    if (tr->test_rts_fail != tr->rail->rank || t->phase != VB_RESUMING || tr->test_rts_left == 0 ||
+        tr->test_create_fail != create)
+        return false;
+    if (tr->test_rts_left > 0) tr->test_rts_left--;
+    return true;
+}
+
 /* A QP on device t->via in INIT with its receives posted; our endpoint in
  * t->mine. */
 static int qp_new(vb_conn_t *t)
@@ -954,6 +967,8 @@ static int qp_new(vb_conn_t *t)
     en_verbs_t *tr = t->tr;
     vb_dev_t *d = &tr->dev[t->via];
     BS_CHECK(rings_reg(t, t->via));
+    if (test_qp_fails(t, true))
+        return bs_fail(COH_ESYS, "verbs: ibv_create_qp: %s (by the test)", strerror(ENOMEM));
     struct ibv_qp_init_attr ia = {.send_cq = d->cq,
                                   .recv_cq = d->cq,
                                   .cap = {.max_send_wr = VB_SQ_DEPTH,
@@ -1027,10 +1042,8 @@ static int qp_connect(vb_conn_t *t)
                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (e != 0)
         return bs_fail(COH_ESYS, "verbs: QP to RTR (GID %d): %s", d->gid_index, strerror(e));
-    if (tr->test_rts_fail == tr->rail->rank && t->phase == VB_RESUMING && tr->test_rts_left != 0) {
-        if (tr->test_rts_left > 0) tr->test_rts_left--; /* tests: as by a GID entry gone */
+    if (test_qp_fails(t, false))
         return bs_fail(COH_ESYS, "verbs: QP to RTS (GID %d): refused by the test", d->gid_index);
-    }
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
                             .timeout = 14,
                             .retry_cnt = 7,
@@ -1122,7 +1135,7 @@ static void resume_gone(vb_conn_t *t, const char *what)
      * the warn log said so). */
     bool qp = t->t_refused_ns && t->t_refused_ns >= t->t_fail0_ns;
     snprintf(why, sizeof(why), "RDMA link to rank %d not resumed: %s (after: %s%s%s)", t->base.peer,
-             what, t->why, qp ? "; last QP refused: " : "", qp ? t->refused : "");
+             what, t->why, qp ? "; last QP failure: " : "", qp ? t->refused : "");
     conn_close(t, COH_EPEER, why);
 }
 
@@ -1169,9 +1182,10 @@ static bool retire_qp(vb_conn_t *t)
 }
 
 /* The resume's QP was refused RTR or RTS (its GID entry went from under
- * it, a device being reset): it is spent (one refused RTS stays in RTR,
- * and RTR again is refused too), and the device's GID is read again for
- * the next QP. The attempt fails, not the link: its deadline still holds. */
+ * it, a device being reset), or not made: it is spent (one refused RTS
+ * stays in RTR, and RTR again is refused too), and the device's GID is
+ * read again for the next QP. The attempt fails, not the link: its
+ * deadline still holds. */
 static void qp_refused(vb_conn_t *t)
 {
     en_rail_t *rail = t->base.rail;
@@ -1233,21 +1247,22 @@ static void qp_flushed(vb_conn_t *t)
 /* A QP on device k for the resume: true when there is one (made now, or
  * there already); false while another QP of the link flushes (the step
  * comes again then), or when the link closed. */
-static bool ensure_qp(vb_conn_t *t, int k)
+static int ensure_qp(vb_conn_t *t, int k)
 {
     /* Not one that tells the peer a GID the device no longer uses (picked
      * again since: dev_usable): the peer's RTR to it would be refused. */
     if (t->qp && t->via == k && (t->qp_up || !memcmp(t->mine.gid, t->tr->dev[k].gid.raw, 16)))
-        return true;
-    if (!retire_qp(t)) return false;
+        return 1;
+    if (!retire_qp(t)) return 0;
     t->via = k;
+    /* A QP not made (the device out of memory or being reset, its rings
+     * not registered with a device moved to) fails the attempt, as a QP
+     * refused RTS does: it ended the link at once. */
     if (qp_new(t) != 0) {
-        char why[BS_ERR_LEN];
-        snprintf(why, sizeof(why), "%s", coh_last_error());
-        conn_close(t, COH_ESYS, why);
-        return false;
+        qp_refused(t);
+        return -1;
     }
-    return true;
+    return 1;
 }
 
 /* The device of the next dial or poke: the own one first, then the other
@@ -1391,7 +1406,8 @@ static void resume_step(vb_conn_t *t)
             }
         }
         if (t->want < 0) t->want = next_via(t);
-        if (t->want < 0 || !ensure_qp(t, t->want)) return; /* no port is up, or flushing */
+        /* no port is up, or flushing, or no QP (the next tick tries again) */
+        if (t->want < 0 || ensure_qp(t, t->want) <= 0) return;
         t->want = -1;
         if (t->bsk && t->bsk->phase == SK_HELLO && t->bsk->via == t->via) {
             /* The test of the own interface connected: it carries the dial. */
@@ -1422,7 +1438,11 @@ static void resume_step(vb_conn_t *t)
             resume_sock_failed(t->rsk, false); /* the dialler tries another */
             return;
         }
-        if (ensure_qp(t, t->rsk->via)) answer_resume(t);
+        int q = ensure_qp(t, t->rsk->via);
+        if (q > 0)
+            answer_resume(t);
+        else if (q < 0)
+            resume_sock_failed(t->rsk, false); /* the dialler tries again */
     } else if (!t->rsk && !t->psk &&
                (t->tr->test_poke_ms > 0 || now - t->t_dial_ns > VB_POKE_MS * 1000000ull)) {
         /* No dial yet: the lower rank may not know. A failure that took the
@@ -2379,6 +2399,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->test_lost_fd = -1;
     tr->test_rts_fail = cfg->verbs_test_rts_fail - 1;
     tr->test_rts_left = cfg->verbs_test_rts_fail_times > 0 ? cfg->verbs_test_rts_fail_times : -1;
+    tr->test_create_fail = cfg->verbs_test_create_fail;
     tr->resume_ms = cfg->verbs_resume_ms > 0 ? cfg->verbs_resume_ms : 5000;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;

@@ -451,6 +451,7 @@ typedef struct en_rail_cfg {
     int verbs_test_poke_late_ms;   /* tests: poke at once, each poke's HELLO this late */
     int verbs_test_rts_fail;       /* tests: 1 + the rank whose first resume QP is refused RTS */
     int verbs_test_rts_fail_times; /* tests: how many resume QPs are refused; 0: all */
+    bool verbs_test_create_fail;   /* tests: ...at their creation, not RTS */
     const char *verbs_provider;    /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
     int verbs_port, verbs_gid;
     size_t verbs_ring_bytes;
