@@ -497,12 +497,23 @@ static void send_ack(tcp_conn_t *t, bool keepalive)
     }
 }
 
+/* A write's error is the link's only if it was on the link's socket now
+ * (one replaced meanwhile reports its error late: the new one is fine). */
+static bool write_failed_link(tcp_conn_t *t, uv_write_t *req, int status)
+{
+    return status < 0 && status != UV_ECANCELED && t->base.state == EN_CONN_READY && t->sock &&
+           req->handle == (uv_stream_t *)&t->sock->tcp;
+}
+
 static void ack_written(uv_write_t *req, int status)
 {
     tcp_conn_t *t = req->data;
     tcp_written(t->base.rail);
     t->ack_writing = false;
     if (status == 0 && t->base.state == EN_CONN_READY) ack_soon(t);
+    /* A side that only acks (its reads paused on a frame with no receive
+     * yet) learns of a dead socket here; it learned at its next frame. */
+    if (write_failed_link(t, req, status)) move_link(t, uv_strerror(status));
 }
 
 static void on_ack(tcp_conn_t *t, uint64_t off)
@@ -679,7 +690,6 @@ static void resumed(tcp_conn_t *t, tcp_sock_t *s, int via, uint64_t peer_off)
     t->replay_pending = true;
     t->t_progress_ns = bs_now_ns();
     if (t->old_closing == 0) replay(t);
-    if (t->base.rstate != EN_RD_BLOCKED) start_reading(t);
     int kind = via == rail->index ? EN_RAIL_RETURN : EN_RAIL_FAILOVER;
     char why[224];
     snprintf(why, sizeof(why), "%s (was on the interface of rail %d)",
@@ -687,6 +697,10 @@ static void resumed(tcp_conn_t *t, tcp_sock_t *s, int via, uint64_t peer_off)
     if (was != via || kind == EN_RAIL_FAILOVER)
         en_rail_event(rail, kind, t->base.peer, via, pause, why);
     t->why[0] = 0;
+    /* Reading again; and a link paused on a frame whose receive was posted
+     * while it was frozen (that kick found it frozen) delivers it now: it
+     * waited for COHORT_TIMEOUT_MS. */
+    kick(t);
 }
 
 static void on_hello(tcp_sock_t *s)
@@ -1353,8 +1367,7 @@ static void on_write(uv_write_t *req, int status)
         }
         return;
     }
-    if (status < 0 && status != UV_ECANCELED && t->sock && c->state == EN_CONN_READY)
-        move_link(t, uv_strerror(status));
+    if (write_failed_link(t, req, status)) move_link(t, uv_strerror(status));
     tx_reap(t);
 }
 

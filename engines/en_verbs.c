@@ -75,6 +75,7 @@
 #define VB_POS_MASK     0x7fffffffu
 #define VB_READY        0x52 /* the dialler's last handshake byte */
 #define VB_REFUSE       0x4e /* alone, then the end: a resume of a link this side has not */
+#define VB_QPFAIL       0x51 /* for an answer or READY, then the end: our new QP failed */
 #define VB_PIECE        (256u * 1024) /* written per work request at most */
 
 typedef enum vb_kind { VB_WR_RECV = 0, VB_WR_SEND = 1 } vb_kind;
@@ -187,7 +188,8 @@ typedef struct vb_conn {
     bool answered;        /* resuming, the higher rank: our answer went (its READY may not) */
     bool moved;           /* a failover was reported, not its return */
     char why[160];
-    uint64_t t_refused_ns; /* the last QP refused RTR or RTS (0: none) */
+    uint64_t t_refused_ns; /* the last QP failure, ours or the peer's (0: none) */
+    uint64_t t_warned_ns;  /* our last QP failure warned of */
     char refused[160];     /* and why */
 } vb_conn_t;
 
@@ -1191,14 +1193,30 @@ static void qp_refused(vb_conn_t *t)
     en_rail_t *rail = t->base.rail;
     /* A lasting refusal comes again at each dial (every few ms): the first
      * since the link failed warns, the rest are for the debug log. */
-    bool first = !t->t_refused_ns || t->t_refused_ns < t->t_fail0_ns;
+    bool first = !t->t_warned_ns || t->t_warned_ns < t->t_fail0_ns;
     bs_log(first ? COH_LOG_WARN : COH_LOG_DEBUG,
            "rank %d rail %d: link to rank %d: %s; the resume goes on with a new QP", rail->rank,
            rail->index, t->base.peer, coh_last_error());
     snprintf(t->refused, sizeof(t->refused), "%s", coh_last_error());
-    t->t_refused_ns = bs_now_ns();
+    t->t_refused_ns = t->t_warned_ns = bs_now_ns();
     t->tr->dev[t->via].gid_stale = true;
     retire_qp(t);
+}
+
+/* Our new QP failed: the peer hears so on s (for our answer or READY),
+ * and its end names it too should the link end. */
+static void tell_qp_failed(vb_sock_t *s)
+{
+    uint8_t f = VB_QPFAIL;
+    if (s) (void)send_all(s->fd, &f, 1);
+}
+
+/* The peer's new QP failed (VB_QPFAIL): its log says why. */
+static void peer_qp_failed(vb_conn_t *t)
+{
+    snprintf(t->refused, sizeof(t->refused), "rank %d's new QP failed (its log says why)",
+             t->base.peer);
+    t->t_refused_ns = bs_now_ns();
 }
 
 static void begin_resume(vb_conn_t *t, const char *why)
@@ -1354,6 +1372,7 @@ static void answer_resume(vb_conn_t *t)
     vb_sock_t *s = t->rsk;
     if (!t->qp_up && qp_connect(t) != 0) {
         qp_refused(t);
+        tell_qp_failed(s);
         resume_sock_failed(s, false); /* the dialler tries again */
         return;
     }
@@ -1441,8 +1460,10 @@ static void resume_step(vb_conn_t *t)
         int q = ensure_qp(t, t->rsk->via);
         if (q > 0)
             answer_resume(t);
-        else if (q < 0)
+        else if (q < 0) {
+            tell_qp_failed(t->rsk);
             resume_sock_failed(t->rsk, false); /* the dialler tries again */
+        }
     } else if (!t->rsk && !t->psk &&
                (t->tr->test_poke_ms > 0 || now - t->t_dial_ns > VB_POKE_MS * 1000000ull)) {
         /* No dial yet: the lower rank may not know. A failure that took the
@@ -1597,6 +1618,7 @@ static void on_resume_hello(vb_sock_t *s, const en_hello_t *h)
         t->peer_off = h->resume_off;
         uint8_t ready = VB_READY;
         bool refused = qp_connect(t) != 0;
+        if (refused) tell_qp_failed(s);
         if (refused || send_all(s->fd, &ready, 1) != 0) {
             sock_close(s); /* the next tick dials again */
             t->rsk = NULL;
@@ -1850,6 +1872,7 @@ static void poll_cb(uv_poll_t *h, int status, int events)
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
             if (n <= 0) {
+                if (resuming && hello && s->got == 1 && s->in[0] == VB_QPFAIL) peer_qp_failed(t);
                 if (resuming)
                     resume_sock_failed(s, hello && s->got == 1 && s->in[0] == VB_REFUSE);
                 else
@@ -1857,6 +1880,11 @@ static void poll_cb(uv_poll_t *h, int status, int events)
                 return;
             }
             if (!hello) {
+                if (resuming && b == VB_QPFAIL) { /* the dialler dials again */
+                    peer_qp_failed(t);
+                    resume_sock_failed(s, false);
+                    return;
+                }
                 if (b != VB_READY) {
                     conn_close(t, COH_EPROTO, "bad RDMA handshake");
                     return;

@@ -33,6 +33,16 @@
  * MP_CUTTER=r: rank r cuts (default 0); MP_CUT_CMD: a shell command the
  * cutter runs before each cut (tests/mp/blackout.sh: the network drops a
  * rail's packets for a while, so the cut's own notice never arrives).
+ *
+ *   test_rails blockcut ROUNDS   (2 ranks)
+ *
+ * Each round two allreduces, one after the other; rank 1 starts the
+ * second 200 ms after the first ended. With COHORT_STASH_BYTES=0 rank 1's
+ * links stop reading at the second op's first header (blocked: no receive
+ * posted). 100 ms in, rank 1 cuts its link on the last rail; its next ACK
+ * fails, and the link waits frozen for rank 0's resume dial
+ * (COHORT_TEST_RESUME_DELAY_MS, over 100). Rank 1 starts the op then: its
+ * receive is posted on a frozen link. Every op must end, right.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,6 +184,48 @@ static int run_cut(int ops, int every)
     return 0;
 }
 
+static int run_blockcut(int rounds)
+{
+    coh_comm_t *world;
+    int rank, size;
+    coh_ctx_t *ctx = mp_init(&world, &rank, &size);
+    if (size != 2 || ctx->nrails < 2) MP_FAIL("needs 2 ranks and two rails or more");
+    size_t n = 1 << 18; /* 1 MiB: every rail carries a part */
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    if (!x || !y) MP_FAIL("out of memory");
+    double t0 = mp_now_s();
+    for (int op = 0; op < 2 * rounds; op += 2) {
+        coh_request_t *a, *b;
+        fill(x, n, rank, op);
+        fill(y, n, rank, op + 1);
+        MP_OK(coh_allreduce(world, x, x, n, COH_F32, COH_SUM, &a));
+        int st = coh_wait(a, -1);
+        if (st != 0) MP_FAIL("op %d failed: %s", op, coh_request_error(a));
+        coh_request_free(a);
+        if (rank == 0) MP_OK(coh_allreduce(world, y, y, n, COH_F32, COH_SUM, &b));
+        if (rank == 1) {
+            usleep(100000); /* rank 0's frames of the next op are in: the links block */
+            rx_rail_debug_cut(&ctx->rails[ctx->nrails - 1], 0);
+            usleep(250000); /* its ACK failed: frozen, rank 0's dial is late */
+            MP_OK(coh_allreduce(world, y, y, n, COH_F32, COH_SUM, &b));
+        }
+        st = coh_wait(b, -1);
+        if (st != 0) MP_FAIL("op %d failed: %s", op + 1, coh_request_error(b));
+        coh_request_free(b);
+        if (check(x, n, size, op) != 0) MP_FAIL("op %d: wrong result", op);
+        if (check(y, n, size, op + 1) != 0) MP_FAIL("op %d: wrong result", op + 1);
+    }
+    printf("rank %d: %d rounds in %.2f s, failovers %llu, returns %llu\n", rank, rounds,
+           mp_now_s() - t0, (unsigned long long)stat_sum(ctx, 0),
+           (unsigned long long)stat_sum(ctx, 1));
+    if (stat_sum(ctx, 0) == 0) MP_FAIL("no failover was counted");
+    free(x);
+    free(y);
+    MP_OK(coh_finalize(ctx));
+    printf("rank %d: OK\n", rank);
+    return 0;
+}
+
 /* Small ops alternating over the rails, each on a rail that was idle: an op
  * started inline by the caller (its peers' frames already stashed) waited
  * for its own send's completion until the rail thread's 50 ms poll timeout
@@ -230,6 +282,7 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "cut") == 0)
         return run_cut(atoi(argv[2]), argc >= 4 ? atoi(argv[3]) : 20);
     if (argc >= 3 && strcmp(argv[1], "latency") == 0) return run_latency(atoi(argv[2]));
-    fprintf(stderr, "usage: test_rails cut OPS [EVERY] | latency OPS\n");
+    if (argc >= 3 && strcmp(argv[1], "blockcut") == 0) return run_blockcut(atoi(argv[2]));
+    fprintf(stderr, "usage: test_rails cut OPS [EVERY] | latency OPS | blockcut ROUNDS\n");
     return 2;
 }
