@@ -192,6 +192,7 @@ struct en_udp {
     double line_bps, delta;
     uint64_t period_ns;
     uint32_t drop_ppm;
+    int send_fail;       /* tests: batches to send before one fails (0: none) */
     bool ctl_dgram_only; /* tests only: control messages go as datagrams alone */
     uint64_t rng;
     uint64_t refreshed_ns;
@@ -534,7 +535,13 @@ static int batch_send(struct en_udp *u, en_dgflow_t *f, dg_batch_t *b, dg_path_t
         mh->msg_control = b->cm[m].buf;
         mh->msg_controllen += CMSG_SPACE(sizeof(uint16_t));
     }
-    int k = sendmmsg(pt->fd, b->mm, (unsigned)b->nm, MSG_DONTWAIT);
+    int k;
+    if (u->send_fail > 0 && --u->send_fail == 0) { /* tests: refused */
+        errno = EPERM;
+        k = -1;
+    } else {
+        k = sendmmsg(pt->fd, b->mm, (unsigned)b->nm, MSG_DONTWAIT);
+    }
     if (k < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             *how = SENT_SOCKFULL;
@@ -726,9 +733,15 @@ static void pump(struct en_udp *u)
             en_op_t *op = f->op;
             uint32_t ri = (uint32_t)f->ri, rk = f->rk;
             int nredo = f->nredo;
+            /* Held through the turn: a send that fails the op kicks it, and
+             * an op held by nobody (a pump from the timer or the socket)
+             * was freed with its flows under us. */
+            bool held = op->progressing;
+            op->progressing = true;
             if (f->sending && op->state == EN_OP_RUNNING)
                 flow_turn(u, f, all & ~stopped, now, &full, &stopped);
             if ((uint32_t)f->ri != ri || f->rk != rk || f->nredo != nredo) any = true;
+            op->progressing = held;
             if (op->state != EN_OP_RUNNING) {
                 /* A send failed it: its flows left the list, and the kick
                  * may free them. Start the round over. */
@@ -1520,6 +1533,7 @@ int en_udp_open(en_rail_t *rail, const en_udp_cfg_t *cfg)
     u->delta = cfg->delta;
     u->period_ns = (uint64_t)cfg->period_us * 1000ull;
     u->drop_ppm = cfg->test_drop_ppm;
+    u->send_fail = cfg->test_send_fail;
     u->ctl_dgram_only = cfg->test_ctl_dgram_only;
     u->rng = bs_now_ns() ^ ((uint64_t)rail->rank << 32) ^ (uint64_t)rail->index;
     u->keep_limit = rail->stash_limit;

@@ -386,6 +386,7 @@ typedef struct en_udp_cfg {
     int period_us;         /* receivers report their rate this often */
     size_t rcvbuf_bytes;   /* SO_RCVBUF */
     uint32_t test_drop_ppm;
+    int test_send_fail;       /* the n-th batch sent fails (EPERM); 0: none */
     bool test_ctl_dgram_only; /* control messages as datagrams alone (no TCP copy) */
 } en_udp_cfg_t;
 

@@ -258,6 +258,9 @@ typedef enum rx_knob_kind {
     X(test_udp_drop, RX_K_INT, "0", "COHORT_TEST_UDP_DROP_PPM", 0, 1000000,                        \
       "tests only: udp rails drop this many of every million datagrams that arrive, data and "     \
       "control (random loss without a network namespace)")                                         \
+    X(test_udp_send_fail, RX_K_INT, "0", "COHORT_TEST_UDP_SEND_FAIL", 0, 1 << 20,                  \
+      "tests only: n: on every rank, the n-th batch of datagrams a udp rail sends fails as "       \
+      "refused (EPERM, as a firewall's reject): the op fails; 0: none")                            \
     X(test_udp_ctl_dgram, RX_K_INT, "0", "COHORT_TEST_UDP_CTL_DGRAM", 0, 1,                        \
       "tests only: 1 sends udp control messages (DONE, NACK, FIN) as datagrams alone, without "    \
       "their reliable TCP copy")                                                                   \

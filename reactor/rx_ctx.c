@@ -228,6 +228,13 @@ static uint32_t test_udp_drop_ppm(void)
     return rx_env_knob_int("test_udp_drop", &ppm) == 0 ? (uint32_t)ppm : 0;
 }
 
+/* COHORT_TEST_UDP_SEND_FAIL (tests only): the n-th batch sent fails. */
+static int test_udp_send_fail(void)
+{
+    int n = 0;
+    return rx_env_knob_int("test_udp_send_fail", &n) == 0 ? n : 0;
+}
+
 /* COHORT_TEST_RESUME_DELAY_MS (tests only): slow resume dials of the lower rank. */
 static int test_resume_delay_ms(void)
 {
@@ -989,6 +996,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
                        .period_us = ctx->cfg.udp_period_us,
                        .rcvbuf_bytes = ctx->cfg.udp_rcvbuf_bytes,
                        .test_drop_ppm = test_udp_drop_ppm(),
+                       .test_send_fail = test_udp_send_fail(),
                        .test_ctl_dgram_only = test_udp_ctl_dgram()},
             .shm_dir = ctx->shm_dir,
             .shm_name = ctx->shm_name,

@@ -17,6 +17,14 @@
  *                          which stay within the bounds; averages divide by
  *                          the contributors actually received; with MIN, at
  *                          least that fraction of the push bytes was lost
+ *   test_udp sendfail ITERS
+ *                          with COHORT_TEST_UDP_SEND_FAIL=n (every rank's
+ *                          n-th batch refused, EPERM) and a low
+ *                          COHORT_UDP_RATE_MBPS (most batches go from the
+ *                          pacing timer): some op fails with EPEER naming
+ *                          the refusal, here or as a peer's abort (each
+ *                          rank's refusal may fail another op); the others
+ *                          complete; the rank finalizes
  */
 #include <math.h>
 #include <stdint.h>
@@ -320,10 +328,36 @@ static void run_lossy(int iters, double push, double pull, double min_lost)
     free(b);
 }
 
+static void run_sendfail(int iters)
+{
+    size_t n = (size_t)2 << 20; /* 8 MiB of f32: many batches */
+    float *x = malloc(n * sizeof(float));
+    if (!x) MP_FAIL("out of memory");
+    int failed = 0;
+    for (int it = 0; it < iters; it++) {
+        for (size_t i = 0; i < n; i++) x[i] = (float)R;
+        coh_request_t *req = lossy(x, x, n, COH_F32, COH_SUM, 0.01, 0.01, -1);
+        int st = coh_wait(req, -1);
+        if (st != 0) {
+            const char *e = coh_request_error(req);
+            if (st != COH_EPEER || !strstr(e, "Operation not permitted"))
+                MP_FAIL("op %d: %s: %s, not the refused send", it, coh_status_name(st), e);
+            failed++;
+        }
+        coh_request_free(req);
+    }
+    if (!failed) MP_FAIL("no op failed");
+    if (failed == iters) MP_FAIL("every op failed: the rail did not recover");
+    printf("rank %d: %d of %d ops failed on the refused send\n", R, failed, iters);
+    free(x);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: test_udp exact ITERS | spray ITERS | lossy ITERS PUSH PULL\n");
+        fprintf(
+            stderr,
+            "usage: test_udp exact ITERS | spray ITERS | lossy ITERS PUSH PULL | sendfail ITERS\n");
         return 2;
     }
     coh_ctx_t *ctx = mp_init(&W, &R, &N);
@@ -335,13 +369,15 @@ int main(int argc, char **argv)
         run_exact(iters);
     else if (!strcmp(argv[1], "spray"))
         run_spray(iters);
+    else if (!strcmp(argv[1], "sendfail"))
+        run_sendfail(iters);
     else if (!strcmp(argv[1], "lossy") && argc >= 5)
         run_lossy(iters, atof(argv[3]), atof(argv[4]), argc > 5 ? atof(argv[5]) : 0);
     else
         MP_FAIL("unknown mode %s", argv[1]);
     /* Which rails carried the datagrams: the udp rails' test (the tcp
      * rails' slices and the rails' order follow COHORT_NICS). */
-    if (spray && !n_tcp && strcmp(argv[1], "spray")) check_spray();
+    if (spray && !n_tcp && strcmp(argv[1], "spray") && strcmp(argv[1], "sendfail")) check_spray();
     /* With control as datagrams alone (COHORT_TEST_UDP_CTL_DGRAM) a rank
      * whose last FIN was lost asks again after its peer's op ended: the
      * peer must still be there to answer. */
