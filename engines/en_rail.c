@@ -52,6 +52,7 @@ int en_rail_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     rail->rejoin = cfg->rejoin;
     rail->probe_ms = cfg->probe_ms > 0 ? cfg->probe_ms : 500;
     rail->test_resume_delay_ms = cfg->test_resume_delay_ms;
+    rail->test_drop_probe = cfg->test_drop_probe;
     rail->progress_ns = cfg->progress_ns;
     rail->observer = cfg->observer;
     rail->want_udp = cfg->udp;

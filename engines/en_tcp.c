@@ -760,6 +760,12 @@ static void on_hello(tcp_sock_t *s)
             sock_close(s); /* both sides dialled: the lower rank's dial wins */
             return;
         }
+        if (rail->test_drop_probe && t->sock && t->via != rail->index &&
+            (int)h.via == rail->index) {
+            rail->test_drop_probe = false; /* tests: a move back's dial, closed unanswered */
+            sock_close(s);
+            return;
+        }
         if (t->dial) sock_close(t->dial);
         freeze(t);
         sock_bind(s, t);
@@ -1124,6 +1130,11 @@ static void watch_cb(uv_timer_t *h)
         next_dial(t, false);
         return;
     }
+    /* Frozen with a socket and no dial: a probe that ended other than by
+     * its timeout or a failed write (closed by the peer, its answer refused
+     * or stale). Frozen, the link read nothing and probed no more (never
+     * back; ops on it waited for their timeout). */
+    if (t->sock && t->frozen && !t->dial) unfreeze(t);
     if (!t->sock || t->frozen) return;
     /* Every live link acks now and then, paused or idle: a link is taken
      * for dead only when its ACKs stop while another rail's go on. */

@@ -1349,7 +1349,10 @@ int en_udp_op_start(en_op_t *op)
             /* A reduce's other operand; a plain receive's fallback: what a
              * segment that never came keeps (the plan's src). */
             f->src = op->buf[s->src] + s->src_off * op->esize;
-            if (en_dg_bitmap_init(&f->bm, f->nseg) != 0) return COH_ENOMEM;
+            if (en_dg_bitmap_init(&f->bm, f->nseg) != 0) {
+                f->op = NULL; /* not counted in nflows: op_end must not take it off */
+                return COH_ENOMEM;
+            }
         } else {
             f->src = op->buf[s->src] + s->src_off * op->esize;
             /* Pushes to a peer are numbered in plan order (the chunks'),

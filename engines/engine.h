@@ -423,6 +423,7 @@ typedef struct en_rail_cfg {
     bool failover;
     int stall_ms, probe_ms;
     int test_resume_delay_ms;             /* tests: the lower rank's resume dials connect late */
+    bool test_drop_probe;                 /* tests: the higher rank drops the first move back */
     bool rejoin;                          /* this rank restarts a failed one: its hellos say so */
     _Atomic uint64_t *progress_ns;        /* [nrails], shared by the rank's rails: last ack seen */
     const struct sockaddr *const *locals; /* [nrails]: every interface's address, port 0 */
@@ -557,6 +558,7 @@ struct en_rail {
     bool failover;
     int stall_ms, probe_ms;
     int test_resume_delay_ms;
+    bool test_drop_probe;
     bool rejoin;
     _Atomic uint64_t *progress_ns;
     struct sockaddr_storage locals[EN_MAX_RAILS];

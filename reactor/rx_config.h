@@ -264,6 +264,9 @@ typedef enum rx_knob_kind {
     X(test_udp_ctl_dgram, RX_K_INT, "0", "COHORT_TEST_UDP_CTL_DGRAM", 0, 1,                        \
       "tests only: 1 sends udp control messages (DONE, NACK, FIN) as datagrams alone, without "    \
       "their reliable TCP copy")                                                                   \
+    X(test_tcp_drop_probe, RX_K_INT, "0", "COHORT_TEST_TCP_DROP_PROBE", 0, 1,                      \
+      "tests only: 1: on each TCP rail, the higher rank of a link off its interface closes the "   \
+      "first dial that would move it back, unanswered (as a peer gone mid-handshake)")             \
     X(test_resume_delay, RX_K_INT, "0", "COHORT_TEST_RESUME_DELAY_MS", 0, 10000,                   \
       "tests only: the lower rank of a failing-over TCP link connects its resume dials this many " \
       "ms late (the higher rank's dials meet a dial in progress and are turned away meanwhile)")   \

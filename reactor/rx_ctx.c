@@ -235,6 +235,13 @@ static int test_udp_send_fail(void)
     return rx_env_knob_int("test_udp_send_fail", &n) == 0 ? n : 0;
 }
 
+/* COHORT_TEST_TCP_DROP_PROBE (tests only): the first move back is dropped. */
+static bool test_drop_probe(void)
+{
+    int on = 0;
+    return rx_env_knob_int("test_tcp_drop_probe", &on) == 0 && on == 1;
+}
+
 /* COHORT_TEST_RESUME_DELAY_MS (tests only): slow resume dials of the lower rank. */
 static int test_resume_delay_ms(void)
 {
@@ -983,6 +990,7 @@ COH_API int coh_init(const coh_config_t *cfg_in, coh_ctx_t **out)
             .stall_ms = ctx->cfg.rail_stall_ms,
             .probe_ms = ctx->cfg.rail_probe_ms,
             .test_resume_delay_ms = test_resume_delay_ms(),
+            .test_drop_probe = test_drop_probe(),
             .rejoin = ctx->cfg.rejoin != 0,
             .progress_ns = ctx->rail_progress,
             .locals = ctx->rail_locals,
