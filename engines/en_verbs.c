@@ -1412,9 +1412,9 @@ static void resume_step(vb_conn_t *t)
             t->rsk = NULL;
         }
         if (t->rsk) return;
-        /* Our last QP was refused: the next dial waits a tick, or the old
-         * QP's flush dialled again at once (a lasting refusal: hundreds of
-         * QPs a second until the link ended). */
+        /* A QP failed just now (ours, or the peer's: VB_QPFAIL): the next
+         * dial waits a tick, or the old QP's flush dialled again at once (a
+         * lasting refusal: hundreds of QPs a second until the link ended). */
         if (t->t_refused_ns && now - t->t_refused_ns < VB_RESUME_TICK * 1000000ull) return;
         if (t->bsk && t->bsk->phase == SK_HELLO) { /* moving back */
             if (dev_usable(t->tr, t->bsk->via)) {
