@@ -233,6 +233,7 @@ typedef struct en_verbs {
     int test_rts_fail;                   /* tests: on this rank, the next resume QP's RTS fails */
     int test_rts_left;                   /* tests: how many more; -1: every one */
     bool test_create_fail;               /* tests: ...at the QP's creation instead */
+    int test_rts_peer;                   /* tests: ...on the link to this rank only (-1: any) */
     int resume_ms;                       /* a failed link resumes within this, or it ends */
     uint64_t test_down_until_ns;
     vb_dev_t dev[EN_MAX_RAILS];
@@ -956,7 +957,8 @@ static bool test_qp_fails(vb_conn_t *t, bool create)
 {
     en_verbs_t *tr = t->tr;
     if (tr->test_rts_fail != tr->rail->rank || t->phase != VB_RESUMING || tr->test_rts_left == 0 ||
-        tr->test_create_fail != create)
+        tr->test_create_fail != create ||
+        (tr->test_rts_peer >= 0 && tr->test_rts_peer != t->base.peer))
         return false;
     if (tr->test_rts_left > 0) tr->test_rts_left--;
     return true;
@@ -2428,6 +2430,7 @@ int en_verbs_init(en_rail_t *rail, const en_rail_cfg_t *cfg)
     tr->test_rts_fail = cfg->verbs_test_rts_fail - 1;
     tr->test_rts_left = cfg->verbs_test_rts_fail_times > 0 ? cfg->verbs_test_rts_fail_times : -1;
     tr->test_create_fail = cfg->verbs_test_create_fail;
+    tr->test_rts_peer = cfg->verbs_test_rts_fail_peer;
     tr->resume_ms = cfg->verbs_resume_ms > 0 ? cfg->verbs_resume_ms : 5000;
     tr->regions = cfg->regions;
     tr->zcopy_bytes = cfg->verbs_zcopy_bytes;

@@ -454,6 +454,7 @@ typedef struct en_rail_cfg {
     int verbs_test_rts_fail;       /* tests: 1 + the rank whose first resume QP is refused RTS */
     int verbs_test_rts_fail_times; /* tests: how many resume QPs are refused; 0: all */
     bool verbs_test_create_fail;   /* tests: ...at their creation, not RTS */
+    int verbs_test_rts_fail_peer;  /* tests: ...on the link to this rank only (-1: any) */
     const char *verbs_provider;    /* en_ibv.h: "rdma-core" (NULL too) or "soft" */
     int verbs_port, verbs_gid;
     size_t verbs_ring_bytes;

@@ -289,6 +289,9 @@ typedef enum rx_knob_kind {
       "tests only: a rank r: on r, the first QP brought up for a resume on each verbs rail is "    \
       "refused at RTS (as when its GID entry went from under it; the QP is left in RTR); -1: "     \
       "none")                                                                                      \
+    X(test_verbs_rts_fail_peer, RX_K_INT, "-1", "COHORT_TEST_VERBS_RTS_FAIL_PEER", -1, 1 << 20,    \
+      "tests only: with COHORT_TEST_VERBS_RTS_FAIL_ON, only the QPs of the link to this rank "     \
+      "fail (a link that a slow run fails over besides is left alone); -1: every link")            \
     X(test_verbs_create_fail, RX_K_INT, "0", "COHORT_TEST_VERBS_CREATE_FAIL", 0, 1,                \
       "tests only: 1: the QPs COHORT_TEST_VERBS_RTS_FAIL_ON names fail at their creation "         \
       "(ibv_create_qp, as out of memory), not at RTS")                                             \

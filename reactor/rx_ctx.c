@@ -389,6 +389,7 @@ static int verbs_cfg(struct coh_ctx *ctx, int r, en_rail_cfg_t *rc)
     BS_CHECK(rx_env_knob_int("test_verbs_rts_fail", &rts_fail_on));
     rc->verbs_test_rts_fail = rts_fail_on + 1;
     BS_CHECK(rx_env_knob_int("test_verbs_rts_fail_times", &rc->verbs_test_rts_fail_times));
+    BS_CHECK(rx_env_knob_int("test_verbs_rts_fail_peer", &rc->verbs_test_rts_fail_peer));
     int create_fail = 0;
     BS_CHECK(rx_env_knob_int("test_verbs_create_fail", &create_fail));
     rc->verbs_test_create_fail = create_fail == 1;
